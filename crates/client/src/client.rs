@@ -1,0 +1,489 @@
+//! The `Client` handle and its builder.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::{
+    path, ConnectRequest, CreateMode, Reply, Request, SessionId, Stat, PROTOCOL_VERSION,
+};
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::error::{Error, Result};
+use crate::session::{open, Answer, Cmd, SessionTask};
+use crate::state::SessionState;
+use crate::watcher::{WatchTable, Watcher};
+
+/// Default requested session timeout.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time allowed to open a TCP connection and finish the handshake.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a successful create returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// The node's actual path: with the sequence suffix, for sequential nodes.
+    pub path: String,
+    /// The sequence number of a sequential node. It is the revision of the
+    /// creation, so it only ever grows under a given parent.
+    pub sequence: Option<u64>,
+    pub stat: Stat,
+}
+
+/// Settings for opening a session. Start with [`Client::builder`].
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    addrs: Vec<String>,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// The session timeout to ask for; the server clamps it to its bounds
+    /// (see [`Client::session_timeout`] for the granted one).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a TCP connection and the handshake.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Opens a new session on the first server that answers.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] naming the last address tried and why it failed, or
+    /// [`Error::TooManyConnections`] if the server is full.
+    pub async fn connect(self) -> Result<Client> {
+        if self.addrs.is_empty() {
+            return Err(Error::Connect {
+                addr: String::new(),
+                reason: "no server address given".into(),
+            });
+        }
+        let request = ConnectRequest {
+            version: PROTOCOL_VERSION,
+            timeout_ms: self.session_timeout.as_millis().min(u32::MAX as u128) as u32,
+            resume: None,
+        };
+        let mut last_error = None;
+        for addr in &self.addrs {
+            match open(addr, &request, self.connect_timeout).await {
+                Ok(conn) => return Ok(self.start(conn)),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.expect("at least one address was tried"))
+    }
+
+    fn start(self, conn: crate::session::Connection) -> Client {
+        let grant = conn.grant.clone();
+        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+        let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
+        let (state_tx, state_rx) = watch::channel(SessionState::Connected);
+        let task = SessionTask {
+            addrs: self.addrs.clone(),
+            connect_timeout: self.connect_timeout,
+            session: grant.session_id,
+            secret: grant.secret,
+            timeout: Duration::from_millis(grant.timeout_ms.into()),
+            cmds: cmd_rx,
+            unregister: unreg_rx,
+            state: state_tx,
+            watches: WatchTable::default(),
+            last_revision: 0,
+            next_xid: 0,
+            deferred: VecDeque::new(),
+        };
+        tokio::spawn(task.run(conn));
+        Client {
+            inner: Arc::new(Inner {
+                cmds: cmd_tx,
+                unregister: unreg_tx,
+                state: state_rx,
+                session: grant.session_id,
+                timeout: Duration::from_millis(grant.timeout_ms.into()),
+                max_data: grant.max_data as usize,
+                addrs: self.addrs,
+                next_watch: AtomicU64::new(1),
+            }),
+        }
+    }
+}
+
+struct Inner {
+    cmds: mpsc::Sender<Cmd>,
+    unregister: mpsc::UnboundedSender<(String, u64)>,
+    state: watch::Receiver<SessionState>,
+    session: SessionId,
+    timeout: Duration,
+    max_data: usize,
+    addrs: Vec<String>,
+    next_watch: AtomicU64,
+}
+
+/// A session with a Baton server.
+///
+/// `Client` is a cheap handle: clones share one session and one background
+/// task that owns the connection. Requests from all clones are pipelined on
+/// that connection and answered in order.
+///
+/// # Connection loss
+/// If the connection breaks, the task reconnects and resumes the session (its
+/// ephemeral nodes and watches survive) for as long as the server keeps it.
+/// A request in flight at that moment fails with [`Error::ConnectionLoss`]: it
+/// may or may not have been applied. Requests made while disconnected wait
+/// and are sent after the reconnect; wrap calls in `tokio::time::timeout` to
+/// bound that wait.
+///
+/// # Ending
+/// [`close`](Client::close) ends the session at once, deleting its ephemeral
+/// nodes. Dropping every clone without closing leaves the session to expire
+/// after its timeout, as if the process had died.
+///
+/// # Cancellation safety
+/// Dropping a call's future does not withdraw a request already sent; only
+/// its answer is lost.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("session", &self.inner.session)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Opens a session on the server at `addr` (`host:port`; several may be
+    /// given separated by commas) with default settings.
+    ///
+    /// # Errors
+    /// See [`ClientBuilder::connect`].
+    pub async fn connect(addr: &str) -> Result<Client> {
+        Self::builder(addr).connect().await
+    }
+
+    /// Settings for a session on the server(s) at `addr`.
+    pub fn builder(addr: &str) -> ClientBuilder {
+        ClientBuilder {
+            addrs: addr
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// The session's id, as the server names it.
+    pub fn session_id(&self) -> SessionId {
+        self.inner.session
+    }
+
+    /// The session timeout the server granted.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// The server addresses this client uses.
+    pub fn addrs(&self) -> &[String] {
+        &self.inner.addrs
+    }
+
+    /// The session's state now.
+    pub fn state(&self) -> SessionState {
+        *self.inner.state.borrow()
+    }
+
+    /// A receiver that sees every change of the session's state.
+    pub fn state_changes(&self) -> watch::Receiver<SessionState> {
+        self.inner.state.clone()
+    }
+
+    /// Waits until the session is gone (expired or closed) and returns which.
+    ///
+    /// # Cancellation safety
+    /// Safe.
+    pub async fn ended(&self) -> SessionState {
+        let mut rx = self.inner.state.clone();
+        let state = match rx.wait_for(|s| s.is_terminal()).await {
+            Ok(state) => *state,
+            Err(_) => SessionState::Closed,
+        };
+        state
+    }
+
+    /// Creates a node. With a sequential `mode` the server appends a
+    /// 10-digit (or longer) sequence number to `path`'s last segment.
+    ///
+    /// # Errors
+    /// [`Error::NodeExists`], [`Error::NoNode`] (no parent),
+    /// [`Error::NoChildrenForEphemerals`], [`Error::InvalidPath`],
+    /// [`Error::ValueTooLarge`], or a session or connection error.
+    pub async fn create(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        mode: CreateMode,
+    ) -> Result<Created> {
+        let data = data.into();
+        self.check(path, Some(&data))?;
+        let request = Request::Create {
+            path: path.to_owned(),
+            data,
+            mode,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::Create {
+                path,
+                sequence,
+                stat,
+            } => Ok(Created {
+                path,
+                sequence,
+                stat,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes a node, if its version is `version` (any version if `None`).
+    ///
+    /// # Errors
+    /// [`Error::NoNode`], [`Error::BadVersion`], [`Error::NotEmpty`], or a
+    /// session or connection error.
+    pub async fn delete(&self, path: &str, version: Option<u32>) -> Result<()> {
+        self.check(path, None)?;
+        let request = Request::Delete {
+            path: path.to_owned(),
+            version,
+        };
+        self.call(request, None).await.map(|_| ())
+    }
+
+    /// The node's metadata, or `None` if it does not exist.
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
+        self.exists_inner(path, false).await.map(|(s, _)| s)
+    }
+
+    /// Like [`exists`](Self::exists), and leaves a watch that fires when the
+    /// node is created (if absent), or changes or is deleted (if present).
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watcher)> {
+        self.exists_inner(path, true)
+            .await
+            .map(|(s, w)| (s, w.expect("watch requested")))
+    }
+
+    async fn exists_inner(
+        &self,
+        path: &str,
+        watch: bool,
+    ) -> Result<(Option<Stat>, Option<Watcher>)> {
+        self.check(path, None)?;
+        let request = Request::Exists {
+            path: path.to_owned(),
+            watch,
+        };
+        let (answer, watcher) = self.call_watch(path, request, watch).await?;
+        match answer.reply {
+            Reply::Exists(stat) => Ok((stat, watcher)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The node's data and metadata.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`], or a session or connection error.
+    pub async fn get_data(&self, path: &str) -> Result<(Bytes, Stat)> {
+        self.get_data_inner(path, false)
+            .await
+            .map(|(d, s, _)| (d, s))
+    }
+
+    /// Like [`get_data`](Self::get_data), and leaves a watch that fires when
+    /// the data changes or the node is deleted.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] (no watch is left), or a session or connection error.
+    pub async fn get_data_watch(&self, path: &str) -> Result<(Bytes, Stat, Watcher)> {
+        self.get_data_inner(path, true)
+            .await
+            .map(|(d, s, w)| (d, s, w.expect("watch requested")))
+    }
+
+    async fn get_data_inner(
+        &self,
+        path: &str,
+        watch: bool,
+    ) -> Result<(Bytes, Stat, Option<Watcher>)> {
+        self.check(path, None)?;
+        let request = Request::GetData {
+            path: path.to_owned(),
+            watch,
+        };
+        let (answer, watcher) = self.call_watch(path, request, watch).await?;
+        match answer.reply {
+            Reply::GetData { stat, data } => Ok((data, stat, watcher)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The names of the node's children, sorted, and the node's metadata.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`], or a session or connection error.
+    pub async fn get_children(&self, path: &str) -> Result<(Vec<String>, Stat)> {
+        self.get_children_inner(path, false)
+            .await
+            .map(|(c, s, _)| (c, s))
+    }
+
+    /// Like [`get_children`](Self::get_children), and leaves a watch that
+    /// fires when a child is added or removed, or the node is deleted.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] (no watch is left), or a session or connection error.
+    pub async fn get_children_watch(&self, path: &str) -> Result<(Vec<String>, Stat, Watcher)> {
+        self.get_children_inner(path, true)
+            .await
+            .map(|(c, s, w)| (c, s, w.expect("watch requested")))
+    }
+
+    async fn get_children_inner(
+        &self,
+        path: &str,
+        watch: bool,
+    ) -> Result<(Vec<String>, Stat, Option<Watcher>)> {
+        self.check(path, None)?;
+        let request = Request::GetChildren {
+            path: path.to_owned(),
+            watch,
+        };
+        let (answer, watcher) = self.call_watch(path, request, watch).await?;
+        match answer.reply {
+            Reply::GetChildren { stat, children } => Ok((children, stat, watcher)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Replaces the node's data, if its version is `version` (any if `None`).
+    ///
+    /// # Errors
+    /// [`Error::NoNode`], [`Error::BadVersion`], [`Error::ValueTooLarge`], or
+    /// a session or connection error.
+    pub async fn set_data(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        version: Option<u32>,
+    ) -> Result<Stat> {
+        let data = data.into();
+        self.check(path, Some(&data))?;
+        let request = Request::SetData {
+            path: path.to_owned(),
+            data,
+            version,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::SetData(stat) => Ok(stat),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A round trip to the server (it also counts as a heartbeat).
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn ping(&self) -> Result<()> {
+        self.call(Request::Ping, None).await.map(|_| ())
+    }
+
+    /// Ends the session now: the server deletes its ephemeral nodes and fires
+    /// their watches. Every clone of this client is closed with it.
+    pub async fn close(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.inner.cmds.send(Cmd::Close { done }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Validates a path and data before they cost a round trip.
+    fn check(&self, path: &str, data: Option<&Bytes>) -> Result<()> {
+        path::validate(path).map_err(|e| Error::InvalidPath(e.to_string()))?;
+        if let Some(data) = data {
+            if data.len() > self.inner.max_data {
+                return Err(Error::ValueTooLarge(format!(
+                    "data of {} bytes exceeds the server's limit of {} bytes",
+                    data.len(),
+                    self.inner.max_data
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn call_watch(
+        &self,
+        path: &str,
+        request: Request,
+        watch: bool,
+    ) -> Result<(Answer, Option<Watcher>)> {
+        if !watch {
+            return Ok((self.call(request, None).await?, None));
+        }
+        let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
+        let (watcher, registration) =
+            Watcher::new(path.to_owned(), id, self.inner.unregister.clone());
+        let answer = self.call(request, Some(registration)).await?;
+        Ok((answer, Some(watcher)))
+    }
+
+    async fn call(
+        &self,
+        request: Request,
+        watch: Option<crate::watcher::WatchRequest>,
+    ) -> Result<Answer> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Cmd::Request {
+            request,
+            reply,
+            watch,
+        };
+        if self.inner.cmds.send(cmd).await.is_err() {
+            return Err(self.ended_error());
+        }
+        rx.await.unwrap_or_else(|_| Err(self.ended_error()))
+    }
+
+    fn ended_error(&self) -> Error {
+        match self.state() {
+            SessionState::Expired => {
+                Error::SessionExpired(format!("session {} has expired", self.inner.session))
+            }
+            _ => Error::Closed,
+        }
+    }
+}
+
+fn unexpected(reply: Reply) -> Error {
+    Error::Protocol(format!("reply of the wrong kind: {:?}", reply.op()))
+}

@@ -1,0 +1,116 @@
+//! The one error type of the client.
+
+use baton_proto::ErrorCode;
+
+/// Everything a client call can fail with. Variants named after a wire code
+/// carry the server's message, which names the path and what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("no node: {0}")]
+    NoNode(String),
+    #[error("node exists: {0}")]
+    NodeExists(String),
+    #[error("bad version: {0}")]
+    BadVersion(String),
+    #[error("not empty: {0}")]
+    NotEmpty(String),
+    #[error("no children for ephemerals: {0}")]
+    NoChildrenForEphemerals(String),
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    #[error("value too large: {0}")]
+    ValueTooLarge(String),
+    /// The session is gone: expired on the server, or closed. Every later call
+    /// fails the same way; open a new [`Client`](crate::Client).
+    #[error("session expired: {0}")]
+    SessionExpired(String),
+    /// The client was closed with [`Client::close`](crate::Client::close).
+    #[error("the client was closed")]
+    Closed,
+    /// The connection broke while the request was in flight: it may or may not
+    /// have been applied. The session itself may well be alive; the client is
+    /// reconnecting.
+    #[error("connection lost: {0}")]
+    ConnectionLoss(String),
+    /// No server could be reached to open the session.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("server is shutting down: {0}")]
+    ShuttingDown(String),
+    #[error("server refused: too many connections: {0}")]
+    TooManyConnections(String),
+    #[error("bad arguments: {0}")]
+    BadArguments(String),
+    /// The server and the client disagree about the protocol: a bug on one
+    /// side, or a peer that is not a Baton server.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// Any other error code the server sent.
+    #[error("{code}: {message}")]
+    Server { code: ErrorCode, message: String },
+}
+
+impl Error {
+    /// The error for a code and message received from the server.
+    pub fn from_wire(code: ErrorCode, message: String) -> Self {
+        match code {
+            ErrorCode::NoNode => Error::NoNode(message),
+            ErrorCode::NodeExists => Error::NodeExists(message),
+            ErrorCode::BadVersion => Error::BadVersion(message),
+            ErrorCode::NotEmpty => Error::NotEmpty(message),
+            ErrorCode::NoChildrenForEphemerals => Error::NoChildrenForEphemerals(message),
+            ErrorCode::InvalidPath => Error::InvalidPath(message),
+            ErrorCode::ValueTooLarge => Error::ValueTooLarge(message),
+            ErrorCode::SessionExpired => Error::SessionExpired(message),
+            ErrorCode::ShuttingDown => Error::ShuttingDown(message),
+            ErrorCode::TooManyConnections => Error::TooManyConnections(message),
+            ErrorCode::BadArguments => Error::BadArguments(message),
+            ErrorCode::UnknownOperation
+            | ErrorCode::MalformedRequest
+            | ErrorCode::UnsupportedVersion
+            | ErrorCode::FrameTooLarge => Error::Protocol(format!("{code}: {message}")),
+            code => Error::Server { code, message },
+        }
+    }
+
+    /// The wire code this error mirrors, if it came from the server.
+    pub fn code(&self) -> Option<ErrorCode> {
+        Some(match self {
+            Error::NoNode(_) => ErrorCode::NoNode,
+            Error::NodeExists(_) => ErrorCode::NodeExists,
+            Error::BadVersion(_) => ErrorCode::BadVersion,
+            Error::NotEmpty(_) => ErrorCode::NotEmpty,
+            Error::NoChildrenForEphemerals(_) => ErrorCode::NoChildrenForEphemerals,
+            Error::InvalidPath(_) => ErrorCode::InvalidPath,
+            Error::ValueTooLarge(_) => ErrorCode::ValueTooLarge,
+            Error::SessionExpired(_) => ErrorCode::SessionExpired,
+            Error::ShuttingDown(_) => ErrorCode::ShuttingDown,
+            Error::TooManyConnections(_) => ErrorCode::TooManyConnections,
+            Error::BadArguments(_) => ErrorCode::BadArguments,
+            Error::Server { code, .. } => *code,
+            _ => return None,
+        })
+    }
+
+    /// True if trying again later may succeed: the connection broke or the
+    /// server was busy or stopping. Errors about the request itself, and a
+    /// lost session, are not retryable.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::ConnectionLoss(_)
+                | Error::ShuttingDown(_)
+                | Error::TooManyConnections(_)
+                | Error::Connect { .. }
+        )
+    }
+
+    /// True if the session is gone for good (expired or closed).
+    pub fn is_session_gone(&self) -> bool {
+        matches!(self, Error::SessionExpired(_) | Error::Closed)
+    }
+}
+
+/// Shorthand for results of client calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,32 @@
+//! The Baton client: a session with a Baton server, its nodes and watches.
+//!
+//! ```no_run
+//! use baton_client::{Client, CreateMode};
+//!
+//! # async fn demo() -> baton_client::Result<()> {
+//! let client = Client::connect("127.0.0.1:4181").await?;
+//! let created = client
+//!     .create("/jobs-", "payload", CreateMode::EphemeralSequential)
+//!     .await?;
+//! println!("{} has sequence number {:?}", created.path, created.sequence);
+//! let (_data, _stat, watcher) = client.get_data_watch(&created.path).await?;
+//! client.delete(&created.path, None).await?;
+//! println!("watch fired: {:?}", watcher.await?);
+//! client.close().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+mod session;
+mod state;
+mod watcher;
+
+pub use baton_proto::{CreateMode, EventKind, SessionId, Stat, WatchEvent};
+pub use client::{
+    Client, ClientBuilder, Created, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
+};
+pub use error::{Error, Result};
+pub use state::SessionState;
+pub use watcher::Watcher;

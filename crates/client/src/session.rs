@@ -1,0 +1,478 @@
+//! The session task: the one owner of a client's connection.
+//!
+//! It writes requests in the order they are made (pipelined, tagged with an
+//! xid), matches replies in order, dispatches watch events, pings when the
+//! connection is quiet, and when the connection breaks it resumes the session
+//! on a new one, sets the watches again and carries on.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use baton_proto::{
+    frame_codec, ConnectRequest, ConnectResponse, ErrorCode, OpCode, Reply, Request, RequestFrame,
+    ServerMessage, SessionGrant, SessionId, SessionSecret, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
+};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::state::SessionState;
+use crate::watcher::{WatchKind, WatchRequest, WatchTable};
+
+/// A successful reply and the server's revision when it answered.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) reply: Reply,
+    #[allow(dead_code)]
+    pub(crate) revision: u64,
+}
+
+pub(crate) type ReplySlot = oneshot::Sender<Result<Answer>>;
+
+/// What a [`Client`](crate::Client) asks of its session task.
+pub(crate) enum Cmd {
+    Request {
+        request: Request,
+        reply: ReplySlot,
+        watch: Option<WatchRequest>,
+    },
+    Close {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// A request written and not yet answered.
+struct Pending {
+    xid: u32,
+    reply: Option<ReplySlot>,
+    watch: Option<(String, WatchRequest)>,
+}
+
+/// An open connection with its session granted.
+pub(crate) struct Connection {
+    reader: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    writer: OwnedWriteHalf,
+    pub(crate) grant: SessionGrant,
+}
+
+/// Opens a connection to `addr` and performs the handshake.
+pub(crate) async fn open(
+    addr: &str,
+    request: &ConnectRequest,
+    connect_timeout: Duration,
+) -> Result<Connection> {
+    let failed = |reason: String| Error::Connect {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let attempt = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (read, mut writer) = stream.into_split();
+        let mut buf = BytesMut::new();
+        request.encode(&mut buf);
+        writer
+            .write_all(&buf)
+            .await
+            .map_err(|e| failed(format!("sending the handshake: {e}")))?;
+        let mut reader = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
+        let frame = match reader.next().await {
+            Some(Ok(frame)) => frame.freeze(),
+            Some(Err(e)) => return Err(failed(format!("reading the handshake answer: {e}"))),
+            None => {
+                return Err(failed(
+                    "the server closed the connection during the handshake".into(),
+                ))
+            }
+        };
+        let response = ConnectResponse::decode(frame)
+            .map_err(|e| failed(format!("not a Baton server? bad handshake answer: {e}")))?;
+        match response.result {
+            Ok(grant) => Ok(Connection {
+                reader,
+                writer,
+                grant,
+            }),
+            Err((code, message)) => Err(match code {
+                ErrorCode::SessionExpired | ErrorCode::TooManyConnections => {
+                    Error::from_wire(code, message)
+                }
+                _ => failed(format!("{code}: {message}")),
+            }),
+        }
+    };
+    match timeout(connect_timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(failed(format!(
+            "no answer within {} ms",
+            connect_timeout.as_millis()
+        ))),
+    }
+}
+
+/// Why [`SessionTask::serve`] returned.
+enum End {
+    /// The connection broke; the session may be alive.
+    Lost(String),
+    /// The server said the session expired.
+    Expired(String),
+    /// The session was closed by this client.
+    Closed,
+    /// Every `Client` handle was dropped: leave the session to expire.
+    Dropped,
+}
+
+pub(crate) struct SessionTask {
+    pub(crate) addrs: Vec<String>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) session: SessionId,
+    pub(crate) secret: SessionSecret,
+    pub(crate) timeout: Duration,
+    pub(crate) cmds: mpsc::Receiver<Cmd>,
+    pub(crate) unregister: mpsc::UnboundedReceiver<(String, u64)>,
+    pub(crate) state: watch::Sender<SessionState>,
+    pub(crate) watches: WatchTable,
+    /// Highest revision seen in any reply or event.
+    pub(crate) last_revision: u64,
+    pub(crate) next_xid: u32,
+    /// Requests made while disconnected, sent once reconnected.
+    pub(crate) deferred: VecDeque<Cmd>,
+}
+
+/// Most bytes buffered for writing before new requests wait.
+const WRITE_LIMIT: usize = 4 << 20;
+
+impl SessionTask {
+    pub(crate) async fn run(mut self, first: Connection) {
+        let mut conn = first;
+        loop {
+            let end = self.serve(conn).await;
+            let end = match end {
+                End::Lost(reason) => {
+                    info!(session = %self.session, "connection lost ({reason}); resuming the session");
+                    self.state.send_replace(SessionState::Disconnected);
+                    match self.reconnect().await {
+                        Ok(next) => {
+                            self.state.send_replace(SessionState::Reconnected);
+                            conn = next;
+                            continue;
+                        }
+                        Err(end) => end,
+                    }
+                }
+                other => other,
+            };
+            match end {
+                End::Expired(message) => {
+                    self.finish(SessionState::Expired, Error::SessionExpired(message))
+                        .await
+                }
+                End::Closed => self.finish(SessionState::Closed, Error::Closed).await,
+                End::Dropped | End::Lost(_) => {}
+            }
+            return;
+        }
+    }
+
+    /// Enters a terminal state and answers every later call with `error`.
+    async fn finish(&mut self, state: SessionState, error: Error) {
+        debug!(session = %self.session, %state, "session ended");
+        self.state.send_replace(state);
+        self.watches.fail_all(&error);
+        let deferred: Vec<Cmd> = self.deferred.drain(..).collect();
+        for cmd in deferred {
+            answer_ended(cmd, &error);
+        }
+        while let Some(cmd) = self.cmds.recv().await {
+            answer_ended(cmd, &error);
+        }
+    }
+
+    /// Tries every address in turn, with backoff, until the session is resumed
+    /// or the server says it is gone. Calls made meanwhile are kept.
+    async fn reconnect(&mut self) -> std::result::Result<Connection, End> {
+        let request = ConnectRequest {
+            version: PROTOCOL_VERSION,
+            timeout_ms: self.timeout.as_millis() as u32,
+            resume: Some((self.session, self.secret)),
+        };
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 0usize;
+        loop {
+            let addr = self.addrs[attempt % self.addrs.len()].clone();
+            attempt += 1;
+            let opening = open(&addr, &request, self.connect_timeout);
+            tokio::pin!(opening);
+            let result = loop {
+                tokio::select! {
+                    r = &mut opening => break r,
+                    cmd = self.cmds.recv() => match cmd {
+                        Some(Cmd::Close { done }) => {
+                            let _ = done.send(());
+                            return Err(End::Closed);
+                        }
+                        Some(cmd) => self.deferred.push_back(cmd),
+                        None => return Err(End::Dropped),
+                    },
+                    Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                }
+            };
+            match result {
+                Ok(conn) => {
+                    info!(session = %self.session, %addr, "session resumed");
+                    return Ok(conn);
+                }
+                Err(Error::SessionExpired(message)) => return Err(End::Expired(message)),
+                Err(e) => debug!(session = %self.session, "resume failed: {e}"),
+            }
+            let wake = Instant::now() + backoff;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = sleep_until(wake) => break,
+                    cmd = self.cmds.recv() => match cmd {
+                        Some(Cmd::Close { done }) => {
+                            let _ = done.send(());
+                            return Err(End::Closed);
+                        }
+                        Some(cmd) => self.deferred.push_back(cmd),
+                        None => return Err(End::Dropped),
+                    },
+                    Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                }
+            }
+        }
+    }
+
+    fn next_xid(&mut self) -> u32 {
+        self.next_xid = self.next_xid.wrapping_add(1);
+        self.next_xid
+    }
+
+    /// Writes a request into `wbuf` and remembers it.
+    fn enqueue(
+        &mut self,
+        request: Request,
+        reply: Option<ReplySlot>,
+        watch: Option<WatchRequest>,
+        wbuf: &mut BytesMut,
+        pending: &mut VecDeque<Pending>,
+    ) {
+        let xid = self.next_xid();
+        let watch = watch.map(|w| (request.path().unwrap_or_default().to_owned(), w));
+        RequestFrame { xid, request }.encode(wbuf);
+        pending.push_back(Pending { xid, reply, watch });
+    }
+
+    /// Serves one connection until it breaks or the session ends.
+    async fn serve(&mut self, conn: Connection) -> End {
+        let Connection {
+            mut reader,
+            mut writer,
+            ..
+        } = conn;
+        let mut wbuf = BytesMut::new();
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        let mut closing: Option<oneshot::Sender<()>> = None;
+
+        // After a resume the server holds none of our watches: set them again
+        // before anything else, relative to the last revision we saw.
+        let [data, exist, child] = self.watches.paths();
+        if !(data.is_empty() && exist.is_empty() && child.is_empty()) {
+            let request = Request::SetWatches {
+                revision: self.last_revision,
+                data,
+                exist,
+                child,
+            };
+            self.enqueue(request, None, None, &mut wbuf, &mut pending);
+        }
+        while let Some(cmd) = self.deferred.pop_front() {
+            self.accept(cmd, &mut wbuf, &mut pending, &mut closing);
+        }
+
+        let ping_every = self.timeout / 3;
+        let silence_limit = self.timeout * 2 / 3;
+        let mut last_sent = Instant::now();
+        let mut last_heard = Instant::now();
+        let end = loop {
+            let tick = (last_sent + ping_every).min(last_heard + silence_limit);
+            tokio::select! {
+                biased;
+                r = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match r {
+                    Ok(_) => last_sent = Instant::now(),
+                    Err(e) => break End::Lost(format!("write failed: {e}")),
+                },
+                frame = reader.next() => {
+                    last_heard = Instant::now();
+                    let frame = match frame {
+                        Some(Ok(frame)) => frame.freeze(),
+                        Some(Err(e)) => break End::Lost(format!("read failed: {e}")),
+                        None => break End::Lost("the server closed the connection".into()),
+                    };
+                    if let Some(end) = self.on_frame(frame, &mut pending, &mut closing) {
+                        break end;
+                    }
+                }
+                cmd = self.cmds.recv(), if closing.is_none() && wbuf.len() < WRITE_LIMIT => {
+                    let Some(cmd) = cmd else { break End::Dropped };
+                    self.accept(cmd, &mut wbuf, &mut pending, &mut closing);
+                    // Take what else is waiting, so one write carries many requests.
+                    while wbuf.len() < WRITE_LIMIT && closing.is_none() {
+                        match self.cmds.try_recv() {
+                            Ok(cmd) => self.accept(cmd, &mut wbuf, &mut pending, &mut closing),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                _ = sleep_until(tick) => {
+                    let now = Instant::now();
+                    if now >= last_heard + silence_limit {
+                        break End::Lost(format!(
+                            "no answer from the server for {} ms",
+                            silence_limit.as_millis()
+                        ));
+                    }
+                    if now >= last_sent + ping_every && wbuf.is_empty() {
+                        self.enqueue(Request::Ping, None, None, &mut wbuf, &mut pending);
+                    }
+                }
+            }
+        };
+        if let End::Lost(reason) = &end {
+            if let Some(done) = closing.take() {
+                // The close may not have reached the server; the session then
+                // expires on its own. Either way this client is done with it.
+                let _ = done.send(());
+                fail_pending(pending, &Error::ConnectionLoss(reason.clone()));
+                return End::Closed;
+            }
+            fail_pending(pending, &Error::ConnectionLoss(reason.clone()));
+        }
+        end
+    }
+
+    fn accept(
+        &mut self,
+        cmd: Cmd,
+        wbuf: &mut BytesMut,
+        pending: &mut VecDeque<Pending>,
+        closing: &mut Option<oneshot::Sender<()>>,
+    ) {
+        match cmd {
+            Cmd::Request {
+                request,
+                reply,
+                watch,
+            } => self.enqueue(request, Some(reply), watch, wbuf, pending),
+            Cmd::Close { done } => {
+                self.enqueue(Request::CloseSession, None, None, wbuf, pending);
+                *closing = Some(done);
+            }
+        }
+    }
+
+    /// Handles one frame from the server; returns how the connection ends,
+    /// if it does.
+    fn on_frame(
+        &mut self,
+        frame: Bytes,
+        pending: &mut VecDeque<Pending>,
+        closing: &mut Option<oneshot::Sender<()>>,
+    ) -> Option<End> {
+        let message = match ServerMessage::decode(frame) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(session = %self.session, "undecodable frame from server: {e}");
+                return Some(End::Lost(format!("undecodable frame from server: {e}")));
+            }
+        };
+        match message {
+            ServerMessage::Reply(reply) => {
+                self.last_revision = self.last_revision.max(reply.revision);
+                let Some(p) = pending.pop_front() else {
+                    return Some(End::Lost(format!(
+                        "unexpected reply with xid {}",
+                        reply.xid
+                    )));
+                };
+                if p.xid != reply.xid {
+                    return Some(End::Lost(format!(
+                        "reply for xid {} while xid {} was next",
+                        reply.xid, p.xid
+                    )));
+                }
+                if reply.op == OpCode::CloseSession as u8 {
+                    if let Some(done) = closing.take() {
+                        let _ = done.send(());
+                    }
+                    return Some(End::Closed);
+                }
+                let result = match reply.result {
+                    Ok(r) => {
+                        if let Some((path, w)) = p.watch {
+                            let kind = match &r {
+                                Reply::Exists(None) => WatchKind::Exist,
+                                Reply::GetChildren { .. } => WatchKind::Child,
+                                _ => WatchKind::Data,
+                            };
+                            self.watches.add(&path, kind, w);
+                        }
+                        Ok(Answer {
+                            reply: r,
+                            revision: reply.revision,
+                        })
+                    }
+                    Err(e) => Err(Error::from_wire(e.code, e.message)),
+                };
+                if let Some(slot) = p.reply {
+                    let _ = slot.send(result);
+                }
+                None
+            }
+            ServerMessage::Event(event) => {
+                self.last_revision = self.last_revision.max(event.revision);
+                self.watches.fire(&event);
+                None
+            }
+            ServerMessage::Disconnect(d) => match d.code {
+                ErrorCode::SessionExpired => Some(End::Expired(d.message)),
+                _ => {
+                    if !matches!(d.code, ErrorCode::ShuttingDown | ErrorCode::SessionMoved) {
+                        warn!(session = %self.session, "server closed the connection: {}: {}", d.code, d.message);
+                    }
+                    Some(End::Lost(format!("{}: {}", d.code, d.message)))
+                }
+            },
+        }
+    }
+}
+
+fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
+    for p in pending {
+        if let Some(slot) = p.reply {
+            let _ = slot.send(Err(error.clone()));
+        }
+    }
+}
+
+fn answer_ended(cmd: Cmd, error: &Error) {
+    match cmd {
+        Cmd::Request { reply, .. } => {
+            let _ = reply.send(Err(error.clone()));
+        }
+        Cmd::Close { done } => {
+            let _ = done.send(());
+        }
+    }
+}

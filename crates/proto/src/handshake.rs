@@ -1,0 +1,162 @@
+//! The first exchange on a connection: open a new session or resume one.
+//!
+//! # Format
+//! ```text
+//! ConnectRequest (client -> server, first frame), 34 bytes:
+//!   magic        [4]  "BATN"
+//!   version      u16  protocol version the client speaks (1)
+//!   timeout_ms   u32  requested session timeout
+//!   session_id   u64  0 to open a new session, else the session to resume
+//!   secret       [16] the session's secret when resuming, else zeros
+//!
+//! ConnectResponse (server -> client, first frame):
+//!   status       u16  0 = success, else an error code
+//!   version      u16  protocol version the server speaks
+//!   on success:
+//!     timeout_ms u32  negotiated timeout (clamped to the server's bounds)
+//!     session_id u64
+//!     secret     [16]
+//!     resumed    u8   1 if an existing session was resumed
+//!     max_data   u32  the server's limit on node data, in bytes
+//!   on error:
+//!     message    u16 length + UTF-8
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::{DecodeError, ErrorCode};
+use crate::frame::encode_frame;
+use crate::wire::{put_bool, put_str16, Reader};
+use crate::{SessionId, MAGIC, PROTOCOL_VERSION};
+
+/// The secret that proves a client owns a session when it resumes it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SessionSecret(pub [u8; 16]);
+
+impl std::fmt::Debug for SessionSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionSecret(..)")
+    }
+}
+
+/// The client's first frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// Protocol version the client speaks.
+    pub version: u16,
+    /// Requested session timeout in milliseconds.
+    pub timeout_ms: u32,
+    /// The session to resume, or `None` for a new session.
+    pub resume: Option<(SessionId, SessionSecret)>,
+}
+
+impl ConnectRequest {
+    /// A request for a new session speaking this crate's protocol version.
+    pub fn new(timeout_ms: u32) -> Self {
+        ConnectRequest {
+            version: PROTOCOL_VERSION,
+            timeout_ms,
+            resume: None,
+        }
+    }
+
+    /// Appends this request, framed, to `buf`.
+    pub fn encode(&self, buf: &mut BytesMut) {
+        encode_frame(buf, |b| {
+            b.put_slice(&MAGIC);
+            b.put_u16(self.version);
+            b.put_u32(self.timeout_ms);
+            let (id, secret) = self.resume.unwrap_or_default();
+            b.put_u64(id.0);
+            b.put_slice(&secret.0);
+        });
+    }
+
+    /// Decodes a frame's payload.
+    ///
+    /// # Errors
+    /// [`DecodeError`] if the payload is not exactly a connect request.
+    pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        if r.array::<4>("magic")? != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let version = r.u16("version")?;
+        let timeout_ms = r.u32("timeout")?;
+        let id = r.u64("session id")?;
+        let secret = SessionSecret(r.array("secret")?);
+        r.finish()?;
+        let resume = (id != 0).then_some((SessionId(id), secret));
+        Ok(ConnectRequest {
+            version,
+            timeout_ms,
+            resume,
+        })
+    }
+}
+
+/// What the server grants on a successful handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionGrant {
+    /// Negotiated session timeout in milliseconds.
+    pub timeout_ms: u32,
+    pub session_id: SessionId,
+    pub secret: SessionSecret,
+    /// True if an existing session was resumed rather than a new one opened.
+    pub resumed: bool,
+    /// The server's limit on the data of one node, in bytes.
+    pub max_data: u32,
+}
+
+/// The server's first frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectResponse {
+    /// Protocol version the server speaks.
+    pub version: u16,
+    pub result: Result<SessionGrant, (ErrorCode, String)>,
+}
+
+impl ConnectResponse {
+    /// Appends this response, framed, to `buf`.
+    pub fn encode(&self, buf: &mut BytesMut) {
+        encode_frame(buf, |b| match &self.result {
+            Ok(grant) => {
+                b.put_u16(0);
+                b.put_u16(self.version);
+                b.put_u32(grant.timeout_ms);
+                b.put_u64(grant.session_id.0);
+                b.put_slice(&grant.secret.0);
+                put_bool(b, grant.resumed);
+                b.put_u32(grant.max_data);
+            }
+            Err((code, message)) => {
+                b.put_u16(code.to_u16());
+                b.put_u16(self.version);
+                put_str16(b, message);
+            }
+        });
+    }
+
+    /// Decodes a frame's payload.
+    ///
+    /// # Errors
+    /// [`DecodeError`] if the payload is not exactly a connect response.
+    pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let status = r.u16("status")?;
+        let version = r.u16("version")?;
+        let result = if status == 0 {
+            Ok(SessionGrant {
+                timeout_ms: r.u32("timeout")?,
+                session_id: SessionId(r.u64("session id")?),
+                secret: SessionSecret(r.array("secret")?),
+                resumed: r.bool("resumed")?,
+                max_data: r.u32("max data")?,
+            })
+        } else {
+            Err((ErrorCode::from_u16(status), r.str16("message")?))
+        };
+        r.finish()?;
+        Ok(ConnectResponse { version, result })
+    }
+}

@@ -1,0 +1,384 @@
+//! Requests: what a client asks of its session after the handshake.
+//!
+//! # Format
+//! ```text
+//! every request frame:
+//!   xid   u32   chosen by the client, echoed by the reply
+//!   op    u8    operation code
+//!   body        depends on op:
+//!
+//! 1 create        path str, mode u8, data bytes
+//! 2 delete        path str, version opt32
+//! 3 exists        path str, watch u8
+//! 4 get data      path str, watch u8
+//! 5 get children  path str, watch u8
+//! 6 set data      path str, data bytes, version opt32
+//! 7 ping          (empty)
+//! 8 close session (empty)
+//! 9 set watches   revision u64, data paths, exist paths, child paths
+//!                 (each list: count u32, then count str)
+//!
+//! str     = u16 length + UTF-8 bytes
+//! bytes   = u32 length + bytes
+//! opt32   = u8 0 (absent) | u8 1 + u32
+//! mode    = 0 persistent, 1 ephemeral, 2 persistent sequential,
+//!           3 ephemeral sequential (bit 0: ephemeral, bit 1: sequential)
+//! watch   = 0 or 1
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::{DecodeError, ErrorCode};
+use crate::frame::encode_frame;
+use crate::path;
+use crate::wire::{put_bool, put_bytes32, put_opt_u32, put_str16, Reader};
+
+/// Operation codes, as numbered on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OpCode {
+    Create = 1,
+    Delete = 2,
+    Exists = 3,
+    GetData = 4,
+    GetChildren = 5,
+    SetData = 6,
+    Ping = 7,
+    CloseSession = 8,
+    SetWatches = 9,
+}
+
+impl OpCode {
+    /// The operation for a wire number, if there is one.
+    pub fn from_u8(op: u8) -> Option<OpCode> {
+        Some(match op {
+            1 => OpCode::Create,
+            2 => OpCode::Delete,
+            3 => OpCode::Exists,
+            4 => OpCode::GetData,
+            5 => OpCode::GetChildren,
+            6 => OpCode::SetData,
+            7 => OpCode::Ping,
+            8 => OpCode::CloseSession,
+            9 => OpCode::SetWatches,
+            _ => return None,
+        })
+    }
+
+    /// A short lower-case name for messages and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpCode::Create => "create",
+            OpCode::Delete => "delete",
+            OpCode::Exists => "exists",
+            OpCode::GetData => "get data",
+            OpCode::GetChildren => "get children",
+            OpCode::SetData => "set data",
+            OpCode::Ping => "ping",
+            OpCode::CloseSession => "close session",
+            OpCode::SetWatches => "set watches",
+        }
+    }
+}
+
+/// How a node is created: whether it lives only as long as its session, and
+/// whether the server appends a sequence number to its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CreateMode {
+    #[default]
+    Persistent,
+    Ephemeral,
+    PersistentSequential,
+    EphemeralSequential,
+}
+
+impl CreateMode {
+    pub fn from_flags(ephemeral: bool, sequential: bool) -> Self {
+        match (ephemeral, sequential) {
+            (false, false) => CreateMode::Persistent,
+            (true, false) => CreateMode::Ephemeral,
+            (false, true) => CreateMode::PersistentSequential,
+            (true, true) => CreateMode::EphemeralSequential,
+        }
+    }
+
+    pub fn is_ephemeral(self) -> bool {
+        matches!(
+            self,
+            CreateMode::Ephemeral | CreateMode::EphemeralSequential
+        )
+    }
+
+    pub fn is_sequential(self) -> bool {
+        matches!(
+            self,
+            CreateMode::PersistentSequential | CreateMode::EphemeralSequential
+        )
+    }
+
+    fn to_u8(self) -> u8 {
+        (self.is_ephemeral() as u8) | ((self.is_sequential() as u8) << 1)
+    }
+
+    fn from_u8(mode: u8) -> Option<Self> {
+        (mode < 4).then(|| CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0))
+    }
+}
+
+/// One operation with its arguments. Paths are valid by construction when
+/// decoded; [`RequestFrame::encode`] does not check them (the server does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Create {
+        path: String,
+        data: Bytes,
+        mode: CreateMode,
+    },
+    Delete {
+        path: String,
+        version: Option<u32>,
+    },
+    Exists {
+        path: String,
+        watch: bool,
+    },
+    GetData {
+        path: String,
+        watch: bool,
+    },
+    GetChildren {
+        path: String,
+        watch: bool,
+    },
+    SetData {
+        path: String,
+        data: Bytes,
+        version: Option<u32>,
+    },
+    Ping,
+    CloseSession,
+    /// Sent first after resuming a session on a new connection: sets the
+    /// client's outstanding watches again. The server fires at once each watch
+    /// whose node changed after `revision` (the last revision the client saw)
+    /// and sets the others.
+    SetWatches {
+        revision: u64,
+        /// Paths watched for data changes and deletion (the node existed).
+        data: Vec<String>,
+        /// Paths watched for creation (the node did not exist).
+        exist: Vec<String>,
+        /// Paths watched for changes to their children.
+        child: Vec<String>,
+    },
+}
+
+impl Request {
+    pub fn op(&self) -> OpCode {
+        match self {
+            Request::Create { .. } => OpCode::Create,
+            Request::Delete { .. } => OpCode::Delete,
+            Request::Exists { .. } => OpCode::Exists,
+            Request::GetData { .. } => OpCode::GetData,
+            Request::GetChildren { .. } => OpCode::GetChildren,
+            Request::SetData { .. } => OpCode::SetData,
+            Request::Ping => OpCode::Ping,
+            Request::CloseSession => OpCode::CloseSession,
+            Request::SetWatches { .. } => OpCode::SetWatches,
+        }
+    }
+
+    /// The path the request names, if any.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Request::Create { path, .. }
+            | Request::Delete { path, .. }
+            | Request::Exists { path, .. }
+            | Request::GetData { path, .. }
+            | Request::GetChildren { path, .. }
+            | Request::SetData { path, .. } => Some(path),
+            Request::Ping | Request::CloseSession | Request::SetWatches { .. } => None,
+        }
+    }
+}
+
+/// A request with the xid its reply will echo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestFrame {
+    pub xid: u32,
+    pub request: Request,
+}
+
+/// Why a request frame could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestDecodeError {
+    /// The frame is shorter than the 5-byte header, so there is no xid to
+    /// answer: the connection must be closed.
+    NoHeader,
+    /// The header was read: answer `xid` with `code` and keep the connection.
+    Reject {
+        xid: u32,
+        op: u8,
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+impl std::fmt::Display for RequestDecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestDecodeError::NoHeader => {
+                f.write_str("request frame shorter than its 5-byte header")
+            }
+            RequestDecodeError::Reject {
+                xid,
+                op,
+                code,
+                message,
+            } => write!(f, "xid {xid} op {op}: {code}: {message}"),
+        }
+    }
+}
+
+impl RequestFrame {
+    /// Appends this request, framed, to `buf`.
+    pub fn encode(&self, buf: &mut BytesMut) {
+        encode_frame(buf, |b| {
+            b.put_u32(self.xid);
+            b.put_u8(self.request.op() as u8);
+            match &self.request {
+                Request::Create { path, data, mode } => {
+                    put_str16(b, path);
+                    b.put_u8(mode.to_u8());
+                    put_bytes32(b, data);
+                }
+                Request::Delete { path, version } => {
+                    put_str16(b, path);
+                    put_opt_u32(b, *version);
+                }
+                Request::Exists { path, watch }
+                | Request::GetData { path, watch }
+                | Request::GetChildren { path, watch } => {
+                    put_str16(b, path);
+                    put_bool(b, *watch);
+                }
+                Request::SetData {
+                    path,
+                    data,
+                    version,
+                } => {
+                    put_str16(b, path);
+                    put_bytes32(b, data);
+                    put_opt_u32(b, *version);
+                }
+                Request::Ping | Request::CloseSession => {}
+                Request::SetWatches {
+                    revision,
+                    data,
+                    exist,
+                    child,
+                } => {
+                    b.put_u64(*revision);
+                    for list in [data, exist, child] {
+                        b.put_u32(list.len() as u32);
+                        for path in list {
+                            put_str16(b, path);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Decodes a frame's payload. Data fields share the payload's memory.
+    ///
+    /// # Errors
+    /// [`RequestDecodeError::NoHeader`] if there is no header to answer;
+    /// otherwise a [`RequestDecodeError::Reject`] with the code to answer:
+    /// unknown operation, invalid path or malformed request.
+    pub fn decode(payload: Bytes) -> Result<Self, RequestDecodeError> {
+        let mut r = Reader::new(payload);
+        let (Ok(xid), Ok(op)) = (r.u32("xid"), r.u8("op")) else {
+            return Err(RequestDecodeError::NoHeader);
+        };
+        let reject = |code: ErrorCode, message: String| RequestDecodeError::Reject {
+            xid,
+            op,
+            code,
+            message,
+        };
+        let Some(opcode) = OpCode::from_u8(op) else {
+            return Err(reject(
+                ErrorCode::UnknownOperation,
+                format!("operation code {op} is not part of protocol version 1"),
+            ));
+        };
+        match decode_body(opcode, &mut r).and_then(|req| r.finish().map(|()| req)) {
+            Ok(request) => Ok(RequestFrame { xid, request }),
+            Err(DecodeError::InvalidPath(e)) => Err(reject(ErrorCode::InvalidPath, e.to_string())),
+            Err(e) => Err(reject(
+                ErrorCode::MalformedRequest,
+                format!("{} request: {e}", opcode.name()),
+            )),
+        }
+    }
+}
+
+fn read_path(r: &mut Reader) -> Result<String, DecodeError> {
+    let raw = r.raw16("path")?;
+    Ok(path::validate_bytes(&raw)?.to_owned())
+}
+
+fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
+    Ok(match op {
+        OpCode::Create => {
+            let path = read_path(r)?;
+            let raw_mode = r.u8("mode")?;
+            let mode = CreateMode::from_u8(raw_mode).ok_or(DecodeError::BadValue {
+                what: "mode",
+                value: raw_mode.into(),
+            })?;
+            let data = r.bytes32("data")?;
+            Request::Create { path, data, mode }
+        }
+        OpCode::Delete => Request::Delete {
+            path: read_path(r)?,
+            version: r.opt_u32("version")?,
+        },
+        OpCode::Exists => Request::Exists {
+            path: read_path(r)?,
+            watch: r.bool("watch")?,
+        },
+        OpCode::GetData => Request::GetData {
+            path: read_path(r)?,
+            watch: r.bool("watch")?,
+        },
+        OpCode::GetChildren => Request::GetChildren {
+            path: read_path(r)?,
+            watch: r.bool("watch")?,
+        },
+        OpCode::SetData => Request::SetData {
+            path: read_path(r)?,
+            data: r.bytes32("data")?,
+            version: r.opt_u32("version")?,
+        },
+        OpCode::Ping => Request::Ping,
+        OpCode::CloseSession => Request::CloseSession,
+        OpCode::SetWatches => Request::SetWatches {
+            revision: r.u64("revision")?,
+            data: read_paths(r)?,
+            exist: read_paths(r)?,
+            child: read_paths(r)?,
+        },
+    })
+}
+
+fn read_paths(r: &mut Reader) -> Result<Vec<String>, DecodeError> {
+    let count = r.u32("path count")?;
+    // Each path takes at least 2 bytes, so a lying count ends in Truncated
+    // before it can make this grow beyond the frame.
+    let mut paths = Vec::new();
+    for _ in 0..count {
+        paths.push(read_path(r)?);
+    }
+    Ok(paths)
+}

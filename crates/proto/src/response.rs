@@ -1,0 +1,430 @@
+//! What the server sends after the handshake: replies, watch events, and the
+//! notice that comes before the server closes a connection.
+//!
+//! # Format
+//! ```text
+//! every server frame after the handshake starts with a kind byte:
+//!
+//! 1 reply        xid u32, op u8, revision u64, status u16, then
+//!                  status 0:  the op's reply body (below)
+//!                  otherwise: message str (the status is an error code)
+//!                revision: the server's revision when it answered (for a
+//!                change, the change's own revision); every change the reply
+//!                reflects has a revision at most this
+//! 2 event        event u8, revision u64, path str
+//!                  event: 1 created, 2 deleted, 3 data changed,
+//!                         4 children changed
+//! 3 disconnect   code u16, message str; the last frame before the server
+//!                closes the connection. The code says why: the session
+//!                expired (session expired), was resumed on another connection
+//!                (session moved), the server is stopping (shutting down), or
+//!                the client broke the protocol (frame too large, malformed
+//!                request). Only "session expired" means the session is gone;
+//!                otherwise the client may resume it on a new connection.
+//!
+//! reply bodies by op:
+//! 1 create        path str, sequence opt64, stat
+//! 2 delete        (empty)
+//! 3 exists        present u8, then stat if present is 1
+//! 4 get data      stat, data bytes
+//! 5 get children  stat, count u32, then count names (str), sorted
+//! 6 set data      stat
+//! 7 ping          (empty)
+//! 8 close session (empty)
+//! 9 set watches   (empty)
+//!
+//! stat, 68 bytes:
+//!   czxid u64  mzxid u64  pzxid u64  ctime u64  mtime u64
+//!   version u32  cversion u32  ephemeral_owner u64
+//!   data_length u32  num_children u32
+//! opt64 = u8 0 (absent) | u8 1 + u64
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::{DecodeError, ErrorCode};
+use crate::frame::encode_frame;
+use crate::request::OpCode;
+use crate::wire::{put_bool, put_bytes32, put_opt_u64, put_str16, Reader};
+use crate::SessionId;
+
+const KIND_REPLY: u8 = 1;
+const KIND_EVENT: u8 = 2;
+const KIND_DISCONNECT: u8 = 3;
+
+/// A node's metadata.
+///
+/// Revisions are positions in the server's single history of changes: every
+/// change gets the next revision. A sequential node's sequence number is its
+/// creation revision, which is why it only ever grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Stat {
+    /// Revision of the change that created the node.
+    pub czxid: u64,
+    /// Revision of the change that last set the node's data (or created it).
+    pub mzxid: u64,
+    /// Revision of the last change to the node's list of children.
+    pub pzxid: u64,
+    /// Creation time, milliseconds since the Unix epoch, from the server's clock.
+    pub ctime: u64,
+    /// Time of the last data change, milliseconds since the Unix epoch.
+    pub mtime: u64,
+    /// Number of data changes since creation.
+    pub version: u32,
+    /// Number of changes to the list of children since creation.
+    pub cversion: u32,
+    /// Session that owns the node if it is ephemeral, else 0.
+    pub ephemeral_owner: u64,
+    pub data_length: u32,
+    pub num_children: u32,
+}
+
+impl Stat {
+    /// Encoded size in bytes.
+    pub const LEN: usize = 68;
+
+    pub fn encode(&self, b: &mut BytesMut) {
+        b.put_u64(self.czxid);
+        b.put_u64(self.mzxid);
+        b.put_u64(self.pzxid);
+        b.put_u64(self.ctime);
+        b.put_u64(self.mtime);
+        b.put_u32(self.version);
+        b.put_u32(self.cversion);
+        b.put_u64(self.ephemeral_owner);
+        b.put_u32(self.data_length);
+        b.put_u32(self.num_children);
+    }
+
+    fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Stat {
+            czxid: r.u64("stat")?,
+            mzxid: r.u64("stat")?,
+            pzxid: r.u64("stat")?,
+            ctime: r.u64("stat")?,
+            mtime: r.u64("stat")?,
+            version: r.u32("stat")?,
+            cversion: r.u32("stat")?,
+            ephemeral_owner: r.u64("stat")?,
+            data_length: r.u32("stat")?,
+            num_children: r.u32("stat")?,
+        })
+    }
+
+    /// The owning session of an ephemeral node.
+    pub fn owner(&self) -> Option<SessionId> {
+        (self.ephemeral_owner != 0).then_some(SessionId(self.ephemeral_owner))
+    }
+}
+
+/// A successful reply's body, one variant per operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Create {
+        /// The node's actual path (with the suffix, for sequential nodes).
+        path: String,
+        /// The sequence number, for sequential nodes.
+        sequence: Option<u64>,
+        stat: Stat,
+    },
+    Delete,
+    Exists(Option<Stat>),
+    GetData {
+        stat: Stat,
+        data: Bytes,
+    },
+    GetChildren {
+        stat: Stat,
+        children: Vec<String>,
+    },
+    SetData(Stat),
+    Ping,
+    CloseSession,
+    SetWatches,
+}
+
+impl Reply {
+    pub fn op(&self) -> OpCode {
+        match self {
+            Reply::Create { .. } => OpCode::Create,
+            Reply::Delete => OpCode::Delete,
+            Reply::Exists(_) => OpCode::Exists,
+            Reply::GetData { .. } => OpCode::GetData,
+            Reply::GetChildren { .. } => OpCode::GetChildren,
+            Reply::SetData(_) => OpCode::SetData,
+            Reply::Ping => OpCode::Ping,
+            Reply::CloseSession => OpCode::CloseSession,
+            Reply::SetWatches => OpCode::SetWatches,
+        }
+    }
+
+    fn encode_body(&self, b: &mut BytesMut) {
+        match self {
+            Reply::Create {
+                path,
+                sequence,
+                stat,
+            } => {
+                put_str16(b, path);
+                put_opt_u64(b, *sequence);
+                stat.encode(b);
+            }
+            Reply::Exists(stat) => {
+                put_bool(b, stat.is_some());
+                if let Some(stat) = stat {
+                    stat.encode(b);
+                }
+            }
+            Reply::GetData { stat, data } => {
+                stat.encode(b);
+                put_bytes32(b, data);
+            }
+            Reply::GetChildren { stat, children } => {
+                stat.encode(b);
+                b.put_u32(children.len() as u32);
+                for child in children {
+                    put_str16(b, child);
+                }
+            }
+            Reply::SetData(stat) => stat.encode(b),
+            Reply::Delete | Reply::Ping | Reply::CloseSession | Reply::SetWatches => {}
+        }
+    }
+
+    fn decode_body(op: OpCode, r: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match op {
+            OpCode::Create => Reply::Create {
+                path: r.str16("path")?,
+                sequence: r.opt_u64("sequence")?,
+                stat: Stat::decode(r)?,
+            },
+            OpCode::Delete => Reply::Delete,
+            OpCode::Exists => Reply::Exists(if r.bool("present")? {
+                Some(Stat::decode(r)?)
+            } else {
+                None
+            }),
+            OpCode::GetData => Reply::GetData {
+                stat: Stat::decode(r)?,
+                data: r.bytes32("data")?,
+            },
+            OpCode::GetChildren => {
+                let stat = Stat::decode(r)?;
+                let count = r.u32("child count")?;
+                // Each name takes at least 2 bytes, so a lying count fails
+                // with Truncated instead of reserving memory up front.
+                let mut children = Vec::new();
+                for _ in 0..count {
+                    children.push(r.str16("child name")?);
+                }
+                Reply::GetChildren { stat, children }
+            }
+            OpCode::SetData => Reply::SetData(Stat::decode(r)?),
+            OpCode::Ping => Reply::Ping,
+            OpCode::CloseSession => Reply::CloseSession,
+            OpCode::SetWatches => Reply::SetWatches,
+        })
+    }
+}
+
+/// A failed reply: the code and a human-readable message naming what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorReply {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorReply {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// The reply to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplyFrame {
+    pub xid: u32,
+    /// The request's operation code, echoed (even if the server did not know it).
+    pub op: u8,
+    /// The server's revision when it answered.
+    pub revision: u64,
+    pub result: Result<Reply, ErrorReply>,
+}
+
+/// What changed at a watched path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Created,
+    Deleted,
+    DataChanged,
+    ChildrenChanged,
+}
+
+impl EventKind {
+    fn to_u8(self) -> u8 {
+        match self {
+            EventKind::Created => 1,
+            EventKind::Deleted => 2,
+            EventKind::DataChanged => 3,
+            EventKind::ChildrenChanged => 4,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => EventKind::Created,
+            2 => EventKind::Deleted,
+            3 => EventKind::DataChanged,
+            4 => EventKind::ChildrenChanged,
+            _ => return None,
+        })
+    }
+}
+
+/// A fired watch: the change at `path`, made at `revision`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub kind: EventKind,
+    pub revision: u64,
+    pub path: String,
+}
+
+/// The last frame before the server closes a connection, saying why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disconnect {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Any frame the server sends after the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerMessage {
+    Reply(ReplyFrame),
+    Event(WatchEvent),
+    Disconnect(Disconnect),
+}
+
+/// Appends a framed reply to `buf`.
+pub fn encode_reply(
+    buf: &mut BytesMut,
+    xid: u32,
+    op: u8,
+    revision: u64,
+    result: &Result<Reply, ErrorReply>,
+) {
+    encode_frame(buf, |b| {
+        b.put_u8(KIND_REPLY);
+        b.put_u32(xid);
+        b.put_u8(op);
+        b.put_u64(revision);
+        match result {
+            Ok(reply) => {
+                b.put_u16(0);
+                reply.encode_body(b);
+            }
+            Err(e) => {
+                b.put_u16(e.code.to_u16());
+                put_str16(b, &e.message);
+            }
+        }
+    });
+}
+
+/// Appends a framed watch event to `buf`; the server calls this once per
+/// watcher with a shared path, so it takes the parts rather than a
+/// [`WatchEvent`].
+pub fn encode_event(buf: &mut BytesMut, kind: EventKind, revision: u64, path: &str) {
+    encode_frame(buf, |b| {
+        b.put_u8(KIND_EVENT);
+        b.put_u8(kind.to_u8());
+        b.put_u64(revision);
+        put_str16(b, path);
+    });
+}
+
+/// Appends a framed disconnect notice to `buf`.
+pub fn encode_disconnect(buf: &mut BytesMut, code: ErrorCode, message: &str) {
+    encode_frame(buf, |b| {
+        b.put_u8(KIND_DISCONNECT);
+        b.put_u16(code.to_u16());
+        put_str16(b, message);
+    });
+}
+
+impl ServerMessage {
+    /// Appends this message, framed, to `buf`.
+    pub fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            ServerMessage::Reply(r) => encode_reply(buf, r.xid, r.op, r.revision, &r.result),
+            ServerMessage::Event(e) => encode_event(buf, e.kind, e.revision, &e.path),
+            ServerMessage::Disconnect(s) => encode_disconnect(buf, s.code, &s.message),
+        }
+    }
+
+    /// Decodes a frame's payload. Data fields share the payload's memory.
+    ///
+    /// # Errors
+    /// [`DecodeError`] if the payload is not exactly one server message.
+    pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let msg = match r.u8("kind")? {
+            KIND_REPLY => {
+                let xid = r.u32("xid")?;
+                let op = r.u8("op")?;
+                let revision = r.u64("revision")?;
+                let status = r.u16("status")?;
+                let result = if status == 0 {
+                    let opcode = OpCode::from_u8(op).ok_or(DecodeError::BadValue {
+                        what: "op",
+                        value: op.into(),
+                    })?;
+                    Ok(Reply::decode_body(opcode, &mut r)?)
+                } else {
+                    Err(ErrorReply {
+                        code: ErrorCode::from_u16(status),
+                        message: r.str16("message")?,
+                    })
+                };
+                ServerMessage::Reply(ReplyFrame {
+                    xid,
+                    op,
+                    revision,
+                    result,
+                })
+            }
+            KIND_EVENT => {
+                let raw = r.u8("event")?;
+                let kind = EventKind::from_u8(raw).ok_or(DecodeError::BadValue {
+                    what: "event",
+                    value: raw.into(),
+                })?;
+                ServerMessage::Event(WatchEvent {
+                    kind,
+                    revision: r.u64("revision")?,
+                    path: r.str16("path")?,
+                })
+            }
+            KIND_DISCONNECT => ServerMessage::Disconnect(Disconnect {
+                code: ErrorCode::from_u16(r.u16("code")?),
+                message: r.str16("message")?,
+            }),
+            other => {
+                return Err(DecodeError::BadValue {
+                    what: "kind",
+                    value: other.into(),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(msg)
+    }
+}

@@ -1,0 +1,256 @@
+//! Every message type survives encode -> frame codec -> decode unchanged, and
+//! arbitrary bytes never make a decoder panic.
+
+use baton_proto::response::{encode_event, Stat};
+use baton_proto::*;
+use bytes::{Bytes, BytesMut};
+use proptest::prelude::*;
+use tokio_util::codec::Decoder;
+
+fn one_frame(buf: &mut BytesMut) -> Bytes {
+    let frame = frame_codec(MAX_RESPONSE_FRAME)
+        .decode(buf)
+        .expect("frame decodes")
+        .expect("a whole frame");
+    assert!(buf.is_empty(), "exactly one frame");
+    frame.freeze()
+}
+
+fn path() -> impl Strategy<Value = String> {
+    prop::collection::vec("[a-zA-Z0-9_.é-]{1,12}", 0..5).prop_map(|segs| {
+        let segs: Vec<String> = segs
+            .into_iter()
+            .map(|s| {
+                if s == "." || s == ".." {
+                    format!("{s}x")
+                } else {
+                    s
+                }
+            })
+            .collect();
+        format!("/{}", segs.join("/"))
+    })
+}
+
+fn data() -> impl Strategy<Value = Bytes> {
+    prop::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from)
+}
+
+fn mode() -> impl Strategy<Value = CreateMode> {
+    (any::<bool>(), any::<bool>()).prop_map(|(e, s)| CreateMode::from_flags(e, s))
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (path(), data(), mode()).prop_map(|(path, data, mode)| Request::Create {
+            path,
+            data,
+            mode
+        }),
+        (path(), any::<Option<u32>>())
+            .prop_map(|(path, version)| Request::Delete { path, version }),
+        (path(), any::<bool>()).prop_map(|(path, watch)| Request::Exists { path, watch }),
+        (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetData { path, watch }),
+        (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetChildren { path, watch }),
+        (path(), data(), any::<Option<u32>>()).prop_map(|(path, data, version)| Request::SetData {
+            path,
+            data,
+            version
+        }),
+        Just(Request::Ping),
+        Just(Request::CloseSession),
+        (
+            any::<u64>(),
+            prop::collection::vec(path(), 0..4),
+            prop::collection::vec(path(), 0..4),
+            prop::collection::vec(path(), 0..4)
+        )
+            .prop_map(|(revision, data, exist, child)| Request::SetWatches {
+                revision,
+                data,
+                exist,
+                child
+            }),
+    ]
+}
+
+fn stat() -> impl Strategy<Value = Stat> {
+    (any::<[u64; 6]>(), any::<[u32; 4]>()).prop_map(|(l, s)| Stat {
+        czxid: l[0],
+        mzxid: l[1],
+        pzxid: l[2],
+        ctime: l[3],
+        mtime: l[4],
+        ephemeral_owner: l[5],
+        version: s[0],
+        cversion: s[1],
+        data_length: s[2],
+        num_children: s[3],
+    })
+}
+
+fn error_code() -> impl Strategy<Value = ErrorCode> {
+    (1u16..40).prop_map(ErrorCode::from_u16)
+}
+
+fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
+    let ok = prop_oneof![
+        (path(), any::<Option<u64>>(), stat()).prop_map(|(path, sequence, stat)| Reply::Create {
+            path,
+            sequence,
+            stat
+        }),
+        Just(Reply::Delete),
+        proptest::option::of(stat()).prop_map(Reply::Exists),
+        (stat(), data()).prop_map(|(stat, data)| Reply::GetData { stat, data }),
+        (stat(), prop::collection::vec("[a-z0-9-]{1,20}", 0..20))
+            .prop_map(|(stat, children)| Reply::GetChildren { stat, children }),
+        stat().prop_map(Reply::SetData),
+        Just(Reply::Ping),
+        Just(Reply::CloseSession),
+        Just(Reply::SetWatches),
+    ];
+    prop_oneof![
+        ok.prop_map(Ok),
+        (error_code(), ".{0,40}").prop_map(|(code, message)| Err(ErrorReply { code, message })),
+    ]
+}
+
+fn event_kind() -> impl Strategy<Value = EventKind> {
+    prop_oneof![
+        Just(EventKind::Created),
+        Just(EventKind::Deleted),
+        Just(EventKind::DataChanged),
+        Just(EventKind::ChildrenChanged),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(xid in any::<u32>(), request in request()) {
+        let frame = RequestFrame { xid, request };
+        let mut buf = BytesMut::new();
+        frame.encode(&mut buf);
+        prop_assert_eq!(RequestFrame::decode(one_frame(&mut buf)), Ok(frame));
+    }
+
+    #[test]
+    fn replies_round_trip(xid in any::<u32>(), revision in any::<u64>(), result in reply_result()) {
+        let op = match &result {
+            Ok(reply) => reply.op() as u8,
+            Err(_) => 99,
+        };
+        let msg = ServerMessage::Reply(ReplyFrame { xid, op, revision, result });
+        let mut buf = BytesMut::new();
+        msg.encode(&mut buf);
+        prop_assert_eq!(ServerMessage::decode(one_frame(&mut buf)), Ok(msg));
+    }
+
+    #[test]
+    fn events_round_trip(kind in event_kind(), revision in any::<u64>(), path in path()) {
+        let mut buf = BytesMut::new();
+        encode_event(&mut buf, kind, revision, &path);
+        let expected = ServerMessage::Event(WatchEvent { kind, revision, path });
+        prop_assert_eq!(ServerMessage::decode(one_frame(&mut buf)), Ok(expected));
+    }
+
+    #[test]
+    fn disconnect_round_trips(code in error_code(), message in ".{0,40}") {
+        let msg = ServerMessage::Disconnect(Disconnect { code, message });
+        let mut buf = BytesMut::new();
+        msg.encode(&mut buf);
+        prop_assert_eq!(ServerMessage::decode(one_frame(&mut buf)), Ok(msg));
+    }
+
+    #[test]
+    fn handshakes_round_trip(
+        version in any::<u16>(),
+        timeout_ms in any::<u32>(),
+        resume in proptest::option::of((1u64.., any::<[u8; 16]>())),
+        grant in proptest::option::of((any::<u32>(), any::<u64>(), any::<[u8; 16]>(), any::<bool>(), any::<u32>())),
+        message in ".{0,40}",
+    ) {
+        let req = ConnectRequest {
+            version,
+            timeout_ms,
+            resume: resume.map(|(id, s)| (SessionId(id), SessionSecret(s))),
+        };
+        let mut buf = BytesMut::new();
+        req.encode(&mut buf);
+        prop_assert_eq!(ConnectRequest::decode(one_frame(&mut buf)), Ok(req));
+
+        let result = match grant {
+            Some((timeout_ms, id, secret, resumed, max_data)) => Ok(SessionGrant {
+                timeout_ms,
+                session_id: SessionId(id),
+                secret: SessionSecret(secret),
+                resumed,
+                max_data,
+            }),
+            None => Err((ErrorCode::UnsupportedVersion, message)),
+        };
+        let resp = ConnectResponse { version, result };
+        resp.encode(&mut buf);
+        prop_assert_eq!(ConnectResponse::decode(one_frame(&mut buf)), Ok(resp));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let payload = Bytes::from(bytes);
+        let _ = RequestFrame::decode(payload.clone());
+        let _ = ServerMessage::decode(payload.clone());
+        let _ = ConnectRequest::decode(payload.clone());
+        let _ = ConnectResponse::decode(payload);
+    }
+
+    #[test]
+    fn truncated_requests_are_rejected_not_misread(xid in any::<u32>(), request in request(), cut in 1usize..64) {
+        let mut buf = BytesMut::new();
+        RequestFrame { xid, request }.encode(&mut buf);
+        let payload = one_frame(&mut buf);
+        let cut = cut.min(payload.len());
+        let short = payload.slice(..payload.len() - cut);
+        prop_assert!(RequestFrame::decode(short).is_err());
+    }
+}
+
+#[test]
+fn invalid_paths_are_rejected_with_invalid_path() {
+    for bad in ["", "rel", "/a/", "/a//b", "/./a", "/a/..", "/a\0b"] {
+        let mut buf = BytesMut::new();
+        RequestFrame {
+            xid: 7,
+            request: Request::GetData {
+                path: bad.into(),
+                watch: false,
+            },
+        }
+        .encode(&mut buf);
+        match RequestFrame::decode(one_frame(&mut buf)) {
+            Err(RequestDecodeError::Reject {
+                xid: 7,
+                code: ErrorCode::InvalidPath,
+                ..
+            }) => {}
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn unknown_op_is_answerable() {
+    let payload = Bytes::from_static(&[0, 0, 0, 9, 200, 1, 2, 3]);
+    match RequestFrame::decode(payload) {
+        Err(RequestDecodeError::Reject {
+            xid: 9,
+            op: 200,
+            code: ErrorCode::UnknownOperation,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        RequestFrame::decode(Bytes::from_static(&[1, 2])),
+        Err(RequestDecodeError::NoHeader)
+    );
+}

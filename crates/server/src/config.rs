@@ -1,0 +1,107 @@
+//! Server settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_proto::DEFAULT_MAX_DATA;
+
+/// Lowest session timeout a server may be configured to grant.
+pub const MIN_SESSION_TIMEOUT_FLOOR: Duration = Duration::from_millis(100);
+
+/// Settings of one server. [`Config::default`] gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Requested session timeouts are raised to at least this (default 2 s).
+    pub min_session_timeout: Duration,
+    /// Requested session timeouts are lowered to at most this (default 60 s).
+    pub max_session_timeout: Duration,
+    /// Largest data one node may hold (default 1 MiB).
+    pub max_data: usize,
+    /// Most connections served at once; more are refused (default 200,000).
+    pub max_connections: usize,
+    /// Bytes that may wait to be sent to one connection. Past half of it the
+    /// server stops reading that connection's requests; past all of it (watch
+    /// events keep coming to a client that does not read) the connection is
+    /// closed. Default 16 MiB.
+    pub max_outbound_bytes: usize,
+    /// How long a new connection may take to send its handshake (default 10 s).
+    pub handshake_timeout: Duration,
+    /// Where durable state lives; `None` keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            min_session_timeout: Duration::from_millis(2_000),
+            max_session_timeout: Duration::from_millis(60_000),
+            max_data: DEFAULT_MAX_DATA,
+            max_connections: 200_000,
+            max_outbound_bytes: 16 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            data_dir: None,
+        }
+    }
+}
+
+/// A setting that cannot work, with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid server configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Checks that the settings make sense together.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the setting and what it must be.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.min_session_timeout < MIN_SESSION_TIMEOUT_FLOOR {
+            return Err(ConfigError(format!(
+                "minimum session timeout {} ms is below the floor of {} ms",
+                self.min_session_timeout.as_millis(),
+                MIN_SESSION_TIMEOUT_FLOOR.as_millis()
+            )));
+        }
+        if self.max_session_timeout < self.min_session_timeout {
+            return Err(ConfigError(format!(
+                "maximum session timeout {} ms is below the minimum {} ms",
+                self.max_session_timeout.as_millis(),
+                self.min_session_timeout.as_millis()
+            )));
+        }
+        if self.max_session_timeout > Duration::from_millis(u32::MAX as u64) {
+            return Err(ConfigError(
+                "maximum session timeout exceeds u32 milliseconds".into(),
+            ));
+        }
+        if self.max_data > u32::MAX as usize - baton_proto::REQUEST_OVERHEAD {
+            return Err(ConfigError(format!(
+                "max data {} bytes is too large",
+                self.max_data
+            )));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError("max connections must be at least 1".into()));
+        }
+        if self.max_outbound_bytes < 2 * (self.max_data + baton_proto::REQUEST_OVERHEAD) {
+            return Err(ConfigError(format!(
+                "max outbound bytes {} must hold at least two of the largest replies ({} bytes each)",
+                self.max_outbound_bytes,
+                self.max_data + baton_proto::REQUEST_OVERHEAD
+            )));
+        }
+        Ok(())
+    }
+
+    /// The timeout granted for a requested one: clamped to the bounds.
+    pub fn negotiate_timeout(&self, requested_ms: u32) -> u32 {
+        let lo = self.min_session_timeout.as_millis() as u32;
+        let hi = self.max_session_timeout.as_millis() as u32;
+        requested_ms.clamp(lo, hi)
+    }
+
+    /// Largest request frame accepted: the data limit plus headers.
+    pub fn max_request_frame(&self) -> usize {
+        self.max_data + baton_proto::REQUEST_OVERHEAD
+    }
+}

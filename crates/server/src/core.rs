@@ -1,0 +1,527 @@
+//! The server's shared core: the state machine plus what only this server
+//! knows about its sessions (their connections, when each was last heard
+//! from) and their watches. One mutex guards it all; nothing in here awaits.
+//!
+//! Replies and watch events are pushed to connection outboxes while the lock
+//! is held. That single order is what keeps DESIGN.md invariant 7: an event is
+//! queued the moment its change is applied, so it is ahead of the reply to any
+//! request applied later, on every connection.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use baton_proto::{
+    ConnectRequest, ErrorCode, ErrorReply, EventKind, Reply, Request, RequestFrame, SessionGrant,
+    SessionId, SessionSecret, PROTOCOL_VERSION,
+};
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::outbox::{Out, Outbox};
+use crate::state::{Command, Outcome, StateMachine, Trigger};
+use crate::stats::Stats;
+use crate::watches::{Kinds, Watches};
+
+/// This server's view of a live session.
+struct Live {
+    /// The connection the session is attached to, if any.
+    conn: Option<Arc<Outbox>>,
+    last_heard: Instant,
+    timeout: Duration,
+}
+
+/// What a handled request means for its connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    /// The session ended or moved: read no more requests.
+    Stop,
+}
+
+pub(crate) struct Core {
+    sm: StateMachine,
+    watches: Watches,
+    live: HashMap<SessionId, Live>,
+    /// Candidate expiry times. An entry may be stale (the session was heard
+    /// from since); it is checked and pushed back when it comes due.
+    deadlines: BTreeSet<(Instant, SessionId)>,
+    config: Arc<Config>,
+    stats: Arc<Stats>,
+    fired: Vec<SessionId>,
+}
+
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn expired(id: SessionId) -> (ErrorCode, String) {
+    (
+        ErrorCode::SessionExpired,
+        format!("session {id} has expired or was closed; open a new session"),
+    )
+}
+
+impl Core {
+    pub(crate) fn new(sm: StateMachine, config: Arc<Config>, stats: Arc<Stats>) -> Self {
+        Core {
+            sm,
+            watches: Watches::default(),
+            live: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            config,
+            stats,
+            fired: Vec::new(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> &StateMachine {
+        &self.sm
+    }
+
+    pub(crate) fn watch_count(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// The earliest time a session may expire, for the expiry timer.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(t, _)| *t)
+    }
+
+    /// Opens or resumes a session for a new connection, attaching it to
+    /// `outbox`. Returns the grant and whether the expiry timer must re-plan.
+    pub(crate) fn connect(
+        &mut self,
+        req: &ConnectRequest,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Result<(SessionGrant, bool), (ErrorCode, String)> {
+        if req.version != PROTOCOL_VERSION {
+            return Err((
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}",
+                    req.version
+                ),
+            ));
+        }
+        let max_data = self.config.max_data as u32;
+        match req.resume {
+            None => {
+                let timeout_ms = self.config.negotiate_timeout(req.timeout_ms);
+                let mut secret = [0u8; 16];
+                getrandom::fill(&mut secret).map_err(|e| {
+                    (
+                        ErrorCode::Internal,
+                        format!("no randomness for a session secret: {e}"),
+                    )
+                })?;
+                let secret = SessionSecret(secret);
+                let applied = self
+                    .sm
+                    .apply(Command::OpenSession { timeout_ms, secret }, wall_clock_ms());
+                let Ok(Outcome::SessionOpened(id)) = applied.result else {
+                    unreachable!("opening a session cannot fail");
+                };
+                let timeout = Duration::from_millis(timeout_ms.into());
+                self.live.insert(
+                    id,
+                    Live {
+                        conn: Some(outbox.clone()),
+                        last_heard: now,
+                        timeout,
+                    },
+                );
+                let deadline = now + timeout;
+                let earlier = self.next_deadline().is_none_or(|t| deadline < t);
+                self.deadlines.insert((deadline, id));
+                Ok((
+                    SessionGrant {
+                        timeout_ms,
+                        session_id: id,
+                        secret,
+                        resumed: false,
+                        max_data,
+                    },
+                    earlier,
+                ))
+            }
+            Some((id, secret)) => {
+                let session = self.sm.session(id).ok_or_else(|| expired(id))?;
+                if session.secret != secret {
+                    return Err((
+                        ErrorCode::SessionExpired,
+                        format!("wrong secret for session {id}; open a new session"),
+                    ));
+                }
+                let timeout_ms = session.timeout_ms;
+                let live = self.live.get_mut(&id).ok_or_else(|| expired(id))?;
+                live.last_heard = now;
+                if let Some(old) = live.conn.replace(outbox.clone()) {
+                    old.close(Some((
+                        ErrorCode::SessionMoved,
+                        format!("session {id} was resumed on another connection"),
+                    )));
+                }
+                // The client sets its watches again (set watches) on the new
+                // connection, relative to the last revision it saw.
+                self.watches.remove_session(id);
+                Ok((
+                    SessionGrant {
+                        timeout_ms,
+                        session_id: id,
+                        secret,
+                        resumed: true,
+                        max_data,
+                    },
+                    false,
+                ))
+            }
+        }
+    }
+
+    /// A connection went away; its session lives on until it expires.
+    pub(crate) fn detach(&mut self, id: SessionId, outbox: &Arc<Outbox>) {
+        if let Some(live) = self.live.get_mut(&id) {
+            if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) {
+                live.conn = None;
+                self.watches.remove_session(id);
+            }
+        }
+    }
+
+    /// Handles one request of `session` arriving on `outbox`'s connection:
+    /// applies it, queues the events it fires and then its reply.
+    pub(crate) fn handle(
+        &mut self,
+        session: SessionId,
+        frame: RequestFrame,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Flow {
+        let RequestFrame { xid, request } = frame;
+        let op = request.op() as u8;
+        if let Err(flow) = self.touch(session, xid, op, outbox, now) {
+            return flow;
+        }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let result = match request {
+            Request::Create { path, data, mode } => self.check_size(&data).and_then(|()| {
+                self.write(Command::Create {
+                    session,
+                    path,
+                    data,
+                    mode,
+                })
+            }),
+            Request::Delete { path, version } => self.write(Command::Delete { path, version }),
+            Request::SetData {
+                path,
+                data,
+                version,
+            } => self.check_size(&data).and_then(|()| {
+                self.write(Command::SetData {
+                    path,
+                    data,
+                    version,
+                })
+            }),
+            Request::Exists { path, watch } => {
+                if watch {
+                    self.watches.add(session, &path, Kinds::DATA);
+                }
+                Ok(Reply::Exists(self.sm.node(&path).map(|n| n.stat())))
+            }
+            Request::GetData { path, watch } => self.get_data(session, &path, watch),
+            Request::GetChildren { path, watch } => self.get_children(session, &path, watch),
+            Request::Ping => Ok(Reply::Ping),
+            Request::SetWatches {
+                revision,
+                data,
+                exist,
+                child,
+            } => {
+                self.set_watches(session, outbox, revision, data, exist, child);
+                Ok(Reply::SetWatches)
+            }
+            Request::CloseSession => {
+                self.end_session(session, Command::CloseSession { session }, None);
+                self.reply(outbox, xid, op, Ok(Reply::CloseSession));
+                outbox.close(None);
+                return Flow::Stop;
+            }
+        };
+        self.reply(outbox, xid, op, result);
+        Flow::Continue
+    }
+
+    /// Answers a request that could not be decoded but can be answered.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reject(
+        &mut self,
+        session: SessionId,
+        xid: u32,
+        op: u8,
+        code: ErrorCode,
+        message: String,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Flow {
+        if let Err(flow) = self.touch(session, xid, op, outbox, now) {
+            return flow;
+        }
+        self.reply(outbox, xid, op, Err(ErrorReply { code, message }));
+        Flow::Continue
+    }
+
+    /// Records that `session` was heard from on `outbox`'s connection. Fails
+    /// if the session has ended (the request is answered, the connection
+    /// closed) or moved to another connection.
+    fn touch(
+        &mut self,
+        session: SessionId,
+        xid: u32,
+        op: u8,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Result<(), Flow> {
+        match self.live.get_mut(&session) {
+            Some(live) if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) => {
+                live.last_heard = now;
+                Ok(())
+            }
+            Some(_) => Err(Flow::Stop), // resumed on another connection
+            None => {
+                let (code, message) = expired(session);
+                self.reply(outbox, xid, op, Err(ErrorReply { code, message }));
+                outbox.close(Some(expired(session)));
+                Err(Flow::Stop)
+            }
+        }
+    }
+
+    fn reply(&self, outbox: &Outbox, xid: u32, op: u8, result: Result<Reply, ErrorReply>) {
+        outbox.push(Out::Reply {
+            xid,
+            op,
+            revision: self.sm.revision(),
+            result,
+        });
+    }
+
+    fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {
+        if data.len() > self.config.max_data {
+            return Err(ErrorReply::new(
+                ErrorCode::ValueTooLarge,
+                format!(
+                    "data of {} bytes exceeds the server's limit of {} bytes",
+                    data.len(),
+                    self.config.max_data
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies a change and fires its watches.
+    fn write(&mut self, command: Command) -> Result<Reply, ErrorReply> {
+        let applied = self.sm.apply(command, wall_clock_ms());
+        self.dispatch(&applied.triggers);
+        applied.result.map(|outcome| match outcome {
+            Outcome::Created {
+                path,
+                sequence,
+                stat,
+            } => Reply::Create {
+                path: path.to_string(),
+                sequence,
+                stat,
+            },
+            Outcome::Deleted => Reply::Delete,
+            Outcome::DataSet(stat) => Reply::SetData(stat),
+            Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => {
+                unreachable!("requests do not open or end sessions through write")
+            }
+        })
+    }
+
+    fn get_data(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: bool,
+    ) -> Result<Reply, ErrorReply> {
+        let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
+        let reply = Reply::GetData {
+            stat: node.stat(),
+            data: node.data.clone(),
+        };
+        if watch {
+            self.watches.add(session, path, Kinds::DATA);
+        }
+        Ok(reply)
+    }
+
+    fn get_children(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: bool,
+    ) -> Result<Reply, ErrorReply> {
+        let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
+        let size: usize = node.child_names().map(|n| n.len() + 2).sum();
+        if size + 1024 > baton_proto::MAX_RESPONSE_FRAME {
+            return Err(ErrorReply::new(
+                ErrorCode::ResponseTooLarge,
+                format!(
+                    "{path} has {} children; listing them takes {size} bytes, over the {} byte reply limit",
+                    node.children.len(),
+                    baton_proto::MAX_RESPONSE_FRAME
+                ),
+            ));
+        }
+        let reply = Reply::GetChildren {
+            stat: node.stat(),
+            children: node.child_names().map(str::to_owned).collect(),
+        };
+        if watch {
+            self.watches.add(session, path, Kinds::CHILD);
+        }
+        Ok(reply)
+    }
+
+    /// Sets again the watches a client held before it moved to this
+    /// connection; a watch whose node changed after `since` fires at once.
+    fn set_watches(
+        &mut self,
+        session: SessionId,
+        outbox: &Outbox,
+        since: u64,
+        data: Vec<String>,
+        exist: Vec<String>,
+        child: Vec<String>,
+    ) {
+        let now_rev = self.sm.revision();
+        let fire = |kind: EventKind, revision: u64, path: String| {
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+            outbox.push(Out::Event {
+                kind,
+                revision,
+                path: Arc::from(path),
+            });
+        };
+        for path in data {
+            match self.sm.node(&path) {
+                None => fire(EventKind::Deleted, now_rev, path),
+                Some(n) if n.mzxid > since => fire(EventKind::DataChanged, n.mzxid, path),
+                Some(_) => self.watches.add(session, &path, Kinds::DATA),
+            }
+        }
+        for path in exist {
+            match self.sm.node(&path) {
+                Some(n) => fire(EventKind::Created, n.czxid, path),
+                None => self.watches.add(session, &path, Kinds::DATA),
+            }
+        }
+        for path in child {
+            match self.sm.node(&path) {
+                None => fire(EventKind::Deleted, now_rev, path),
+                Some(n) if n.pzxid > since => fire(EventKind::ChildrenChanged, n.pzxid, path),
+                Some(_) => self.watches.add(session, &path, Kinds::CHILD),
+            }
+        }
+    }
+
+    /// Queues the events a change fired, one per watching session.
+    fn dispatch(&mut self, triggers: &[Trigger]) {
+        let revision = self.sm.revision();
+        for trigger in triggers {
+            self.fired.clear();
+            self.watches
+                .fire(&trigger.path, trigger.kind, &mut self.fired);
+            for session in &self.fired {
+                let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
+                    continue;
+                };
+                let pushed = conn.push(Out::Event {
+                    kind: trigger.kind,
+                    revision,
+                    path: trigger.path.clone(),
+                });
+                if pushed {
+                    self.stats.events.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Ends a session (close or expiry): deletes its ephemerals in one step,
+    /// fires their watches, and closes its connection with `notice`.
+    fn end_session(
+        &mut self,
+        id: SessionId,
+        command: Command,
+        notice: Option<(ErrorCode, String)>,
+    ) {
+        let applied = self.sm.apply(command, wall_clock_ms());
+        self.watches.remove_session(id);
+        self.dispatch(&applied.triggers);
+        if let Some(live) = self.live.remove(&id) {
+            if let (Some(conn), Some(notice)) = (live.conn, notice) {
+                conn.close(Some(notice));
+            }
+        }
+    }
+
+    /// Expires every session not heard from for its whole timeout as of
+    /// `now`. Returns how many expired.
+    pub(crate) fn expire_due(&mut self, now: Instant) -> usize {
+        let mut count = 0;
+        while let Some(&(due, id)) = self.deadlines.first() {
+            if due > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(live) = self.live.get(&id) else {
+                continue; // closed or expired already
+            };
+            let deadline = live.last_heard + live.timeout;
+            if deadline > now {
+                self.deadlines.insert((deadline, id));
+                continue;
+            }
+            let timeout_ms = live.timeout.as_millis() as u64;
+            tracing::info!(session = %id, timeout_ms, "session expired");
+            self.end_session(
+                id,
+                Command::ExpireSession { session: id },
+                Some((
+                    ErrorCode::SessionExpired,
+                    format!("session {id} expired: nothing heard from it for {timeout_ms} ms"),
+                )),
+            );
+            self.stats.sessions_expired.fetch_add(1, Ordering::Relaxed);
+            count += 1;
+        }
+        count
+    }
+
+    /// Tells every attached connection that the server is stopping.
+    pub(crate) fn shutdown_connections(&mut self) {
+        for live in self.live.values() {
+            if let Some(conn) = &live.conn {
+                conn.close(Some((
+                    ErrorCode::ShuttingDown,
+                    "the server is shutting down".into(),
+                )));
+            }
+        }
+    }
+}
+
+fn no_node(path: &str) -> ErrorReply {
+    ErrorReply::new(ErrorCode::NoNode, format!("{path} does not exist"))
+}

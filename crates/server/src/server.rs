@@ -1,0 +1,234 @@
+//! The listener: accepts connections, runs the session expiry timer, and
+//! stops everything on shutdown.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use baton_proto::{ConnectResponse, ErrorCode, PROTOCOL_VERSION};
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::{sleep_until, timeout, Instant};
+use tracing::{debug, error, info, warn};
+
+use crate::config::{Config, ConfigError};
+use crate::core::Core;
+use crate::state::StateMachine;
+use crate::stats::{Stats, StatsSnapshot};
+
+/// What the connection tasks, the timer and the handles share.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    pub(crate) config: Arc<Config>,
+    pub(crate) stats: Arc<Stats>,
+    /// Wakes the expiry timer when a session with an earlier deadline appears.
+    pub(crate) expiry_wake: Notify,
+}
+
+impl Shared {
+    /// Locks the core. Nothing awaits while holding it.
+    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        // The core's methods keep it consistent at every return; a panic in
+        // one (a bug) must not stop every other client.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Why a server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: io::Error },
+    #[error("listener failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A Baton server bound to a listener, ready to [`run`](Server::run).
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+/// A cheap handle to a running server, for reading its counters.
+#[derive(Clone)]
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+}
+
+impl ServerHandle {
+    /// The server's counters and current sizes.
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut snap = self.shared.stats.snapshot();
+        let core = self.shared.core();
+        snap.sessions = core.state().session_count() as u64;
+        snap.nodes = core.state().node_count() as u64;
+        snap.watches = core.watch_count() as u64;
+        snap.revision = core.state().revision();
+        snap
+    }
+}
+
+impl Server {
+    /// Binds `addr` and prepares a server with `config`.
+    ///
+    /// # Errors
+    /// An invalid configuration, or an address that cannot be bound.
+    pub async fn bind(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        config: Config,
+    ) -> Result<Self, ServerError> {
+        config.validate()?;
+        let listener = TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        Self::new(listener, config)
+    }
+
+    /// Prepares a server on an already bound listener.
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn new(listener: TcpListener, config: Config) -> Result<Self, ServerError> {
+        config.validate()?;
+        let config = Arc::new(config);
+        let stats = Arc::new(Stats::default());
+        let core = Core::new(StateMachine::new(), config.clone(), stats.clone());
+        Ok(Server {
+            listener,
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                config,
+                stats,
+                expiry_wake: Notify::new(),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Serves until `shutdown` completes, then tells every client, waits (up
+    /// to a few seconds) for their connections to close, and returns.
+    ///
+    /// # Errors
+    /// Only if the listener itself fails for good.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        let Server { listener, shared } = self;
+        let limit = shared.config.max_connections;
+        let permits = Arc::new(Semaphore::new(limit));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let timer = tokio::spawn(expiry_timer(shared.clone(), stop_rx.clone()));
+        info!(addr = %listener.local_addr()?, "serving");
+
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                _ = &mut shutdown => break,
+                r = listener.accept() => r,
+            };
+            let (stream, peer) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors or similar: wait instead of spinning.
+                    error!("accept failed: {e}; retrying in 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                Stats::add(&shared.stats.connections_refused, 1);
+                warn!(%peer, limit, "refusing connection: at the connection limit");
+                tokio::spawn(refuse(stream, limit));
+                continue;
+            };
+            Stats::add(&shared.stats.connections_accepted, 1);
+            let shared = shared.clone();
+            let stop_rx = stop_rx.clone();
+            tokio::spawn(async move {
+                Stats::add(&shared.stats.connections_open, 1);
+                crate::conn::serve(shared.clone(), stream, peer, stop_rx).await;
+                shared
+                    .stats
+                    .connections_open
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                drop(permit);
+            });
+        }
+
+        info!("shutting down");
+        drop(listener);
+        let _ = stop_tx.send(true);
+        shared.core().shutdown_connections();
+        let _ = timer.await;
+        // Every connection task holds a permit until it ends.
+        match timeout(Duration::from_secs(10), permits.acquire_many(limit as u32)).await {
+            Ok(_) => info!("all connections closed"),
+            Err(_) => warn!("stopped with connections still closing"),
+        }
+        Ok(())
+    }
+}
+
+/// Serves with `config` on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// An invalid configuration, or a listener that fails for good.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    Server::new(listener, config)?.run(shutdown).await
+}
+
+/// Answers a connection over the limit with a handshake error, best effort.
+async fn refuse(mut stream: TcpStream, limit: usize) {
+    let mut buf = BytesMut::new();
+    ConnectResponse {
+        version: PROTOCOL_VERSION,
+        result: Err((
+            ErrorCode::TooManyConnections,
+            format!("the server is at its limit of {limit} connections; try again later"),
+        )),
+    }
+    .encode(&mut buf);
+    let _ = timeout(Duration::from_secs(1), stream.write_all(&buf)).await;
+}
+
+/// Expires sessions when their deadlines pass.
+async fn expiry_timer(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let next = {
+            let mut core = shared.core();
+            let expired = core.expire_due(Instant::now());
+            if expired > 0 {
+                debug!(expired, "expired sessions");
+            }
+            core.next_deadline()
+        };
+        // Far enough to mean "until woken"; tokio caps it anyway.
+        let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            _ = shared.expiry_wake.notified() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! The deterministic core: the tree of nodes and the table of sessions.
+//!
+//! [`StateMachine::apply`] is the only way to change them. It takes a
+//! [`Command`] and the time the change is stamped with, reads no clock, does no
+//! I/O, and returns what happened plus the watch triggers the change fires.
+//! Fed the same commands in the same order, two state machines end in the same
+//! state: that is what lets a write-ahead log (and, later, a replicated log)
+//! drive it unchanged.
+//!
+//! Every successful change takes the next *revision*. A sequential node's
+//! sequence number is the revision of its creation, so sequence numbers under
+//! any parent only grow, even after the parent is deleted and created again.
+
+mod node;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use baton_proto::path;
+use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret, Stat};
+use bytes::Bytes;
+
+pub use node::Node;
+
+/// A change to the state. Reads are not commands: they change nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Opens a session; its id is the revision of this command.
+    OpenSession {
+        timeout_ms: u32,
+        secret: SessionSecret,
+    },
+    /// Ends a session at its client's request.
+    CloseSession {
+        session: SessionId,
+    },
+    /// Ends a session whose client fell silent for its whole timeout.
+    ExpireSession {
+        session: SessionId,
+    },
+    Create {
+        session: SessionId,
+        path: String,
+        data: Bytes,
+        mode: CreateMode,
+    },
+    Delete {
+        path: String,
+        version: Option<u32>,
+    },
+    SetData {
+        path: String,
+        data: Bytes,
+        version: Option<u32>,
+    },
+}
+
+/// The successful result of a command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    SessionOpened(SessionId),
+    /// The session ended; these ephemeral nodes went with it.
+    SessionEnded {
+        deleted: Vec<Arc<str>>,
+    },
+    Created {
+        path: Arc<str>,
+        sequence: Option<u64>,
+        stat: Stat,
+    },
+    Deleted,
+    DataSet(Stat),
+}
+
+/// A change that fires the watches set on `path` for `kind`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub kind: EventKind,
+    pub path: Arc<str>,
+}
+
+/// What [`StateMachine::apply`] did.
+#[derive(Debug)]
+pub struct Applied {
+    /// The command's result; an error changes nothing and takes no revision.
+    pub result: Result<Outcome, ErrorReply>,
+    /// Watches to fire, in order; empty when the command failed.
+    pub triggers: Vec<Trigger>,
+    /// The revision after the command (unchanged if it failed).
+    pub revision: u64,
+}
+
+/// A live session as the state machine knows it.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub timeout_ms: u32,
+    pub secret: SessionSecret,
+    /// Full paths of the session's ephemeral nodes.
+    pub ephemerals: HashSet<Arc<str>>,
+}
+
+/// The tree and the sessions, changed only by [`apply`](Self::apply).
+#[derive(Clone, Debug)]
+pub struct StateMachine {
+    nodes: HashMap<Arc<str>, Node>,
+    sessions: HashMap<SessionId, Session>,
+    revision: u64,
+}
+
+impl Default for StateMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn err(code: ErrorCode, message: String) -> ErrorReply {
+    ErrorReply { code, message }
+}
+
+impl StateMachine {
+    /// An empty tree holding only the root `/`, at revision 0.
+    pub fn new() -> Self {
+        let mut nodes = HashMap::new();
+        nodes.insert(Arc::from("/"), Node::new(Bytes::new(), 0, 0, None));
+        StateMachine {
+            nodes,
+            sessions: HashMap::new(),
+            revision: 0,
+        }
+    }
+
+    /// The revision of the last successful change.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn node(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(path)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(&id)
+    }
+
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, &Session)> {
+        self.sessions.iter().map(|(id, s)| (*id, s))
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Applies one command, stamping changes with `now_ms` (milliseconds since
+    /// the Unix epoch, chosen by the caller).
+    pub fn apply(&mut self, command: Command, now_ms: u64) -> Applied {
+        let mut triggers = Vec::new();
+        let result = match command {
+            Command::OpenSession { timeout_ms, secret } => {
+                Ok(self.open_session(timeout_ms, secret))
+            }
+            Command::CloseSession { session } | Command::ExpireSession { session } => {
+                self.end_session(session, &mut triggers)
+            }
+            Command::Create {
+                session,
+                path,
+                data,
+                mode,
+            } => self.create(session, &path, data, mode, now_ms, &mut triggers),
+            Command::Delete { path, version } => self.delete(&path, version, &mut triggers),
+            Command::SetData {
+                path,
+                data,
+                version,
+            } => self.set_data(&path, data, version, now_ms, &mut triggers),
+        };
+        Applied {
+            result,
+            triggers,
+            revision: self.revision,
+        }
+    }
+
+    fn open_session(&mut self, timeout_ms: u32, secret: SessionSecret) -> Outcome {
+        self.revision += 1;
+        let id = SessionId(self.revision);
+        self.sessions.insert(
+            id,
+            Session {
+                timeout_ms,
+                secret,
+                ephemerals: HashSet::new(),
+            },
+        );
+        Outcome::SessionOpened(id)
+    }
+
+    fn end_session(
+        &mut self,
+        id: SessionId,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        let Some(session) = self.sessions.remove(&id) else {
+            return Err(err(
+                ErrorCode::SessionExpired,
+                format!("session {id} has expired or was closed"),
+            ));
+        };
+        self.revision += 1;
+        let mut deleted: Vec<Arc<str>> = session.ephemerals.into_iter().collect();
+        // Sorted so that the order of the fired watches does not depend on
+        // hashing: the same commands give the same events everywhere.
+        deleted.sort_unstable();
+        for p in &deleted {
+            self.unlink(p, triggers);
+        }
+        Ok(Outcome::SessionEnded { deleted })
+    }
+
+    fn create(
+        &mut self,
+        session: SessionId,
+        requested: &str,
+        data: Bytes,
+        mode: CreateMode,
+        now_ms: u64,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        let Some(parent_path) = path::parent(requested) else {
+            return Err(err(
+                ErrorCode::NodeExists,
+                "the root node / always exists".into(),
+            ));
+        };
+        let revision = self.revision + 1;
+        let (full, sequence) = if mode.is_sequential() {
+            let mut full = String::with_capacity(requested.len() + 10);
+            full.push_str(requested);
+            full.push_str(&path::sequence_suffix(revision));
+            if full.len() > baton_proto::MAX_PATH_LEN {
+                return Err(err(
+                    ErrorCode::InvalidPath,
+                    format!(
+                        "{requested} with its sequence suffix exceeds {} bytes",
+                        baton_proto::MAX_PATH_LEN
+                    ),
+                ));
+            }
+            (full, Some(revision))
+        } else {
+            (requested.to_owned(), None)
+        };
+        let owner = if mode.is_ephemeral() {
+            if !self.sessions.contains_key(&session) {
+                return Err(err(
+                    ErrorCode::SessionExpired,
+                    format!("session {session} has expired or was closed"),
+                ));
+            }
+            Some(session)
+        } else {
+            None
+        };
+        let parent = self.nodes.get(parent_path).ok_or_else(|| {
+            err(
+                ErrorCode::NoNode,
+                format!("cannot create {full}: parent {parent_path} does not exist"),
+            )
+        })?;
+        if parent.owner.is_some() {
+            return Err(err(
+                ErrorCode::NoChildrenForEphemerals,
+                format!("cannot create {full}: parent {parent_path} is ephemeral"),
+            ));
+        }
+        if self.nodes.contains_key(full.as_str()) {
+            return Err(err(ErrorCode::NodeExists, format!("{full} already exists")));
+        }
+
+        self.revision = revision;
+        let full: Arc<str> = Arc::from(full);
+        let node = Node::new(data, revision, now_ms, owner);
+        let stat = node.stat();
+        self.nodes.insert(full.clone(), node);
+        let parent = self
+            .nodes
+            .get_mut(parent_path)
+            .expect("parent checked above");
+        parent.children.insert(full.clone());
+        parent.cversion = parent.cversion.wrapping_add(1);
+        parent.pzxid = revision;
+        if let Some(owner) = owner {
+            self.sessions
+                .get_mut(&owner)
+                .expect("session checked above")
+                .ephemerals
+                .insert(full.clone());
+        }
+        triggers.push(Trigger {
+            kind: EventKind::Created,
+            path: full.clone(),
+        });
+        triggers.push(Trigger {
+            kind: EventKind::ChildrenChanged,
+            path: Arc::from(parent_path),
+        });
+        Ok(Outcome::Created {
+            path: full,
+            sequence,
+            stat,
+        })
+    }
+
+    fn delete(
+        &mut self,
+        target: &str,
+        version: Option<u32>,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        if target == "/" {
+            return Err(err(
+                ErrorCode::BadArguments,
+                "the root node / cannot be deleted".into(),
+            ));
+        }
+        let node = self
+            .nodes
+            .get(target)
+            .ok_or_else(|| err(ErrorCode::NoNode, format!("{target} does not exist")))?;
+        check_version(target, node, version)?;
+        if !node.children.is_empty() {
+            return Err(err(
+                ErrorCode::NotEmpty,
+                format!(
+                    "{target} has {} children; delete them first",
+                    node.children.len()
+                ),
+            ));
+        }
+        self.revision += 1;
+        let key = self
+            .nodes
+            .get_key_value(target)
+            .map(|(k, _)| k.clone())
+            .expect("node checked above");
+        self.unlink(&key, triggers);
+        Ok(Outcome::Deleted)
+    }
+
+    /// Removes a childless node at the current revision: from the tree, from
+    /// its parent, and from its owner's ephemerals.
+    fn unlink(&mut self, target: &Arc<str>, triggers: &mut Vec<Trigger>) {
+        let Some(node) = self.nodes.remove(target) else {
+            return;
+        };
+        debug_assert!(node.children.is_empty(), "ephemerals have no children");
+        let parent_path = path::parent(target).expect("the root is never unlinked");
+        if let Some(parent) = self.nodes.get_mut(parent_path) {
+            parent.children.remove(target);
+            parent.cversion = parent.cversion.wrapping_add(1);
+            parent.pzxid = self.revision;
+        }
+        if let Some(owner) = node.owner {
+            if let Some(session) = self.sessions.get_mut(&owner) {
+                session.ephemerals.remove(target);
+            }
+        }
+        triggers.push(Trigger {
+            kind: EventKind::Deleted,
+            path: target.clone(),
+        });
+        triggers.push(Trigger {
+            kind: EventKind::ChildrenChanged,
+            path: Arc::from(parent_path),
+        });
+    }
+
+    fn set_data(
+        &mut self,
+        target: &str,
+        data: Bytes,
+        version: Option<u32>,
+        now_ms: u64,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        let Some((key, node)) = self.nodes.get_key_value(target) else {
+            return Err(err(ErrorCode::NoNode, format!("{target} does not exist")));
+        };
+        check_version(target, node, version)?;
+        let key = key.clone();
+        self.revision += 1;
+        let node = self.nodes.get_mut(target).expect("node checked above");
+        node.data = data;
+        node.version = node.version.wrapping_add(1);
+        node.mzxid = self.revision;
+        node.mtime = now_ms;
+        triggers.push(Trigger {
+            kind: EventKind::DataChanged,
+            path: key,
+        });
+        Ok(Outcome::DataSet(node.stat()))
+    }
+}
+
+fn check_version(target: &str, node: &Node, expected: Option<u32>) -> Result<(), ErrorReply> {
+    match expected {
+        Some(v) if v != node.version => Err(err(
+            ErrorCode::BadVersion,
+            format!(
+                "{target} is at version {}, not the expected {v}",
+                node.version
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,359 @@
+use super::*;
+
+fn open(sm: &mut StateMachine) -> SessionId {
+    match sm
+        .apply(
+            Command::OpenSession {
+                timeout_ms: 1000,
+                secret: SessionSecret([7; 16]),
+            },
+            0,
+        )
+        .result
+    {
+        Ok(Outcome::SessionOpened(id)) => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn create(sm: &mut StateMachine, session: SessionId, path: &str, mode: CreateMode) -> Applied {
+    sm.apply(
+        Command::Create {
+            session,
+            path: path.into(),
+            data: Bytes::from_static(b"d"),
+            mode,
+        },
+        5,
+    )
+}
+
+fn created_path(applied: Applied) -> (String, Option<u64>) {
+    match applied.result {
+        Ok(Outcome::Created { path, sequence, .. }) => (path.to_string(), sequence),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn code(applied: Applied) -> ErrorCode {
+    applied.result.expect_err("command should fail").code
+}
+
+#[test]
+fn create_needs_an_existing_non_ephemeral_parent() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    assert_eq!(
+        code(create(&mut sm, s, "/a/b", CreateMode::Persistent)),
+        ErrorCode::NoNode
+    );
+    create(&mut sm, s, "/e", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    assert_eq!(
+        code(create(&mut sm, s, "/e/x", CreateMode::Persistent)),
+        ErrorCode::NoChildrenForEphemerals
+    );
+    assert_eq!(
+        code(create(&mut sm, s, "/e", CreateMode::Persistent)),
+        ErrorCode::NodeExists
+    );
+    assert_eq!(
+        code(create(&mut sm, s, "/", CreateMode::Persistent)),
+        ErrorCode::NodeExists
+    );
+}
+
+#[test]
+fn failed_commands_change_nothing() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    let before = sm.revision();
+    let applied = create(&mut sm, s, "/missing/child", CreateMode::Persistent);
+    assert!(applied.triggers.is_empty());
+    assert_eq!(applied.revision, before);
+    assert_eq!(sm.revision(), before);
+    assert_eq!(sm.node_count(), 1);
+}
+
+#[test]
+fn sequence_numbers_grow_across_delete_and_recreate_of_the_parent() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    let mut last = 0;
+    for _round in 0..3 {
+        create(&mut sm, s, "/lock", CreateMode::Persistent)
+            .result
+            .unwrap();
+        let mut made = Vec::new();
+        for _ in 0..5 {
+            let (path, seq) = created_path(create(
+                &mut sm,
+                s,
+                "/lock/n-",
+                CreateMode::EphemeralSequential,
+            ));
+            let seq = seq.unwrap();
+            assert!(seq > last, "{seq} after {last}");
+            assert_eq!(path, format!("/lock/n-{seq:010}"));
+            assert_eq!(path::parse_sequence(&path), Some(seq));
+            last = seq;
+            made.push(path);
+        }
+        for p in made {
+            sm.apply(
+                Command::Delete {
+                    path: p,
+                    version: None,
+                },
+                0,
+            )
+            .result
+            .unwrap();
+        }
+        sm.apply(
+            Command::Delete {
+                path: "/lock".into(),
+                version: None,
+            },
+            0,
+        )
+        .result
+        .unwrap();
+    }
+}
+
+#[test]
+fn ending_a_session_deletes_its_ephemerals_in_one_revision() {
+    let mut sm = StateMachine::new();
+    let a = open(&mut sm);
+    let b = open(&mut sm);
+    create(&mut sm, a, "/q", CreateMode::Persistent)
+        .result
+        .unwrap();
+    create(&mut sm, a, "/q/a1", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    create(&mut sm, a, "/q/a2", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    create(&mut sm, b, "/q/b1", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    let before = sm.revision();
+    let applied = sm.apply(Command::ExpireSession { session: a }, 0);
+    assert_eq!(applied.revision, before + 1);
+    match applied.result {
+        Ok(Outcome::SessionEnded { deleted }) => {
+            assert_eq!(deleted, vec![Arc::from("/q/a1"), Arc::from("/q/a2")])
+        }
+        other => panic!("{other:?}"),
+    }
+    let deleted: Vec<_> = applied
+        .triggers
+        .iter()
+        .filter(|t| t.kind == EventKind::Deleted)
+        .map(|t| t.path.to_string())
+        .collect();
+    assert_eq!(deleted, ["/q/a1", "/q/a2"]);
+    assert!(sm.node("/q/a1").is_none() && sm.node("/q/a2").is_none());
+    assert!(sm.node("/q/b1").is_some());
+    assert_eq!(sm.node("/q").unwrap().pzxid, before + 1);
+    assert!(sm.session(a).is_none());
+    // A second end of the same session is an error and changes nothing.
+    assert_eq!(
+        code(sm.apply(Command::CloseSession { session: a }, 0)),
+        ErrorCode::SessionExpired
+    );
+    // An ended session cannot create ephemerals.
+    assert_eq!(
+        code(create(&mut sm, a, "/q/late", CreateMode::Ephemeral)),
+        ErrorCode::SessionExpired
+    );
+}
+
+#[test]
+fn versions_are_checked_and_counted() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/v", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let set = |sm: &mut StateMachine, version| {
+        sm.apply(
+            Command::SetData {
+                path: "/v".into(),
+                data: Bytes::from_static(b"new"),
+                version,
+            },
+            9,
+        )
+    };
+    assert_eq!(code(set(&mut sm, Some(3))), ErrorCode::BadVersion);
+    let stat = match set(&mut sm, Some(0)).result {
+        Ok(Outcome::DataSet(stat)) => stat,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((stat.version, stat.data_length, stat.mtime), (1, 3, 9));
+    assert_eq!(stat.mzxid, sm.revision());
+    assert_eq!(
+        code(sm.apply(
+            Command::Delete {
+                path: "/v".into(),
+                version: Some(0)
+            },
+            0
+        )),
+        ErrorCode::BadVersion
+    );
+    sm.apply(
+        Command::Delete {
+            path: "/v".into(),
+            version: Some(1),
+        },
+        0,
+    )
+    .result
+    .unwrap();
+}
+
+#[test]
+fn delete_refuses_root_missing_and_non_empty() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/p", CreateMode::Persistent)
+        .result
+        .unwrap();
+    create(&mut sm, s, "/p/c", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let del = |sm: &mut StateMachine, p: &str| {
+        sm.apply(
+            Command::Delete {
+                path: p.into(),
+                version: None,
+            },
+            0,
+        )
+    };
+    assert_eq!(code(del(&mut sm, "/")), ErrorCode::BadArguments);
+    assert_eq!(code(del(&mut sm, "/nope")), ErrorCode::NoNode);
+    assert_eq!(code(del(&mut sm, "/p")), ErrorCode::NotEmpty);
+    let applied = del(&mut sm, "/p/c");
+    assert_eq!(
+        applied.triggers,
+        vec![
+            Trigger {
+                kind: EventKind::Deleted,
+                path: "/p/c".into()
+            },
+            Trigger {
+                kind: EventKind::ChildrenChanged,
+                path: "/p".into()
+            },
+        ]
+    );
+    del(&mut sm, "/p").result.unwrap();
+}
+
+#[test]
+fn explicit_delete_of_an_ephemeral_forgets_it_in_the_session() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    let (p, _) = created_path(create(&mut sm, s, "/e-", CreateMode::EphemeralSequential));
+    assert!(sm.session(s).unwrap().ephemerals.contains(p.as_str()));
+    sm.apply(
+        Command::Delete {
+            path: p.clone(),
+            version: None,
+        },
+        0,
+    )
+    .result
+    .unwrap();
+    assert!(sm.session(s).unwrap().ephemerals.is_empty());
+}
+
+#[test]
+fn children_are_listed_in_name_order() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    for p in ["/b", "/a", "/c", "/a/z", "/a/y"] {
+        create(&mut sm, s, p, CreateMode::Persistent)
+            .result
+            .unwrap();
+    }
+    let names: Vec<&str> = sm.node("/").unwrap().child_names().collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    let names: Vec<&str> = sm.node("/a").unwrap().child_names().collect();
+    assert_eq!(names, ["y", "z"]);
+    assert_eq!(sm.node("/a").unwrap().stat().num_children, 2);
+}
+
+mod determinism {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn command() -> impl Strategy<Value = Command> {
+        let path = prop::sample::select(vec!["/a", "/b", "/a/x", "/a/y", "/b/z", "/a/x/q"]);
+        prop_oneof![
+            Just(Command::OpenSession {
+                timeout_ms: 100,
+                secret: SessionSecret([1; 16])
+            }),
+            (1u64..6).prop_map(|s| Command::ExpireSession {
+                session: SessionId(s)
+            }),
+            (1u64..6, path.clone(), 0u8..4).prop_map(|(s, p, m)| Command::Create {
+                session: SessionId(s),
+                path: p.into(),
+                data: Bytes::new(),
+                mode: CreateMode::from_flags(m & 1 != 0, m & 2 != 0),
+            }),
+            path.clone().prop_map(|p| Command::Delete {
+                path: p.into(),
+                version: None
+            }),
+            path.prop_map(|p| Command::SetData {
+                path: p.into(),
+                data: Bytes::from_static(b"x"),
+                version: None
+            }),
+        ]
+    }
+
+    fn fingerprint(sm: &StateMachine) -> Vec<(String, Stat)> {
+        let mut v: Vec<_> = sm
+            .nodes
+            .iter()
+            .map(|(p, n)| (p.to_string(), n.stat()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn same_commands_same_state_and_events(cmds in prop::collection::vec(command(), 1..60)) {
+            let mut one = StateMachine::new();
+            let mut two = StateMachine::new();
+            for (i, cmd) in cmds.into_iter().enumerate() {
+                let a = one.apply(cmd.clone(), i as u64);
+                let b = two.apply(cmd, i as u64);
+                prop_assert_eq!(a.result, b.result);
+                prop_assert_eq!(a.triggers, b.triggers);
+            }
+            prop_assert_eq!(fingerprint(&one), fingerprint(&two));
+            // Every child link points at a node and every ephemeral is owned by a live session.
+            for (p, n) in &one.nodes {
+                for c in &n.children {
+                    prop_assert!(one.nodes.contains_key(c));
+                    prop_assert_eq!(path::parent(c), Some(&**p));
+                }
+                if let Some(owner) = n.owner {
+                    prop_assert!(one.sessions[&owner].ephemerals.contains(p));
+                }
+            }
+        }
+    }
+}
