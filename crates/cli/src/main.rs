@@ -1,1 +1,131 @@
-fn main() {}
+//! `baton`: run a Baton server, and inspect or change its nodes.
+
+mod bench;
+mod commands;
+mod serve;
+mod sys;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Default server address for client commands.
+pub const DEFAULT_SERVER: &str = "127.0.0.1:4181";
+
+#[derive(Parser)]
+#[command(
+    name = "baton",
+    version,
+    about = "Baton: fair, herd-free locks and leader election with fencing tokens",
+    long_about = "Baton: fair, herd-free locks and leader election with fencing tokens.\n\n\
+        `baton serve` runs the coordination server. The other commands are clients of a \
+        running server: they open a session, do their work and close it.",
+    after_help = "Exit status: 0 on success, 1 when the command fails (the reason is printed on \
+        stderr), 2 for a usage error.\n\nLogs go to stderr; set RUST_LOG (for example \
+        RUST_LOG=debug) to choose how much."
+)]
+struct Cli {
+    /// Server to talk to, as host:port (several may be given, separated by
+    /// commas) [default: 127.0.0.1:4181]
+    #[arg(long, global = true, env = "BATON_SERVER")]
+    server: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Serve(serve::ServeArgs),
+    Create(commands::CreateArgs),
+    Get(commands::PathArg),
+    Set(commands::SetArgs),
+    Ls(commands::PathArg),
+    Stat(commands::PathArg),
+    Rm(commands::RmArgs),
+    Watch(commands::PathArg),
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(matches!(cli.command, Command::Serve(_)));
+    sys::raise_fd_limit();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("baton: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let explicit_server = cli.server.clone();
+    let server = cli.server.unwrap_or_else(|| DEFAULT_SERVER.to_string());
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Create(args) => commands::create(&server, args).await,
+            Command::Get(args) => commands::get(&server, args).await,
+            Command::Set(args) => commands::set(&server, args).await,
+            Command::Ls(args) => commands::ls(&server, args).await,
+            Command::Stat(args) => commands::stat(&server, args).await,
+            Command::Rm(args) => commands::rm(&server, args).await,
+            Command::Watch(args) => commands::watch(&server, args).await,
+            Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("baton: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by RUST_LOG; `info` for the server, `warn` for
+/// client commands so that their stdout and stderr stay quiet.
+fn init_tracing(server: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if server { "info" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// An error that ends the command, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Client(#[from] baton_client::Error),
+    #[error("{0}")]
+    Server(#[from] baton_server::ServerError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CliError {
+    pub fn msg(s: impl Into<String>) -> Self {
+        CliError::Other(s.into())
+    }
+}
+
+pub type CliResult = Result<ExitCode, CliError>;
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

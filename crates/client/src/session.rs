@@ -416,7 +416,12 @@ impl SessionTask {
                     if let Some(done) = closing.take() {
                         let _ = done.send(());
                     }
-                    return Some(End::Closed);
+                    return Some(match reply.result {
+                        Err(e) if e.code == ErrorCode::SessionExpired => End::Expired(e.message),
+                        // Closed, or refused for a reason that leaves nothing
+                        // more to do: the session is over for this client.
+                        _ => End::Closed,
+                    });
                 }
                 let result = match reply.result {
                     Ok(r) => {

@@ -72,7 +72,9 @@ impl ConnectRequest {
         });
     }
 
-    /// Decodes a frame's payload.
+    /// Decodes a frame's payload. For a protocol version other than
+    /// [`PROTOCOL_VERSION`] only the magic and the version are read (the
+    /// other fields are zero), so that the version can be refused by name.
     ///
     /// # Errors
     /// [`DecodeError`] if the payload is not exactly a connect request.
@@ -82,6 +84,16 @@ impl ConnectRequest {
             return Err(DecodeError::BadMagic);
         }
         let version = r.u16("version")?;
+        if version != PROTOCOL_VERSION {
+            // A later version may lay out the rest differently: stop here so
+            // the server can answer "unsupported version" rather than
+            // "malformed".
+            return Ok(ConnectRequest {
+                version,
+                timeout_ms: 0,
+                resume: None,
+            });
+        }
         let timeout_ms = r.u32("timeout")?;
         let id = r.u64("session id")?;
         let secret = SessionSecret(r.array("secret")?);

@@ -116,14 +116,16 @@ pub fn sequence_suffix(seq: u64) -> String {
     format!("{seq:010}")
 }
 
-/// Reads the sequence number back from a sequential node's name: the trailing
-/// run of at least 10 decimal digits.
-pub fn parse_sequence(name: &str) -> Option<u64> {
-    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    if digits < 10 {
+/// Reads the sequence number back from a sequential node's name, given the
+/// prefix it was created with (the last segment of the requested path).
+/// Returns `None` if the name is not that prefix followed by a suffix of at
+/// least 10 digits.
+pub fn parse_sequence(name: &str, prefix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?;
+    if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    name[name.len() - digits..].parse().ok()
+    digits.parse().ok()
 }
 
 #[cfg(test)]
@@ -168,11 +170,11 @@ mod tests {
     #[test]
     fn sequence_suffix_round_trips() {
         assert_eq!(sequence_suffix(42), "0000000042");
-        assert_eq!(parse_sequence("lock-0000000042"), Some(42));
-        assert_eq!(
-            parse_sequence(&format!("x{}", sequence_suffix(u64::MAX))),
-            Some(u64::MAX)
-        );
-        assert_eq!(parse_sequence("lock-42"), None);
+        assert_eq!(parse_sequence("lock-0000000042", "lock-"), Some(42));
+        let max = format!("x1{}", sequence_suffix(u64::MAX));
+        assert_eq!(parse_sequence(&max, "x1"), Some(u64::MAX));
+        assert_eq!(parse_sequence("x10000000005", "x1"), Some(5));
+        assert_eq!(parse_sequence("lock-42", "lock-"), None);
+        assert_eq!(parse_sequence("other-0000000042", "lock-"), None);
     }
 }

@@ -33,7 +33,7 @@
 //! 8 close session (empty)
 //! 9 set watches   (empty)
 //!
-//! stat, 68 bytes:
+//! stat, 64 bytes:
 //!   czxid u64  mzxid u64  pzxid u64  ctime u64  mtime u64
 //!   version u32  cversion u32  ephemeral_owner u64
 //!   data_length u32  num_children u32
@@ -81,7 +81,7 @@ pub struct Stat {
 
 impl Stat {
     /// Encoded size in bytes.
-    pub const LEN: usize = 68;
+    pub const LEN: usize = 64;
 
     pub fn encode(&self, b: &mut BytesMut) {
         b.put_u64(self.czxid);

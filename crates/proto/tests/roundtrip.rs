@@ -171,7 +171,7 @@ proptest! {
         message in ".{0,40}",
     ) {
         let req = ConnectRequest {
-            version,
+            version: PROTOCOL_VERSION,
             timeout_ms,
             resume: resume.map(|(id, s)| (SessionId(id), SessionSecret(s))),
         };
@@ -253,4 +253,15 @@ fn unknown_op_is_answerable() {
         RequestFrame::decode(Bytes::from_static(&[1, 2])),
         Err(RequestDecodeError::NoHeader)
     );
+}
+
+#[test]
+fn other_protocol_versions_decode_to_just_their_version() {
+    let mut buf = BytesMut::new();
+    buf.extend_from_slice(&[0, 0, 0, 10]);
+    buf.extend_from_slice(b"BATN");
+    buf.extend_from_slice(&[0, 2, 0xde, 0xad, 0xbe, 0xef]);
+    let req = ConnectRequest::decode(one_frame(&mut buf)).expect("decodes");
+    assert_eq!(req.version, 2);
+    assert_eq!(req.resume, None);
 }

@@ -6,9 +6,11 @@
 //! soon as they are empty, so a hundred thousand idle sessions cost only their
 //! bookkeeping.
 
+use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use baton_proto::{
@@ -18,8 +20,8 @@ use baton_proto::{
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{sleep_until, timeout, Instant};
-use tokio_util::codec::{Decoder, LengthDelimitedCodec};
+use tokio::time::{timeout, Instant};
+use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
 use crate::core::Flow;
@@ -34,78 +36,143 @@ const WRITE_BUDGET: usize = 64 * 1024;
 /// How long a closing connection may take to send its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// What woke a waiting connection.
+#[derive(PartialEq, Eq)]
+enum Event {
+    Readable,
+    Writable,
+    Outbox,
+}
+
 /// Why a connection's frames could not be read.
 enum FrameError {
     TooLarge(usize),
     Io(io::Error),
 }
 
-struct Conn {
+/// A connection's state, boxed: the task that serves it then holds one
+/// pointer to it plus the state of its one wait, which keeps an idle
+/// connection's task in tokio's smallest allocation.
+///
+/// It holds one of the server's connection slots and gives it back on drop.
+pub(crate) struct Conn {
     stream: TcpStream,
-    peer: SocketAddr,
-    rbuf: BytesMut,
-    wbuf: BytesMut,
-    codec: LengthDelimitedCodec,
-    max_frame: usize,
+    rbuf: LazyBuf,
+    wbuf: LazyBuf,
     shared: Arc<Shared>,
+    /// Server shutdown, watched during the handshake (afterwards shutdown
+    /// arrives through the outbox).
+    shutdown: Option<watch::Receiver<bool>>,
+}
+
+impl Conn {
+    /// Wraps an accepted stream that already took a connection slot.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        stream: TcpStream,
+        shutdown: watch::Receiver<bool>,
+    ) -> Box<Self> {
+        Stats::add(&shared.stats.connections_open, 1);
+        Box::new(Conn {
+            stream,
+            rbuf: LazyBuf::default(),
+            wbuf: LazyBuf::default(),
+            shared,
+            shutdown: Some(shutdown),
+        })
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shared
+            .stats
+            .connections_open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.connection_slots.add_permits(1);
+    }
+}
+
+/// A buffer that takes one pointer while it holds nothing.
+#[derive(Default)]
+struct LazyBuf(Option<Box<BytesMut>>);
+
+impl LazyBuf {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |b| b.len())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.as_deref().map_or(&[], |b| &b[..])
+    }
+
+    /// The buffer, allocated if needed.
+    fn get(&mut self) -> &mut BytesMut {
+        self.0.get_or_insert_with(Default::default)
+    }
+
+    /// Frees the buffer (frames split off it keep their part alive).
+    fn release(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// Serves one accepted connection until it closes.
-pub(crate) async fn serve(
-    shared: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    if let Err(e) = stream.set_nodelay(true) {
-        debug!(%peer, "cannot set TCP_NODELAY: {e}");
+pub(crate) async fn serve(mut conn: Box<Conn>) {
+    if let Err(e) = conn.stream.set_nodelay(true) {
+        debug!("cannot set TCP_NODELAY: {e}");
     }
-    let max_frame = shared.config.max_request_frame();
-    let mut conn = Conn {
-        stream,
-        peer,
-        rbuf: BytesMut::new(),
-        wbuf: BytesMut::new(),
-        codec: frame_codec(max_frame),
-        max_frame,
-        shared,
-    };
-    let outbox = Outbox::new(conn.shared.config.max_outbound_bytes);
-    let Some(session) = conn.handshake(&outbox, &mut shutdown).await else {
+    let outbox = Outbox::new();
+    // Boxed: the handshake's timers and buffers are freed once it is done,
+    // instead of sizing every connection's task for them.
+    let Some(session) = Box::pin(conn.handshake(&outbox)).await else {
         return;
     };
-    let result = conn.run(session, &outbox, &mut shutdown).await;
+    let result = conn.run(session, &outbox).await;
     conn.shared.core().detach(session, &outbox);
     match result {
-        Ok(()) => debug!(%peer, %session, "connection closed"),
-        Err(e) => debug!(%peer, %session, "connection ended: {e}"),
+        Ok(()) => debug!(peer = %conn.peer(), %session, "connection closed"),
+        Err(e) => debug!(peer = %conn.peer(), %session, "connection ended: {e}"),
     }
 }
 
 impl Conn {
+    /// The client's address, for logs.
+    fn peer(&self) -> String {
+        self.stream.peer_addr().map_or_else(
+            |_| "unknown peer".to_string(),
+            |a: SocketAddr| a.to_string(),
+        )
+    }
+
+    fn max_frame(&self) -> usize {
+        self.shared.config.max_request_frame()
+    }
+
     /// Reads the connect request and answers it. Returns the session on
     /// success; on failure the reason has been logged and sent.
-    async fn handshake(
-        &mut self,
-        outbox: &Arc<Outbox>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Option<SessionId> {
+    async fn handshake(&mut self, outbox: &Arc<Outbox>) -> Option<SessionId> {
         let limit = self.shared.config.handshake_timeout;
+        let mut shutdown = self.shutdown.take()?;
         let frame = tokio::select! {
             r = timeout(limit, self.read_frame()) => match r {
                 Ok(Ok(Some(frame))) => frame,
                 Ok(Ok(None)) => return None,
                 Ok(Err(FrameError::TooLarge(len))) => {
-                    warn!(peer = %self.peer, len, "closing: handshake frame of {len} bytes; not a Baton client?");
+                    warn!(peer = %self.peer(), len, "closing: handshake frame of {len} bytes; not a Baton client?");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     return None;
                 }
                 Ok(Err(FrameError::Io(e))) => {
-                    debug!(peer = %self.peer, "connection failed before its handshake: {e}");
+                    debug!(peer = %self.peer(), "connection failed before its handshake: {e}");
                     return None;
                 }
                 Err(_) => {
-                    info!(peer = %self.peer, "closing: no handshake within {} ms", limit.as_millis());
+                    info!(peer = %self.peer(), "closing: no handshake within {} ms", limit.as_millis());
                     return None;
                 }
             },
@@ -114,7 +181,7 @@ impl Conn {
         let request = match ConnectRequest::decode(frame) {
             Ok(r) => r,
             Err(e) => {
-                warn!(peer = %self.peer, "closing: bad handshake: {e}");
+                warn!(peer = %self.peer(), "closing: bad handshake: {e}");
                 Stats::add(&self.shared.stats.protocol_errors, 1);
                 let message = format!("bad handshake: {e}");
                 self.refuse(ErrorCode::MalformedRequest, message).await;
@@ -128,23 +195,23 @@ impl Conn {
                     self.shared.expiry_wake.notify_one();
                 }
                 let session = grant.session_id;
-                debug!(peer = %self.peer, %session, resumed = grant.resumed, timeout_ms = grant.timeout_ms, "session attached");
+                debug!(peer = %self.peer(), %session, resumed = grant.resumed, timeout_ms = grant.timeout_ms, "session attached");
                 ConnectResponse {
                     version: PROTOCOL_VERSION,
                     result: Ok(grant),
                 }
-                .encode(&mut self.wbuf);
+                .encode(self.wbuf.get());
                 match self.write_all().await {
                     Ok(()) => Some(session),
                     Err(e) => {
-                        debug!(peer = %self.peer, %session, "could not send handshake answer: {e}");
+                        debug!(peer = %self.peer(), %session, "could not send handshake answer: {e}");
                         self.shared.core().detach(session, outbox);
                         None
                     }
                 }
             }
             Err((code, message)) => {
-                info!(peer = %self.peer, "handshake refused: {message}");
+                info!(peer = %self.peer(), "handshake refused: {message}");
                 self.refuse(code, message).await;
                 None
             }
@@ -157,39 +224,27 @@ impl Conn {
             version: PROTOCOL_VERSION,
             result: Err((code, message)),
         }
-        .encode(&mut self.wbuf);
+        .encode(self.wbuf.get());
         let _ = timeout(CLOSE_GRACE, self.write_all()).await;
     }
 
     /// The request loop: handle what was read, send what is queued, wait.
-    async fn run(
-        &mut self,
-        session: SessionId,
-        outbox: &Arc<Outbox>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> io::Result<()> {
+    /// Server shutdown reaches it through the outbox, like any close.
+    async fn run(&mut self, session: SessionId, outbox: &Arc<Outbox>) -> io::Result<()> {
         let mut stopping = false; // no more requests will be read
-        let mut closing_since: Option<Instant> = None; // the outbox said close
-        let mut shutting_down = *shutdown.borrow();
-        if shutting_down {
-            outbox.close(Some(shutdown_notice()));
-        }
         loop {
             if !stopping {
                 stopping = self.handle_buffered(session, outbox);
             }
 
             let mut more = false;
-            if self.wbuf.is_empty() && closing_since.is_none() {
-                match outbox.drain_into(&mut self.wbuf, WRITE_BUDGET) {
+            if self.wbuf.is_empty() {
+                match outbox.drain_into(self.wbuf.get(), WRITE_BUDGET) {
                     Drained::Idle => {}
                     Drained::More => more = true,
-                    Drained::Close => {
-                        stopping = true;
-                        closing_since = Some(Instant::now());
-                    }
+                    Drained::Close => return Box::pin(self.finish(session)).await,
                     Drained::Overflowed => {
-                        warn!(peer = %self.peer, %session, limit = outbox.limit(), "closing: client is not reading its replies and events");
+                        warn!(peer = %self.peer(), %session, limit = self.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
                         Stats::add(&self.shared.stats.slow_client_disconnects, 1);
                         return Ok(());
                     }
@@ -198,35 +253,44 @@ impl Conn {
             if !self.wbuf.is_empty() {
                 self.write_some()?;
             }
-            if closing_since.is_some() && self.wbuf.is_empty() {
-                return Ok(());
-            }
             if more && self.wbuf.is_empty() {
                 continue;
             }
 
             let can_read = !stopping
-                && self.rbuf.len() < self.max_frame + READ_BUDGET
+                && self.rbuf.len() < self.max_frame() + READ_BUDGET
                 && !self.backlogged(outbox);
-            let close_deadline = closing_since.map(|t| t + CLOSE_GRACE);
-            tokio::select! {
-                biased;
-                _ = shutdown.changed(), if !shutting_down => {
-                    shutting_down = true;
-                    outbox.close(Some(shutdown_notice()));
-                }
-                r = self.stream.writable(), if !self.wbuf.is_empty() => r?,
-                r = self.stream.readable(), if can_read => {
-                    r?;
-                    if self.read_some()? == 0 {
-                        return Ok(()); // the client closed the connection
+            let want_write = !self.wbuf.is_empty();
+            // One hand-written wait instead of a select over readiness
+            // futures: an idle connection then holds no future state at all.
+            let event = poll_fn(|cx| {
+                if want_write {
+                    if let Poll::Ready(r) = self.stream.poll_write_ready(cx) {
+                        return Poll::Ready(r.map(|()| Event::Writable));
                     }
                 }
-                _ = outbox.wait() => {}
-                _ = sleep_until(close_deadline.unwrap_or_else(Instant::now)), if close_deadline.is_some() => {
-                    info!(peer = %self.peer, %session, "closing without flushing: client did not read its last frames within {} s", CLOSE_GRACE.as_secs());
-                    return Ok(());
+                if can_read {
+                    if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
+                        return Poll::Ready(r.map(|()| Event::Readable));
+                    }
                 }
+                outbox.poll_woken(cx).map(|()| Ok(Event::Outbox))
+            })
+            .await?;
+            if event == Event::Readable && self.read_some()? == 0 {
+                return Ok(()); // the client closed the connection
+            }
+        }
+    }
+
+    /// Sends the last frames (the write buffer ends with the disconnect
+    /// notice, if any), giving a client that does not read a little time.
+    async fn finish(&mut self, session: SessionId) -> io::Result<()> {
+        match timeout(CLOSE_GRACE, self.write_all()).await {
+            Ok(r) => r,
+            Err(_) => {
+                info!(peer = %self.peer(), %session, "closing without flushing: client did not read its last frames within {} s", CLOSE_GRACE.as_secs());
+                Ok(())
             }
         }
     }
@@ -234,7 +298,7 @@ impl Conn {
     /// True while the client has more output waiting than it should: then
     /// requests wait in the socket rather than produce more output.
     fn backlogged(&self, outbox: &Outbox) -> bool {
-        self.wbuf.len() + outbox.queued_bytes() > outbox.limit() / 2
+        self.wbuf.len() + outbox.queued_bytes() > self.shared.config.max_outbound_bytes / 2
     }
 
     /// Handles every complete request frame in the read buffer, unless the
@@ -247,15 +311,15 @@ impl Conn {
                 Err(FrameError::TooLarge(len)) => {
                     let message = format!(
                         "frame of {len} bytes exceeds the server's limit of {} bytes",
-                        self.max_frame
+                        self.max_frame()
                     );
-                    warn!(peer = %self.peer, %session, "closing: {message}");
+                    warn!(peer = %self.peer(), %session, "closing: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     outbox.close(Some((ErrorCode::FrameTooLarge, message)));
                     return true;
                 }
                 Err(FrameError::Io(e)) => {
-                    warn!(peer = %self.peer, %session, "closing: unreadable frame: {e}");
+                    warn!(peer = %self.peer(), %session, "closing: unreadable frame: {e}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     outbox.close(Some((ErrorCode::MalformedRequest, e.to_string())));
                     return true;
@@ -269,7 +333,7 @@ impl Conn {
                     .handle(session, request, outbox, Instant::now()),
                 Err(RequestDecodeError::NoHeader) => {
                     let message = "request frame shorter than its 5-byte header".to_string();
-                    warn!(peer = %self.peer, %session, "closing: {message}");
+                    warn!(peer = %self.peer(), %session, "closing: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     outbox.close(Some((ErrorCode::MalformedRequest, message)));
                     Flow::Stop
@@ -280,7 +344,7 @@ impl Conn {
                     code,
                     message,
                 }) => {
-                    info!(peer = %self.peer, %session, xid, op, "rejected request: {code}: {message}");
+                    info!(peer = %self.peer(), %session, xid, op, "rejected request: {code}: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     self.shared.core().reject(
                         session,
@@ -301,19 +365,33 @@ impl Conn {
     }
 
     /// The next complete frame in the read buffer, if any.
+    ///
+    /// The codec is made afresh for each whole frame rather than kept per
+    /// connection: the length is checked here first, so the codec never sees
+    /// a partial frame and has no state worth keeping.
     fn next_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
-        if self.rbuf.len() >= 4 {
-            let len = u32::from_be_bytes(self.rbuf[..4].try_into().expect("4 bytes")) as usize;
-            if len > self.max_frame {
-                return Err(FrameError::TooLarge(len));
-            }
+        if self.rbuf.len() < 4 {
+            return Ok(None);
         }
-        let frame = self.codec.decode(&mut self.rbuf).map_err(FrameError::Io)?;
+        let len = u32::from_be_bytes(self.rbuf.bytes()[..4].try_into().expect("4 bytes")) as usize;
+        let max = self.max_frame();
+        if len > max {
+            return Err(FrameError::TooLarge(len));
+        }
+        if self.rbuf.len() < 4 + len {
+            let missing = 4 + len - self.rbuf.len();
+            self.rbuf.get().reserve(missing);
+            return Ok(None);
+        }
+        let frame = frame_codec(max)
+            .decode(self.rbuf.get())
+            .map_err(FrameError::Io)?
+            .expect("a whole frame is buffered");
         if self.rbuf.is_empty() {
             // Let go of the buffer: frames still hold their part of it.
-            self.rbuf = BytesMut::new();
+            self.rbuf.release();
         }
-        Ok(frame.map(BytesMut::freeze))
+        Ok(Some(frame.freeze()))
     }
 
     /// Reads until one complete frame is buffered; `None` on a clean close.
@@ -338,7 +416,7 @@ impl Conn {
             match self.stream.try_read(&mut chunk) {
                 Ok(0) => return Ok(total),
                 Ok(n) => {
-                    self.rbuf.extend_from_slice(&chunk[..n]);
+                    self.rbuf.get().extend_from_slice(&chunk[..n]);
                     total += n;
                     if n < chunk.len() {
                         break;
@@ -355,17 +433,17 @@ impl Conn {
     /// Writes as much of the write buffer as the socket takes now.
     fn write_some(&mut self) -> io::Result<()> {
         while !self.wbuf.is_empty() {
-            match self.stream.try_write(&self.wbuf) {
+            match self.stream.try_write(self.wbuf.bytes()) {
                 Ok(n) => {
                     Stats::add(&self.shared.stats.bytes_out, n as u64);
-                    self.wbuf.advance(n);
+                    self.wbuf.get().advance(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        self.wbuf = BytesMut::new();
+        self.wbuf.release();
         Ok(())
     }
 
@@ -381,9 +459,41 @@ impl Conn {
     }
 }
 
-fn shutdown_notice() -> (ErrorCode, String) {
-    (
-        ErrorCode::ShuttingDown,
-        "the server is shutting down; resume the session on a server that is up".into(),
-    )
+#[cfg(test)]
+mod size_probe {
+    /// Prints the sizes that decide an idle connection's memory; run with
+    /// `cargo test --release -p baton-server size_probe -- --nocapture`.
+    #[test]
+    fn print_sizes() {
+        fn size_of_fut<F: std::future::Future>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let server = crate::Server::new(l, crate::Config::default()).unwrap();
+            let (_tx, rx) = tokio::sync::watch::channel(false);
+            let conn = super::Conn::new(server.shared_for_test(), s, rx);
+            let fut = super::serve(conn);
+            eprintln!("connection task future: {} bytes", size_of_fut(&fut));
+            eprintln!(
+                "connection state: {} bytes",
+                std::mem::size_of::<super::Conn>()
+            );
+            eprintln!(
+                "outbox: {} bytes",
+                std::mem::size_of::<crate::outbox::Outbox>()
+            );
+            eprintln!("node: {} bytes", std::mem::size_of::<crate::state::Node>());
+            eprintln!(
+                "session: {} bytes",
+                std::mem::size_of::<crate::state::Session>()
+            );
+        });
+    }
 }

@@ -24,12 +24,11 @@ use crate::state::{Command, Outcome, StateMachine, Trigger};
 use crate::stats::Stats;
 use crate::watches::{Kinds, Watches};
 
-/// This server's view of a live session.
+/// This server's view of a live session (its timeout is in the state).
 struct Live {
     /// The connection the session is attached to, if any.
     conn: Option<Arc<Outbox>>,
     last_heard: Instant,
-    timeout: Duration,
 }
 
 /// What a handled request means for its connection.
@@ -50,6 +49,8 @@ pub(crate) struct Core {
     config: Arc<Config>,
     stats: Arc<Stats>,
     fired: Vec<SessionId>,
+    /// Set when the server stops: new handshakes are refused.
+    shutting_down: bool,
 }
 
 fn wall_clock_ms() -> u64 {
@@ -75,6 +76,7 @@ impl Core {
             config,
             stats,
             fired: Vec::new(),
+            shutting_down: false,
         }
     }
 
@@ -99,6 +101,12 @@ impl Core {
         outbox: &Arc<Outbox>,
         now: Instant,
     ) -> Result<(SessionGrant, bool), (ErrorCode, String)> {
+        if self.shutting_down {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the server is shutting down; try a server that is up".into(),
+            ));
+        }
         if req.version != PROTOCOL_VERSION {
             return Err((
                 ErrorCode::UnsupportedVersion,
@@ -132,7 +140,6 @@ impl Core {
                     Live {
                         conn: Some(outbox.clone()),
                         last_heard: now,
-                        timeout,
                     },
                 );
                 let deadline = now + timeout;
@@ -304,12 +311,15 @@ impl Core {
     }
 
     fn reply(&self, outbox: &Outbox, xid: u32, op: u8, result: Result<Reply, ErrorReply>) {
-        outbox.push(Out::Reply {
-            xid,
-            op,
-            revision: self.sm.revision(),
-            result,
-        });
+        outbox.push(
+            Out::Reply {
+                xid,
+                op,
+                revision: self.sm.revision(),
+                result,
+            },
+            self.config.max_outbound_bytes,
+        );
     }
 
     fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {
@@ -357,7 +367,7 @@ impl Core {
         let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
         let reply = Reply::GetData {
             stat: node.stat(),
-            data: node.data.clone(),
+            data: node.data(),
         };
         if watch {
             self.watches.add(session, path, Kinds::DATA);
@@ -378,7 +388,7 @@ impl Core {
                 ErrorCode::ResponseTooLarge,
                 format!(
                     "{path} has {} children; listing them takes {size} bytes, over the {} byte reply limit",
-                    node.children.len(),
+                    node.child_count(),
                     baton_proto::MAX_RESPONSE_FRAME
                 ),
             ));
@@ -405,31 +415,42 @@ impl Core {
         child: Vec<String>,
     ) {
         let now_rev = self.sm.revision();
+        let limit = self.config.max_outbound_bytes;
         let fire = |kind: EventKind, revision: u64, path: String| {
             self.stats.events.fetch_add(1, Ordering::Relaxed);
-            outbox.push(Out::Event {
-                kind,
-                revision,
-                path: Arc::from(path),
-            });
+            outbox.push(
+                Out::Event {
+                    kind,
+                    revision,
+                    path: Arc::from(path),
+                },
+                limit,
+            );
         };
+        let mut deleted = std::collections::HashSet::new();
         for path in data {
             match self.sm.node(&path) {
-                None => fire(EventKind::Deleted, now_rev, path),
-                Some(n) if n.mzxid > since => fire(EventKind::DataChanged, n.mzxid, path),
+                None => {
+                    deleted.insert(path.clone());
+                    fire(EventKind::Deleted, now_rev, path);
+                }
+                Some(n) if n.mzxid() > since => fire(EventKind::DataChanged, n.mzxid(), path),
                 Some(_) => self.watches.add(session, &path, Kinds::DATA),
             }
         }
         for path in exist {
             match self.sm.node(&path) {
-                Some(n) => fire(EventKind::Created, n.czxid, path),
+                Some(n) => fire(EventKind::Created, n.czxid(), path),
                 None => self.watches.add(session, &path, Kinds::DATA),
             }
         }
         for path in child {
             match self.sm.node(&path) {
+                // One event per session and path, as for a live deletion:
+                // a data watch on the same path already reported it.
+                None if deleted.contains(&path) => {}
                 None => fire(EventKind::Deleted, now_rev, path),
-                Some(n) if n.pzxid > since => fire(EventKind::ChildrenChanged, n.pzxid, path),
+                Some(n) if n.pzxid() > since => fire(EventKind::ChildrenChanged, n.pzxid(), path),
                 Some(_) => self.watches.add(session, &path, Kinds::CHILD),
             }
         }
@@ -446,11 +467,14 @@ impl Core {
                 let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
                     continue;
                 };
-                let pushed = conn.push(Out::Event {
-                    kind: trigger.kind,
-                    revision,
-                    path: trigger.path.clone(),
-                });
+                let pushed = conn.push(
+                    Out::Event {
+                        kind: trigger.kind,
+                        revision,
+                        path: trigger.path.clone(),
+                    },
+                    self.config.max_outbound_bytes,
+                );
                 if pushed {
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
                 }
@@ -485,15 +509,15 @@ impl Core {
                 break;
             }
             self.deadlines.pop_first();
-            let Some(live) = self.live.get(&id) else {
+            let (Some(live), Some(session)) = (self.live.get(&id), self.sm.session(id)) else {
                 continue; // closed or expired already
             };
-            let deadline = live.last_heard + live.timeout;
+            let timeout_ms = u64::from(session.timeout_ms);
+            let deadline = live.last_heard + Duration::from_millis(timeout_ms);
             if deadline > now {
                 self.deadlines.insert((deadline, id));
                 continue;
             }
-            let timeout_ms = live.timeout.as_millis() as u64;
             tracing::info!(session = %id, timeout_ms, "session expired");
             self.end_session(
                 id,
@@ -509,8 +533,10 @@ impl Core {
         count
     }
 
-    /// Tells every attached connection that the server is stopping.
+    /// Tells every attached connection that the server is stopping, and
+    /// refuses new sessions from now on.
     pub(crate) fn shutdown_connections(&mut self) {
+        self.shutting_down = true;
         for live in self.live.values() {
             if let Some(conn) = &live.conn {
                 conn.close(Some((

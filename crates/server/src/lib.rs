@@ -16,6 +16,7 @@
 pub mod config;
 mod conn;
 mod core;
+pub mod datadir;
 mod outbox;
 mod server;
 pub mod state;

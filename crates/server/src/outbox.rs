@@ -7,11 +7,11 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use baton_proto::response::{encode_disconnect, encode_event, encode_reply};
 use baton_proto::{ErrorCode, ErrorReply, EventKind, Reply};
 use bytes::BytesMut;
-use tokio::sync::Notify;
 
 /// One frame waiting to be encoded and sent.
 #[derive(Debug)]
@@ -67,35 +67,32 @@ impl Out {
     }
 }
 
-/// Why a connection is being closed, sent as its last frame if `notice` is set.
-#[derive(Debug, Clone)]
-pub(crate) struct Closing {
-    pub notice: Option<(ErrorCode, String)>,
-}
-
 #[derive(Debug, Default)]
-pub(crate) struct OutState {
+struct OutState {
     queue: VecDeque<Out>,
-    bytes: usize,
-    closing: Option<Closing>,
+    /// Set once a close was asked for; holds the last frame's code and
+    /// message, if it is to have one.
+    closing: Option<Box<Option<(ErrorCode, String)>>>,
+    /// The waker of the connection's task while it waits.
+    waker: Option<Waker>,
+    /// Wire bytes queued, for the limit.
+    bytes: u32,
+    woken: bool,
     overflowed: bool,
 }
 
-/// A connection's outbound queue and the signal that wakes its task.
-#[derive(Debug)]
+/// A connection's outbound queue and the waker of the task that drains it.
+///
+/// Kept small on purpose (one per connection): the task polls it directly,
+/// so waiting holds no future state, and the limit comes with each push.
+#[derive(Debug, Default)]
 pub(crate) struct Outbox {
     state: Mutex<OutState>,
-    notify: Notify,
-    limit: usize,
 }
 
 impl Outbox {
-    pub(crate) fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Outbox {
-            state: Mutex::new(OutState::default()),
-            notify: Notify::new(),
-            limit,
-        })
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Outbox::default())
     }
 
     fn lock(&self) -> MutexGuard<'_, OutState> {
@@ -104,27 +101,25 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues a frame and wakes the connection's task. Returns false if the
-    /// connection is closing or has just overflowed (the frame is dropped).
-    pub(crate) fn push(&self, out: Out) -> bool {
+    /// Queues a frame and wakes the connection's task. If the queue would
+    /// pass `limit` bytes the connection is marked overflowed instead (its
+    /// task then closes it). Returns false if the frame was dropped.
+    pub(crate) fn push(&self, out: Out, limit: usize) -> bool {
         let mut st = self.lock();
         if st.closing.is_some() || st.overflowed {
             return false;
         }
-        st.bytes += out.wire_size();
-        if st.bytes > self.limit {
+        let bytes = st.bytes as usize + out.wire_size();
+        if bytes > limit {
             st.overflowed = true;
-            st.queue.clear();
-            drop(st);
-            self.notify.notify_one();
+            st.queue = VecDeque::new();
+            st.bytes = 0;
+            wake(st);
             return false;
         }
-        let was_empty = st.queue.is_empty();
+        st.bytes = bytes as u32;
         st.queue.push_back(out);
-        drop(st);
-        if was_empty {
-            self.notify.notify_one();
-        }
+        wake(st);
         true
     }
 
@@ -133,18 +128,24 @@ impl Outbox {
     pub(crate) fn close(&self, notice: Option<(ErrorCode, String)>) {
         let mut st = self.lock();
         if st.closing.is_none() {
-            st.closing = Some(Closing { notice });
+            st.closing = Some(Box::new(notice));
         }
-        drop(st);
-        self.notify.notify_one();
+        wake(st);
     }
 
-    /// Waits until something was pushed or a close was asked for.
-    ///
-    /// # Cancellation safety
-    /// Safe: a wake-up that arrives while nobody waits is kept for the next call.
-    pub(crate) async fn wait(&self) {
-        self.notify.notified().await
+    /// Ready once something was pushed or a close was asked for since the
+    /// last time it was ready. A wake-up that arrives while nobody polls is
+    /// kept for the next poll.
+    pub(crate) fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.lock();
+        if std::mem::take(&mut st.woken) {
+            return Poll::Ready(());
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 
     /// Encodes queued frames into `buf` until it holds about `budget` bytes.
@@ -158,14 +159,18 @@ impl Outbox {
             let Some(out) = st.queue.pop_front() else {
                 break;
             };
-            st.bytes -= out.wire_size().min(st.bytes);
+            st.bytes = st.bytes.saturating_sub(out.wire_size() as u32);
             out.encode(buf);
         }
         if !st.queue.is_empty() {
             return Drained::More;
         }
-        match &st.closing {
-            Some(Closing { notice }) => {
+        if st.queue.capacity() > 0 {
+            // An idle connection keeps no queue memory.
+            st.queue = VecDeque::new();
+        }
+        match st.closing.as_deref() {
+            Some(notice) => {
                 if let Some((code, message)) = notice {
                     encode_disconnect(buf, *code, message);
                 }
@@ -177,11 +182,17 @@ impl Outbox {
 
     /// Bytes queued but not yet drained.
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.lock().bytes
+        self.lock().bytes as usize
     }
+}
 
-    pub(crate) fn limit(&self) -> usize {
-        self.limit
+/// Marks the state woken, releases the lock, then wakes the waiting task.
+fn wake(mut st: MutexGuard<'_, OutState>) {
+    st.woken = true;
+    let waker = st.waker.take();
+    drop(st);
+    if let Some(w) = waker {
+        w.wake();
     }
 }
 

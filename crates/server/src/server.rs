@@ -17,6 +17,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, ConfigError};
 use crate::core::Core;
+use crate::datadir::{DataDir, DataDirError};
 use crate::state::StateMachine;
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -27,6 +28,9 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     /// Wakes the expiry timer when a session with an earlier deadline appears.
     pub(crate) expiry_wake: Notify,
+    /// One permit per connection that may still be served. A connection's
+    /// permit is forgotten when accepted and added back when it closes.
+    pub(crate) connection_slots: Semaphore,
 }
 
 impl Shared {
@@ -46,6 +50,8 @@ pub enum ServerError {
     Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: String, source: io::Error },
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
     #[error("listener failed: {0}")]
     Io(#[from] io::Error),
 }
@@ -54,6 +60,7 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     shared: Arc<Shared>,
+    data_dir: Option<DataDir>,
 }
 
 /// A cheap handle to a running server, for reading its counters.
@@ -97,12 +104,14 @@ impl Server {
     /// Prepares a server on an already bound listener.
     ///
     /// # Errors
-    /// An invalid configuration.
+    /// An invalid configuration, or a data directory that cannot be used.
     pub fn new(listener: TcpListener, config: Config) -> Result<Self, ServerError> {
         config.validate()?;
+        let data_dir = config.data_dir.as_deref().map(DataDir::open).transpose()?;
         let config = Arc::new(config);
         let stats = Arc::new(Stats::default());
         let core = Core::new(StateMachine::new(), config.clone(), stats.clone());
+        let connection_slots = Semaphore::new(config.max_connections);
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
@@ -110,8 +119,15 @@ impl Server {
                 config,
                 stats,
                 expiry_wake: Notify::new(),
+                connection_slots,
             }),
+            data_dir,
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shared_for_test(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -130,14 +146,22 @@ impl Server {
     /// # Errors
     /// Only if the listener itself fails for good.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let Server { listener, shared } = self;
+        let Server {
+            listener,
+            shared,
+            data_dir,
+        } = self;
+        if let Some(dir) = &data_dir {
+            info!(data_dir = %dir.path().display(), "data directory locked");
+        }
         let limit = shared.config.max_connections;
-        let permits = Arc::new(Semaphore::new(limit));
         let (stop_tx, stop_rx) = watch::channel(false);
         let timer = tokio::spawn(expiry_timer(shared.clone(), stop_rx.clone()));
         info!(addr = %listener.local_addr()?, "serving");
 
         tokio::pin!(shutdown);
+        let mut accept_errors = 0u64;
+        let mut last_accept_log: Option<Instant> = None;
         loop {
             let accepted = tokio::select! {
                 _ = &mut shutdown => break,
@@ -146,42 +170,47 @@ impl Server {
             let (stream, peer) = match accepted {
                 Ok(x) => x,
                 Err(e) => {
-                    // Out of file descriptors or similar: wait instead of spinning.
-                    error!("accept failed: {e}; retrying in 100 ms");
+                    // Out of file descriptors or similar: wait instead of
+                    // spinning, and say so once every few seconds.
+                    accept_errors += 1;
+                    if last_accept_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                        error!(
+                            failures = accept_errors,
+                            "accept failed: {e}; retrying every 100 ms"
+                        );
+                        last_accept_log = Some(Instant::now());
+                        accept_errors = 0;
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
+            let Ok(slot) = shared.connection_slots.try_acquire() else {
                 Stats::add(&shared.stats.connections_refused, 1);
                 warn!(%peer, limit, "refusing connection: at the connection limit");
                 tokio::spawn(refuse(stream, limit));
                 continue;
             };
+            slot.forget(); // given back when the connection's state drops
             Stats::add(&shared.stats.connections_accepted, 1);
-            let shared = shared.clone();
-            let stop_rx = stop_rx.clone();
-            tokio::spawn(async move {
-                Stats::add(&shared.stats.connections_open, 1);
-                crate::conn::serve(shared.clone(), stream, peer, stop_rx).await;
-                shared
-                    .stats
-                    .connections_open
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                drop(permit);
-            });
+            let conn = crate::conn::Conn::new(shared.clone(), stream, stop_rx.clone());
+            tokio::spawn(crate::conn::serve(conn));
         }
 
         info!("shutting down");
         drop(listener);
-        let _ = stop_tx.send(true);
+        // Attached sessions hear it through their outboxes; connections still
+        // in their handshake through the watch channel.
         shared.core().shutdown_connections();
+        let _ = stop_tx.send(true);
         let _ = timer.await;
-        // Every connection task holds a permit until it ends.
-        match timeout(Duration::from_secs(10), permits.acquire_many(limit as u32)).await {
+        // Every open connection holds a slot until it ends.
+        let all = shared.connection_slots.acquire_many(limit as u32);
+        match timeout(Duration::from_secs(10), all).await {
             Ok(_) => info!("all connections closed"),
             Err(_) => warn!("stopped with connections still closing"),
         }
+        drop(data_dir);
         Ok(())
     }
 }

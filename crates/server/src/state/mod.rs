@@ -13,14 +13,14 @@
 
 mod node;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use baton_proto::path;
 use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret, Stat};
 use bytes::Bytes;
 
-pub use node::Node;
+pub use node::{Ephemerals, Node};
 
 /// A change to the state. Reads are not commands: they change nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub struct Session {
     pub timeout_ms: u32,
     pub secret: SessionSecret,
     /// Full paths of the session's ephemeral nodes.
-    pub ephemerals: HashSet<Arc<str>>,
+    pub ephemerals: Ephemerals,
 }
 
 /// The tree and the sessions, changed only by [`apply`](Self::apply).
@@ -121,7 +121,7 @@ impl StateMachine {
     /// An empty tree holding only the root `/`, at revision 0.
     pub fn new() -> Self {
         let mut nodes = HashMap::new();
-        nodes.insert(Arc::from("/"), Node::new(Bytes::new(), 0, 0, None));
+        nodes.insert(Arc::from("/"), Node::new(&[], 0, 0, None));
         StateMachine {
             nodes,
             sessions: HashMap::new(),
@@ -193,7 +193,7 @@ impl StateMachine {
             Session {
                 timeout_ms,
                 secret,
-                ephemerals: HashSet::new(),
+                ephemerals: Ephemerals::default(),
             },
         );
         Outcome::SessionOpened(id)
@@ -211,7 +211,7 @@ impl StateMachine {
             ));
         };
         self.revision += 1;
-        let mut deleted: Vec<Arc<str>> = session.ephemerals.into_iter().collect();
+        let mut deleted = session.ephemerals.into_vec();
         // Sorted so that the order of the fired watches does not depend on
         // hashing: the same commands give the same events everywhere.
         deleted.sort_unstable();
@@ -271,7 +271,7 @@ impl StateMachine {
                 format!("cannot create {full}: parent {parent_path} does not exist"),
             )
         })?;
-        if parent.owner.is_some() {
+        if parent.owner().is_some() {
             return Err(err(
                 ErrorCode::NoChildrenForEphemerals,
                 format!("cannot create {full}: parent {parent_path} is ephemeral"),
@@ -283,14 +283,14 @@ impl StateMachine {
 
         self.revision = revision;
         let full: Arc<str> = Arc::from(full);
-        let node = Node::new(data, revision, now_ms, owner);
+        let node = Node::new(&data, revision, now_ms, owner);
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         let parent = self
             .nodes
             .get_mut(parent_path)
             .expect("parent checked above");
-        parent.children.insert(full.clone());
+        parent.add_child(full.clone());
         parent.cversion = parent.cversion.wrapping_add(1);
         parent.pzxid = revision;
         if let Some(owner) = owner {
@@ -332,12 +332,12 @@ impl StateMachine {
             .get(target)
             .ok_or_else(|| err(ErrorCode::NoNode, format!("{target} does not exist")))?;
         check_version(target, node, version)?;
-        if !node.children.is_empty() {
+        if node.child_count() > 0 {
             return Err(err(
                 ErrorCode::NotEmpty,
                 format!(
                     "{target} has {} children; delete them first",
-                    node.children.len()
+                    node.child_count()
                 ),
             ));
         }
@@ -357,14 +357,14 @@ impl StateMachine {
         let Some(node) = self.nodes.remove(target) else {
             return;
         };
-        debug_assert!(node.children.is_empty(), "ephemerals have no children");
+        debug_assert_eq!(node.child_count(), 0, "only childless nodes are unlinked");
         let parent_path = path::parent(target).expect("the root is never unlinked");
         if let Some(parent) = self.nodes.get_mut(parent_path) {
-            parent.children.remove(target);
+            parent.remove_child(target);
             parent.cversion = parent.cversion.wrapping_add(1);
             parent.pzxid = self.revision;
         }
-        if let Some(owner) = node.owner {
+        if let Some(owner) = node.owner() {
             if let Some(session) = self.sessions.get_mut(&owner) {
                 session.ephemerals.remove(target);
             }
@@ -394,7 +394,7 @@ impl StateMachine {
         let key = key.clone();
         self.revision += 1;
         let node = self.nodes.get_mut(target).expect("node checked above");
-        node.data = data;
+        node.set_data(&data);
         node.version = node.version.wrapping_add(1);
         node.mzxid = self.revision;
         node.mtime = now_ms;

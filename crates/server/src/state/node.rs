@@ -1,4 +1,5 @@
-//! One node of the tree.
+//! One node of the tree, laid out to be small: a server holds one per
+//! ephemeral lock contender, and there may be a hundred thousand.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,26 +11,31 @@ use bytes::Bytes;
 ///
 /// Children are kept as full paths sharing the allocation of the tree's keys;
 /// all children of one node share its path as a prefix, so their order is the
-/// order of their names.
+/// order of their names. A node without children allocates nothing for them.
 #[derive(Debug, Clone)]
 pub struct Node {
-    pub data: Bytes,
-    pub czxid: u64,
-    pub mzxid: u64,
-    pub pzxid: u64,
-    pub ctime: u64,
-    pub mtime: u64,
-    pub version: u32,
-    pub cversion: u32,
-    /// Owning session if the node is ephemeral.
-    pub owner: Option<SessionId>,
-    pub children: BTreeSet<Arc<str>>,
+    /// Exactly the node's bytes, copied out of the request frame so that a
+    /// small value never keeps a large read buffer alive.
+    data: Option<Arc<[u8]>>,
+    pub(super) czxid: u64,
+    pub(super) mzxid: u64,
+    pub(super) pzxid: u64,
+    pub(super) ctime: u64,
+    pub(super) mtime: u64,
+    pub(super) version: u32,
+    pub(super) cversion: u32,
+    /// Owning session's id if the node is ephemeral, else 0.
+    owner: u64,
+    // Boxed so that a leaf (the common case) pays 8 bytes for no children
+    // rather than the 24 of an empty set.
+    #[allow(clippy::box_collection)]
+    children: Option<Box<BTreeSet<Arc<str>>>>,
 }
 
 impl Node {
-    pub(crate) fn new(data: Bytes, revision: u64, now_ms: u64, owner: Option<SessionId>) -> Self {
-        Node {
-            data,
+    pub(super) fn new(data: &[u8], revision: u64, now_ms: u64, owner: Option<SessionId>) -> Self {
+        let mut node = Node {
+            data: None,
             czxid: revision,
             mzxid: revision,
             pzxid: revision,
@@ -37,8 +43,67 @@ impl Node {
             mtime: now_ms,
             version: 0,
             cversion: 0,
-            owner,
-            children: BTreeSet::new(),
+            owner: owner.map_or(0, |s| s.0),
+            children: None,
+        };
+        node.set_data(data);
+        node
+    }
+
+    pub(super) fn set_data(&mut self, data: &[u8]) {
+        self.data = (!data.is_empty()).then(|| Arc::from(data));
+    }
+
+    /// The node's data, shared (not copied) with the caller.
+    pub fn data(&self) -> Bytes {
+        match &self.data {
+            Some(d) => Bytes::from_owner(d.clone()),
+            None => Bytes::new(),
+        }
+    }
+
+    pub fn data_len(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| d.len())
+    }
+
+    /// The session that owns the node, if it is ephemeral.
+    pub fn owner(&self) -> Option<SessionId> {
+        (self.owner != 0).then_some(SessionId(self.owner))
+    }
+
+    pub fn mzxid(&self) -> u64 {
+        self.mzxid
+    }
+
+    pub fn czxid(&self) -> u64 {
+        self.czxid
+    }
+
+    pub fn pzxid(&self) -> u64 {
+        self.pzxid
+    }
+
+    /// Full paths of the children, in order.
+    pub fn children(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.children.iter().flat_map(|c| c.iter())
+    }
+
+    pub fn child_count(&self) -> usize {
+        self.children.as_ref().map_or(0, |c| c.len())
+    }
+
+    pub(super) fn add_child(&mut self, path: Arc<str>) {
+        self.children
+            .get_or_insert_with(Default::default)
+            .insert(path);
+    }
+
+    pub(super) fn remove_child(&mut self, path: &str) {
+        if let Some(children) = &mut self.children {
+            children.remove(path);
+            if children.is_empty() {
+                self.children = None;
+            }
         }
     }
 
@@ -52,14 +117,97 @@ impl Node {
             mtime: self.mtime,
             version: self.version,
             cversion: self.cversion,
-            ephemeral_owner: self.owner.map_or(0, |s| s.0),
-            data_length: self.data.len() as u32,
-            num_children: self.children.len() as u32,
+            ephemeral_owner: self.owner,
+            data_length: self.data_len() as u32,
+            num_children: self.child_count() as u32,
         }
     }
 
     /// Names (last path segments) of the children, in order.
     pub fn child_names(&self) -> impl Iterator<Item = &str> {
-        self.children.iter().map(|p| baton_proto::path::name(p))
+        self.children().map(|p| baton_proto::path::name(p))
+    }
+}
+
+/// The ephemeral nodes of one session. Most sessions own none or a few (a
+/// lock contender owns one), so they are kept in a small vector; a session
+/// with many switches to a hash set so that deleting one stays cheap.
+#[derive(Debug, Clone, Default)]
+pub struct Ephemerals(Repr);
+
+#[derive(Debug, Clone)]
+enum Repr {
+    Few(Vec<Arc<str>>),
+    // Boxed to keep the common `Few` case (and so every session) small.
+    #[allow(clippy::box_collection)]
+    Many(Box<std::collections::HashSet<Arc<str>>>),
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Few(Vec::new())
+    }
+}
+
+const FEW: usize = 16;
+
+impl Ephemerals {
+    pub(super) fn insert(&mut self, path: Arc<str>) {
+        match &mut self.0 {
+            Repr::Few(v) if v.len() < FEW => v.push(path),
+            Repr::Few(v) => {
+                let mut set: std::collections::HashSet<Arc<str>> = v.drain(..).collect();
+                set.insert(path);
+                self.0 = Repr::Many(Box::new(set));
+            }
+            Repr::Many(s) => {
+                s.insert(path);
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, path: &str) {
+        match &mut self.0 {
+            Repr::Few(v) => {
+                if let Some(i) = v.iter().position(|p| &**p == path) {
+                    v.swap_remove(i);
+                }
+            }
+            Repr::Many(s) => {
+                s.remove(path);
+            }
+        }
+    }
+
+    pub fn contains(&self, path: &str) -> bool {
+        match &self.0 {
+            Repr::Few(v) => v.iter().any(|p| &**p == path),
+            Repr::Many(s) => s.contains(path),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Few(v) => v.len(),
+            Repr::Many(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+        match &self.0 {
+            Repr::Few(v) => Box::new(v.iter()),
+            Repr::Many(s) => Box::new(s.iter()),
+        }
+    }
+
+    pub(super) fn into_vec(self) -> Vec<Arc<str>> {
+        match self.0 {
+            Repr::Few(v) => v,
+            Repr::Many(s) => s.into_iter().collect(),
+        }
     }
 }

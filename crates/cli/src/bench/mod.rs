@@ -1,0 +1,60 @@
+//! `baton bench`: measurements anyone can run on their own machine.
+//!
+//! Every run is bounded in count and time, talks to loopback only, and by
+//! default starts its own server as a child process (the same binary running
+//! `baton serve`), so that the server's memory and CPU can be read from
+//! /proc without the load generator mixed in.
+
+mod ops;
+mod server;
+
+use std::process::ExitCode;
+
+use crate::CliResult;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    Ops(ops::OpsArgs),
+}
+
+/// Runs a benchmark against `server` if one was named (--server or
+/// BATON_SERVER), else against a server it starts itself.
+pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
+    match cmd {
+        BenchCommand::Ops(args) => ops::run(server, args).await,
+    }
+    .map(|()| ExitCode::SUCCESS)
+}
+
+/// Median and tail of a set of samples, in microseconds.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Summary {
+    pub count: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Summary {
+    pub fn of(samples: &mut [std::time::Duration]) -> Summary {
+        if samples.is_empty() {
+            return Summary::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples[i].as_nanos() as f64 / 1000.0
+        };
+        Summary {
+            count: samples.len(),
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: at(1.0),
+        }
+    }
+}
+
+/// Prints a progress line on stderr.
+pub fn progress(msg: impl std::fmt::Display) {
+    eprintln!("bench: {msg}");
+}

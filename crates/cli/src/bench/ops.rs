@@ -1,0 +1,614 @@
+//! `baton bench ops`: the cost of Baton's basic operations, next to the floor
+//! the machine sets (a raw TCP round trip on loopback).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_client::{Client, CreateMode};
+use baton_proto::{ConnectRequest, ConnectResponse, Request, RequestFrame};
+use bytes::BytesMut;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use super::server::ChildServer;
+use super::{progress, Summary};
+use crate::sys::{cpu_time, rss_bytes};
+use crate::CliError;
+
+/// Measure ping round trips against the raw TCP floor, create+delete
+/// throughput, and server memory per idle session.
+///
+/// Starts its own server (a `baton serve` child process on a free loopback
+/// port) unless --server or BATON_SERVER names one; memory and server CPU are
+/// measured only on its own server.
+#[derive(clap::Args)]
+pub struct OpsArgs {
+    /// Round trips to time for each ping measurement.
+    #[arg(long, default_value_t = 20_000)]
+    pings: usize,
+    /// Concurrent clients for create+delete, as a comma-separated list.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    clients: Vec<usize>,
+    /// How long each create+delete run lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    duration_ms: u64,
+    /// Idle sessions to open for the memory measurement (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    sessions: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    tcp_floor_rtt: Summary,
+    ping_rtt_client: Summary,
+    ping_rtt_raw: Summary,
+    ping_over_floor_p50: f64,
+    create_delete: Vec<Throughput>,
+    memory: Option<Memory>,
+}
+
+#[derive(Serialize)]
+struct Throughput {
+    clients: usize,
+    pairs: u64,
+    seconds: f64,
+    pairs_per_s: f64,
+    pair_latency: Summary,
+    /// Server CPU time (user + system) per create+delete pair, when the
+    /// benchmark runs its own server.
+    server_cpu_us_per_pair: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Memory {
+    /// Sessions held by the server at the end.
+    sessions: usize,
+    /// Of those, sessions that kept their own connection.
+    connected_sessions: usize,
+    rss_base_bytes: u64,
+    rss_sessions_bytes: u64,
+    rss_sessions_nodes_bytes: u64,
+    rss_all_sessions_bytes: u64,
+    /// Per connected idle session, without a node.
+    bytes_per_idle_session: f64,
+    bytes_per_ephemeral_node: f64,
+    /// Per connected idle session holding one ephemeral node.
+    bytes_per_session_with_node: f64,
+    /// Per session (with its node) whose connection has gone.
+    bytes_per_disconnected_session_with_node: Option<f64>,
+}
+
+pub async fn run(target: Option<String>, args: OpsArgs) -> Result<(), CliError> {
+    let child = match &target {
+        Some(_) => None,
+        None => {
+            progress("starting a server (baton serve) on a free loopback port");
+            Some(ChildServer::start(&["--max-session-timeout", "120000"]).await?)
+        }
+    };
+    let addr = match (&target, &child) {
+        (Some(a), _) => a.clone(),
+        (None, Some(c)) => c.addr.clone(),
+        (None, None) => unreachable!(),
+    };
+
+    progress(format!(
+        "raw TCP ping-pong floor, {} round trips",
+        args.pings
+    ));
+    let pings = args.pings;
+    let tcp_floor_rtt = tokio::task::spawn_blocking(move || tcp_floor(pings))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+
+    progress(format!(
+        "baton ping through the client library, {} round trips",
+        args.pings
+    ));
+    let ping_rtt_client = client_pings(&addr, args.pings).await?;
+
+    progress(format!(
+        "baton ping over a raw blocking socket, {} round trips",
+        args.pings
+    ));
+    let raw_addr = addr.clone();
+    let ping_rtt_raw = tokio::task::spawn_blocking(move || raw_pings(&raw_addr, pings))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+
+    let mut create_delete = Vec::new();
+    for &clients in &args.clients {
+        progress(format!(
+            "create+delete of ephemeral nodes, {clients} clients, {} ms",
+            args.duration_ms
+        ));
+        let pid = child.as_ref().and_then(ChildServer::pid);
+        let cpu_before = pid.and_then(cpu_time);
+        let mut run =
+            create_delete_run(&addr, clients, Duration::from_millis(args.duration_ms)).await?;
+        if let (Some(before), Some(after)) = (cpu_before, pid.and_then(cpu_time)) {
+            run.server_cpu_us_per_pair =
+                Some((after - before).as_nanos() as f64 / 1000.0 / run.pairs.max(1) as f64);
+        }
+        create_delete.push(run);
+    }
+
+    let memory = match (&child, args.sessions) {
+        (Some(c), n) if n > 0 => Some(memory_run(&c.addr, c.pid(), n).await?),
+        _ => None,
+    };
+
+    let report = Report {
+        ping_over_floor_p50: ping_rtt_raw.p50_us / tcp_floor_rtt.p50_us,
+        tcp_floor_rtt,
+        ping_rtt_client,
+        ping_rtt_raw,
+        create_delete,
+        memory,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("report serializes")
+        );
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    println!("round trips (microseconds)         p50       p99       max");
+    for (name, s) in [
+        ("raw TCP ping-pong (floor)", &r.tcp_floor_rtt),
+        ("baton ping, raw socket", &r.ping_rtt_raw),
+        ("baton ping, client library", &r.ping_rtt_client),
+    ] {
+        println!(
+            "  {name:<30} {:>8.1}  {:>8.1}  {:>8.1}",
+            s.p50_us, s.p99_us, s.max_us
+        );
+    }
+    println!("  baton ping / floor (p50): {:.2}x", r.ping_over_floor_p50);
+    println!();
+    println!("create+delete of an ephemeral node");
+    println!("  clients     pairs/s   pair p50 us   pair p99 us   server CPU us/pair");
+    for t in &r.create_delete {
+        let cpu = t
+            .server_cpu_us_per_pair
+            .map_or_else(|| "-".to_string(), |c| format!("{c:.1}"));
+        println!(
+            "  {:>7}  {:>10.0}  {:>12.1}  {:>12.1}   {:>18}",
+            t.clients, t.pairs_per_s, t.pair_latency.p50_us, t.pair_latency.p99_us, cpu
+        );
+    }
+    if let Some(m) = &r.memory {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        println!();
+        println!(
+            "server memory (RSS), {} connected idle sessions",
+            m.connected_sessions
+        );
+        println!(
+            "  base                          {:>8.1} MiB",
+            mib(m.rss_base_bytes)
+        );
+        println!(
+            "  with the sessions             {:>8.1} MiB",
+            mib(m.rss_sessions_bytes)
+        );
+        println!(
+            "  each with an ephemeral node   {:>8.1} MiB",
+            mib(m.rss_sessions_nodes_bytes)
+        );
+        println!(
+            "  per idle session              {:>8.0} bytes",
+            m.bytes_per_idle_session
+        );
+        println!(
+            "  per ephemeral node            {:>8.0} bytes",
+            m.bytes_per_ephemeral_node
+        );
+        println!(
+            "  per idle session with a node  {:>8.0} bytes",
+            m.bytes_per_session_with_node
+        );
+        if let Some(d) = m.bytes_per_disconnected_session_with_node {
+            println!("server memory (RSS), {} sessions held in all", m.sessions);
+            println!(
+                "  total                         {:>8.1} MiB",
+                mib(m.rss_all_sessions_bytes)
+            );
+            println!("  per session without its connection, with a node {d:>6.0} bytes");
+        }
+    }
+}
+
+/// Round trips of 16-byte messages between two threads over loopback with
+/// blocking sockets: what the machine allows.
+fn tcp_floor(n: usize) -> Result<Summary, CliError> {
+    let io = |e: std::io::Error| CliError::msg(format!("TCP floor: {e}"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 16];
+        loop {
+            if s.read_exact(&mut buf).is_err() {
+                return Ok(());
+            }
+            s.write_all(&buf)?;
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let mut buf = [7u8; 16];
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&buf).map_err(io)?;
+        s.read_exact(&mut buf).map_err(io)?;
+        samples.push(t.elapsed());
+    }
+    drop(s);
+    let _ = echo.join();
+    Ok(Summary::of(&mut samples))
+}
+
+async fn client_pings(addr: &str, n: usize) -> Result<Summary, CliError> {
+    let client = Client::connect(addr).await?;
+    for _ in 0..100.min(n) {
+        client.ping().await?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        client.ping().await?;
+        samples.push(t.elapsed());
+    }
+    client.close().await;
+    Ok(Summary::of(&mut samples))
+}
+
+/// Pings over a blocking socket speaking the protocol directly: the server's
+/// share of a round trip, without the client library's task hops.
+fn raw_pings(addr: &str, n: usize) -> Result<Summary, CliError> {
+    let io = |e: std::io::Error| CliError::msg(format!("raw ping: {e}"));
+    let mut s = std::net::TcpStream::connect(addr).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let mut buf = BytesMut::new();
+    ConnectRequest::new(30_000).encode(&mut buf);
+    s.write_all(&buf).map_err(io)?;
+    let frame = read_frame_blocking(&mut s).map_err(io)?;
+    ConnectResponse::decode(frame.into())
+        .map_err(|e| CliError::msg(format!("raw ping handshake: {e}")))?
+        .result
+        .map_err(|(c, m)| CliError::msg(format!("raw ping handshake: {c}: {m}")))?;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 100 {
+        buf.clear();
+        RequestFrame {
+            xid: i as u32,
+            request: Request::Ping,
+        }
+        .encode(&mut buf);
+        let t = Instant::now();
+        s.write_all(&buf).map_err(io)?;
+        read_frame_blocking(&mut s).map_err(io)?;
+        if i >= 100 {
+            samples.push(t.elapsed());
+        }
+    }
+    Ok(Summary::of(&mut samples))
+}
+
+fn read_frame_blocking(s: &mut std::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut frame)?;
+    Ok(frame)
+}
+
+async fn create_delete_run(
+    addr: &str,
+    clients: usize,
+    duration: Duration,
+) -> Result<Throughput, CliError> {
+    let setup = Client::connect(addr).await?;
+    for p in ["/bench", "/bench/ops"] {
+        match setup.create(p, "", CreateMode::Persistent).await {
+            Ok(_) | Err(baton_client::Error::NodeExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    setup.close().await;
+    let mut sessions = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        sessions.push(Client::connect(addr).await?);
+    }
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::with_capacity(clients);
+    for (i, c) in sessions.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let path = format!("/bench/ops/c{i}");
+            // Bounded by time and by count.
+            while Instant::now() < deadline && samples.len() < 10_000_000 {
+                let t = Instant::now();
+                c.create(&path, "", CreateMode::Ephemeral).await?;
+                c.delete(&path, None).await?;
+                samples.push(t.elapsed());
+            }
+            c.close().await;
+            Ok::<_, baton_client::Error>(samples)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| CliError::msg(e.to_string()))??);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let pairs = all.len() as u64;
+    Ok(Throughput {
+        clients,
+        pairs,
+        seconds,
+        pairs_per_s: pairs as f64 / seconds,
+        pair_latency: Summary::of(&mut all),
+        server_cpu_us_per_pair: None,
+    })
+}
+
+/// Measures the server's memory: first `connected` idle sessions, each on
+/// its own connection, before and after each gets one ephemeral node; then
+/// more sessions up to `total`, each creating its node and leaving its
+/// connection (the server keeps the session until its timeout), to show the
+/// state of `total` sessions held by one server.
+async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory, CliError> {
+    let pid = pid.ok_or_else(|| CliError::msg("the benchmark server has no pid"))?;
+    let rss = || rss_bytes(pid).ok_or_else(|| CliError::msg("cannot read the server's RSS"));
+    let setup = Client::connect(addr).await?;
+    for p in ["/bench", "/bench/mem"] {
+        match setup.create(p, "", CreateMode::Persistent).await {
+            Ok(_) | Err(baton_client::Error::NodeExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    setup.close().await;
+    let server: SocketAddr = addr
+        .parse()
+        .map_err(|e| CliError::msg(format!("memory run needs an IP:port address: {e}")))?;
+    // Each connected session costs a descriptor here and one in the server.
+    let fd_limit = fd_soft_limit();
+    let connected = total.min(fd_limit.saturating_sub(1_000) as usize);
+    if connected < total {
+        progress(format!(
+            "the open-file limit is {fd_limit}: {connected} sessions stay connected, the other {} leave their connection after creating their node",
+            total - connected
+        ));
+    }
+    let rss_base = rss()?;
+
+    let (phase_tx, phase_rx) = watch::channel(Phase::Open);
+    let counters = Arc::new(Counters::default());
+    let connecting = Arc::new(Semaphore::new(256));
+    let spawn_sessions = |range: std::ops::Range<usize>, keep: bool| {
+        range
+            .map(|i| {
+                let (phase_rx, counters, connecting) =
+                    (phase_rx.clone(), counters.clone(), connecting.clone());
+                tokio::spawn(async move {
+                    if idle_session(server, i, keep, phase_rx, &counters, &connecting)
+                        .await
+                        .is_err()
+                    {
+                        counters.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+
+    progress(format!(
+        "opening {connected} idle sessions, each on its own connection"
+    ));
+    let mut tasks = spawn_sessions(0..connected, true);
+    wait_for(&counters, |c| &c.opened, connected, "opened").await?;
+    let rss_sessions = rss()?;
+    progress(format!(
+        "creating one ephemeral node per session ({connected})"
+    ));
+    let _ = phase_tx.send(Phase::Create);
+    wait_for(&counters, |c| &c.created, connected, "created their node").await?;
+    let rss_nodes = rss()?;
+
+    let held = total - connected;
+    let mut rss_held = rss_nodes;
+    if held > 0 {
+        progress(format!(
+            "opening {held} more sessions that create a node and leave"
+        ));
+        tasks.extend(spawn_sessions(connected..total, false));
+        wait_for(&counters, |c| &c.created, total, "created their node").await?;
+        rss_held = rss()?;
+    }
+    let _ = phase_tx.send(Phase::Stop);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let per = |a: u64, b: u64, n: usize| (a as f64 - b as f64) / n.max(1) as f64;
+    Ok(Memory {
+        sessions: total,
+        connected_sessions: connected,
+        rss_base_bytes: rss_base,
+        rss_sessions_bytes: rss_sessions,
+        rss_sessions_nodes_bytes: rss_nodes,
+        rss_all_sessions_bytes: rss_held,
+        bytes_per_idle_session: per(rss_sessions, rss_base, connected),
+        bytes_per_ephemeral_node: per(rss_nodes, rss_sessions, connected),
+        bytes_per_session_with_node: per(rss_nodes, rss_base, connected),
+        bytes_per_disconnected_session_with_node: (held > 0)
+            .then(|| per(rss_held, rss_nodes, held)),
+    })
+}
+
+#[derive(Default)]
+struct Counters {
+    opened: AtomicUsize,
+    created: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+/// Waits (at most 300 s, reporting progress) until `counter` reaches `n`.
+async fn wait_for(
+    counters: &Counters,
+    counter: impl Fn(&Counters) -> &AtomicUsize,
+    n: usize,
+    what: &str,
+) -> Result<(), CliError> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut last_report = Instant::now();
+    loop {
+        let done = counter(counters).load(Ordering::Relaxed);
+        let bad = counters.failed.load(Ordering::Relaxed);
+        if bad > 0 {
+            return Err(CliError::msg(format!(
+                "{bad} sessions failed ({done} {what})"
+            )));
+        }
+        if done >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::msg(format!(
+                "only {done} of {n} sessions {what} after 300 s"
+            )));
+        }
+        if last_report.elapsed() > Duration::from_secs(2) {
+            progress(format!("{done}/{n} sessions {what}"));
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn fd_soft_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Open,
+    Create,
+    Stop,
+}
+
+/// One idle session over a raw connection: handshake, then one ephemeral
+/// node (when told, if `keep`, else at once), with a ping every 20 s to keep
+/// it alive. Without `keep` it leaves its connection after creating the node.
+async fn idle_session(
+    server: SocketAddr,
+    i: usize,
+    keep: bool,
+    mut phase: watch::Receiver<Phase>,
+    counters: &Counters,
+    connecting: &Semaphore,
+) -> std::io::Result<()> {
+    let mut stream = {
+        let _permit = connecting.acquire().await.map_err(std::io::Error::other)?;
+        // Loopback offers about 28,000 ephemeral ports per source address:
+        // spread the sessions over 127.0.0.2, 127.0.0.3, ...
+        let source = IpAddr::V4(Ipv4Addr::new(
+            127,
+            0,
+            (i / 20_000 / 250) as u8,
+            2 + (i / 20_000 % 250) as u8,
+        ));
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        let mut stream = socket.connect(server).await?;
+        stream.set_nodelay(true)?;
+        let mut buf = BytesMut::new();
+        ConnectRequest::new(120_000).encode(&mut buf);
+        stream.write_all(&buf).await?;
+        let frame = read_frame(&mut stream).await?;
+        ConnectResponse::decode(frame.into())
+            .map_err(std::io::Error::other)?
+            .result
+            .map_err(|(c, m)| std::io::Error::other(format!("{c}: {m}")))?;
+        stream
+    };
+    counters.opened.fetch_add(1, Ordering::Relaxed);
+    let mut xid = 0u32;
+    let mut request = |stream_req: Request| {
+        xid += 1;
+        let mut buf = BytesMut::new();
+        RequestFrame {
+            xid,
+            request: stream_req,
+        }
+        .encode(&mut buf);
+        buf
+    };
+    let create = Request::Create {
+        path: format!("/bench/mem/s{i}"),
+        data: Default::default(),
+        mode: CreateMode::Ephemeral,
+    };
+    if !keep {
+        stream.write_all(&request(create)).await?;
+        read_frame(&mut stream).await?;
+        counters.created.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            changed = phase.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                let now = *phase.borrow();
+                match now {
+                    Phase::Create => {
+                        stream.write_all(&request(create.clone())).await?;
+                        read_frame(&mut stream).await?;
+                        counters.created.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Phase::Stop => return Ok(()),
+                    Phase::Open => {}
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_secs(20)) => {
+                stream.write_all(&request(Request::Ping)).await?;
+                read_frame(&mut stream).await?;
+            }
+        }
+    }
+}
+
+async fn read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = stream.read_u32().await? as usize;
+    let mut frame = vec![0u8; len];
+    stream.read_exact(&mut frame).await?;
+    Ok(frame)
+}

@@ -1,0 +1,214 @@
+//! Client commands: create, get, set, ls, stat, rm, watch.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
+
+use crate::{CliError, CliResult};
+
+/// A path argument.
+#[derive(clap::Args)]
+pub struct PathArg {
+    /// Absolute node path, such as /app/config.
+    path: String,
+}
+
+/// Create a node and print its path.
+///
+/// With --sequential the server appends a sequence number to the name (the
+/// printed path shows it). With --ephemeral the node lives only as long as
+/// this command's session: the command prints the path and keeps the session
+/// open until interrupted (Ctrl-C), then the node disappears.
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// Delete the node when this command's session ends.
+    #[arg(long, short)]
+    ephemeral: bool,
+    /// Append a sequence number, strictly increasing under the parent.
+    #[arg(long, short)]
+    sequential: bool,
+    /// Absolute path of the node (for --sequential, the prefix of its name).
+    path: String,
+    /// Data to store in the node (default: empty).
+    #[arg(default_value = "")]
+    data: String,
+}
+
+/// Replace a node's data.
+#[derive(clap::Args)]
+pub struct SetArgs {
+    /// Absolute node path.
+    path: String,
+    /// The new data.
+    data: String,
+    /// Only if the node's data version is this (optimistic concurrency).
+    #[arg(long)]
+    version: Option<u32>,
+}
+
+/// Delete a node (it must have no children).
+#[derive(clap::Args)]
+pub struct RmArgs {
+    /// Absolute node path.
+    path: String,
+    /// Only if the node's data version is this.
+    #[arg(long)]
+    version: Option<u32>,
+}
+
+/// Opens a session, explaining the likely cause when no server answers.
+pub async fn connect(server: &str) -> Result<Client, CliError> {
+    Client::connect(server).await.map_err(|e| match e {
+        baton_client::Error::Connect { .. } => CliError::msg(format!(
+            "{e}; is `baton serve` running there? (choose the server with --server or BATON_SERVER)"
+        )),
+        other => other.into(),
+    })
+}
+
+pub async fn create(server: &str, args: CreateArgs) -> CliResult {
+    let client = connect(server).await?;
+    let mode = CreateMode::from_flags(args.ephemeral, args.sequential);
+    let created = client.create(&args.path, args.data, mode).await?;
+    println!("{}", created.path);
+    if args.ephemeral {
+        let _ = std::io::stdout().flush();
+        eprintln!("holding the session (the ephemeral node lives until Ctrl-C)");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            state = client.ended() => {
+                return Err(CliError::msg(format!("session {state}; {} is gone", created.path)));
+            }
+        }
+    }
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn get(server: &str, args: PathArg) -> CliResult {
+    let client = connect(server).await?;
+    let (data, _) = client.get_data(&args.path).await?;
+    client.close().await;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&data)
+        .and_then(|()| out.flush())
+        .map_err(|e| CliError::msg(format!("writing to stdout: {e}")))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn set(server: &str, args: SetArgs) -> CliResult {
+    let client = connect(server).await?;
+    client.set_data(&args.path, args.data, args.version).await?;
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn ls(server: &str, args: PathArg) -> CliResult {
+    let client = connect(server).await?;
+    let (children, _) = client.get_children(&args.path).await?;
+    client.close().await;
+    for child in children {
+        println!("{child}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn stat(server: &str, args: PathArg) -> CliResult {
+    let client = connect(server).await?;
+    let stat = client
+        .exists(&args.path)
+        .await?
+        .ok_or_else(|| CliError::msg(format!("no node: {} does not exist", args.path)))?;
+    client.close().await;
+    print_stat(&stat);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_stat(s: &Stat) {
+    println!("czxid           {}", s.czxid);
+    println!("mzxid           {}", s.mzxid);
+    println!("pzxid           {}", s.pzxid);
+    println!("ctime           {}", s.ctime);
+    println!("mtime           {}", s.mtime);
+    println!("version         {}", s.version);
+    println!("cversion        {}", s.cversion);
+    match s.owner() {
+        Some(owner) => println!("ephemeralOwner  {owner}"),
+        None => println!("ephemeralOwner  0 (persistent)"),
+    }
+    println!("dataLength      {}", s.data_length);
+    println!("numChildren     {}", s.num_children);
+}
+
+pub async fn rm(server: &str, args: RmArgs) -> CliResult {
+    let client = connect(server).await?;
+    client.delete(&args.path, args.version).await?;
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints every change at a path (its data, its existence, its children)
+/// until interrupted. Each line: event kind, path, revision.
+pub async fn watch(server: &str, args: PathArg) -> CliResult {
+    let client = connect(server).await?;
+    let path = args.path;
+    let mut node = Some(arm_node(&client, &path).await?);
+    let mut children = arm_children(&client, &path).await?;
+    eprintln!("watching {path}; Ctrl-C to stop");
+    // A deletion fires both watches with the same event: print it once.
+    let mut last: Option<(EventKind, u64)> = None;
+    loop {
+        let event = tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            e = async { node.as_mut().expect("armed").await }, if node.is_some() => {
+                node = None;
+                e?
+            }
+            e = async { children.as_mut().expect("armed").await }, if children.is_some() => {
+                children = None;
+                e?
+            }
+        };
+        if last != Some((event.kind, event.revision)) {
+            println!(
+                "{} {} revision {}",
+                kind_name(event.kind),
+                event.path,
+                event.revision
+            );
+            let _ = std::io::stdout().flush();
+        }
+        last = Some((event.kind, event.revision));
+        if node.is_none() {
+            node = Some(arm_node(&client, &path).await?);
+        }
+        if children.is_none() {
+            children = arm_children(&client, &path).await?;
+        }
+    }
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn arm_node(client: &Client, path: &str) -> Result<Watcher, CliError> {
+    Ok(client.exists_watch(path).await?.1)
+}
+
+/// A child watch, if the node exists (there is nothing to list otherwise).
+async fn arm_children(client: &Client, path: &str) -> Result<Option<Watcher>, CliError> {
+    match client.get_children_watch(path).await {
+        Ok((_, _, w)) => Ok(Some(w)),
+        Err(baton_client::Error::NoNode(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn kind_name(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Created => "created",
+        EventKind::Deleted => "deleted",
+        EventKind::DataChanged => "data-changed",
+        EventKind::ChildrenChanged => "children-changed",
+    }
+}
