@@ -1,13 +1,27 @@
-//! A real server on 127.0.0.1, port 0, for one test.
+//! Helpers shared by the integration tests: a real server on 127.0.0.1 (port
+//! 0), a TCP proxy that can cut or stall connections, a raw protocol client
+//! for feeding the server bytes by hand, and deadline-bounded waits.
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
+use baton::proto::frame::HEADER_LEN;
+use baton::proto::{
+    ConnectRequest, ConnectResponse, Disconnect, ErrorCode, ErrorReply, Reply, ReplyFrame, Request,
+    RequestFrame, ServerMessage, SessionGrant, WatchEvent, MAX_RESPONSE_FRAME,
+};
 use baton::server::{Config, Server, ServerHandle};
-use tokio::sync::oneshot;
+use baton::{Client, SessionState};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub struct TestServer {
@@ -23,6 +37,7 @@ impl TestServer {
     }
 
     pub async fn with_config(config: Config) -> Self {
+        count_panics();
         let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
         let addr = server.local_addr().unwrap();
         let handle = server.handle();
@@ -47,25 +62,33 @@ impl TestServer {
         self.addr.to_string()
     }
 
-    pub async fn client(&self) -> baton::Client {
-        baton::Client::connect(&self.addr()).await.expect("connect")
+    pub fn stats(&self) -> baton::server::StatsSnapshot {
+        self.handle.stats()
     }
 
-    pub async fn client_with_timeout(&self, timeout: Duration) -> baton::Client {
-        baton::Client::builder(&self.addr())
-            .session_timeout(timeout)
-            .connect()
-            .await
-            .expect("connect")
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.addr()).await.expect("connect")
     }
 
-    /// Stops the server and waits for it to finish.
+    pub async fn client_with_timeout(&self, timeout: Duration) -> Client {
+        connect_with_timeout(&self.addr(), timeout).await
+    }
+
+    /// True while the server's task is still running (it did not panic or
+    /// return).
+    pub fn is_running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the server and waits for it to finish; panics if it panicked.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
-            task.await.expect("server task");
+            within(30, "the server to stop", task)
+                .await
+                .expect("server task");
         }
     }
 }
@@ -76,6 +99,14 @@ pub fn fast_config() -> Config {
         min_session_timeout: Duration::from_millis(100),
         ..Config::default()
     }
+}
+
+pub async fn connect_with_timeout(addr: &str, timeout: Duration) -> Client {
+    Client::builder(addr)
+        .session_timeout(timeout)
+        .connect()
+        .await
+        .expect("connect")
 }
 
 /// Waits for `fut`, failing the test if it takes longer than `secs` seconds.
@@ -94,4 +125,531 @@ pub async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) 
         }
     })
     .await
+}
+
+/// Waits until `client`'s session is in state `want`.
+pub async fn wait_state(client: &Client, want: SessionState) {
+    let mut rx = client.state_changes();
+    within(
+        10,
+        &format!("session state {want}"),
+        rx.wait_for(|s| *s == want),
+    )
+    .await
+    .expect("the session task published its state");
+}
+
+// ---------------------------------------------------------------------------
+// Panics: a server task that panics is caught by tokio and simply vanishes, so
+// tests count panics themselves. A `#[tokio::test]` runs the server's tasks on
+// the test's own thread, which is named after the test: counting panics per
+// thread name tells one test's server panics from everything else.
+
+static PANICS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+static HOOK: Once = Once::new();
+
+fn thread_key() -> String {
+    let t = std::thread::current();
+    t.name()
+        .map_or_else(|| format!("{:?}", t.id()), str::to_owned)
+}
+
+fn count_panics() {
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let mut map = PANICS.lock().unwrap_or_else(|e| e.into_inner());
+            *map.get_or_insert_with(HashMap::new)
+                .entry(thread_key())
+                .or_default() += 1;
+            drop(map);
+            previous(info);
+        }));
+    });
+}
+
+/// Panics seen so far on this test's thread (where a current-thread runtime
+/// runs the server's connection tasks).
+pub fn panics_on_this_thread() -> usize {
+    let map = PANICS.lock().unwrap_or_else(|e| e.into_inner());
+    map.as_ref()
+        .and_then(|m| m.get(&thread_key()).copied())
+        .unwrap_or(0)
+}
+
+/// Checks that the server still serves: no panic so far, its task runs, and a
+/// fresh client can write, read and close.
+pub async fn assert_server_healthy(server: &TestServer) {
+    assert_eq!(panics_on_this_thread(), 0, "a task panicked");
+    assert!(server.is_running(), "the server task ended");
+    let c = within(10, "a fresh client to connect", server.client()).await;
+    let path = format!("/health-{}", c.session_id().0);
+    within(10, "a fresh client to work", async {
+        c.create(&path, "ok", baton::CreateMode::Ephemeral)
+            .await
+            .expect("create");
+        let (data, _) = c.get_data(&path).await.expect("get");
+        assert_eq!(&data[..], b"ok");
+        c.close().await;
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Proxy
+
+struct ProxyConn {
+    cut: Option<oneshot::Sender<()>>,
+    /// Holds the bytes going to the server.
+    hold_up: watch::Sender<bool>,
+    /// Holds the bytes coming from the server.
+    hold_down: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct ProxyShared {
+    blocked: AtomicBool,
+    conns: Mutex<Vec<ProxyConn>>,
+}
+
+/// A TCP proxy in front of a server. It can sever every current connection,
+/// stall them (hold their bytes in both directions), and refuse new ones
+/// (accept and close at once), to imitate a network that fails.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    shared: Arc<ProxyShared>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(ProxyShared::default());
+        let task = tokio::spawn(accept_loop(listener, upstream, shared.clone()));
+        Proxy { addr, shared, task }
+    }
+
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Closes every connection open now, on both sides.
+    pub fn sever(&self) {
+        let conns = std::mem::take(&mut *self.shared.conns.lock().unwrap());
+        for mut c in conns {
+            if let Some(cut) = c.cut.take() {
+                let _ = cut.send(());
+            }
+        }
+    }
+
+    /// Stops forwarding on every connection open now: bytes wait in the
+    /// proxy, and neither end hears from the other. New connections are not
+    /// affected.
+    pub fn hold(&self) {
+        for c in self.shared.conns.lock().unwrap().iter() {
+            c.hold_up.send_replace(true);
+            c.hold_down.send_replace(true);
+        }
+    }
+
+    /// Like [`hold`](Self::hold), in one direction only: the server hears
+    /// nothing from its clients, while they still hear from it.
+    pub fn hold_requests(&self) {
+        for c in self.shared.conns.lock().unwrap().iter() {
+            c.hold_up.send_replace(true);
+        }
+    }
+
+    /// From now on new connections are accepted and closed at once.
+    pub fn block(&self) {
+        self.shared.blocked.store(true, Ordering::SeqCst);
+    }
+
+    pub fn unblock(&self) {
+        self.shared.blocked.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.sever();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<ProxyShared>) {
+    loop {
+        let Ok((down, _)) = listener.accept().await else {
+            return;
+        };
+        if shared.blocked.load(Ordering::SeqCst) {
+            drop(down);
+            continue;
+        }
+        let (cut_tx, cut_rx) = oneshot::channel();
+        let (hold_up, hold_up_rx) = watch::channel(false);
+        let (hold_down, hold_down_rx) = watch::channel(false);
+        shared.conns.lock().unwrap().push(ProxyConn {
+            cut: Some(cut_tx),
+            hold_up,
+            hold_down,
+        });
+        tokio::spawn(async move {
+            let Ok(up) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (down_r, down_w) = down.into_split();
+            let (up_r, up_w) = up.into_split();
+            tokio::select! {
+                _ = pump(down_r, up_w, hold_up_rx) => {}
+                _ = pump(up_r, down_w, hold_down_rx) => {}
+                _ = cut_rx => {}
+            }
+        });
+    }
+}
+
+/// Copies bytes one way until either side closes; while `hold` is true,
+/// nothing moves.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut hold: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if hold.wait_for(|held| !*held).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if hold.wait_for(|held| !*held).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw protocol client
+
+/// A client that speaks the protocol by hand, frame by frame, so tests can
+/// send what a real client never would and read exactly what comes back.
+pub struct Raw {
+    pub stream: TcpStream,
+    rbuf: BytesMut,
+    next_xid: u32,
+    /// The session granted by [`Raw::open`] or a successful handshake.
+    pub grant: Option<SessionGrant>,
+    /// Watch events read while waiting for replies.
+    pub events: Vec<WatchEvent>,
+}
+
+impl Raw {
+    /// A TCP connection, no handshake yet.
+    pub async fn connect(addr: &str) -> Raw {
+        let stream = within(10, "raw connect", TcpStream::connect(addr))
+            .await
+            .expect("raw connect");
+        Raw::from_stream(stream)
+    }
+
+    /// A TCP connection whose receive buffer is as small as the kernel allows,
+    /// so that a client that does not read stops absorbing bytes early.
+    pub async fn connect_small_buffer(addr: &str) -> Raw {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let addr: SocketAddr = addr.parse().expect("socket address");
+        let stream = within(10, "raw connect", socket.connect(addr))
+            .await
+            .expect("raw connect");
+        Raw::from_stream(stream)
+    }
+
+    fn from_stream(stream: TcpStream) -> Raw {
+        let _ = stream.set_nodelay(true);
+        Raw {
+            stream,
+            rbuf: BytesMut::new(),
+            next_xid: 0,
+            grant: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// Connects and opens a new session with `timeout_ms`.
+    pub async fn open(addr: &str, timeout_ms: u32) -> Raw {
+        let mut raw = Raw::connect(addr).await;
+        let response = raw.handshake(&ConnectRequest::new(timeout_ms)).await;
+        raw.grant = Some(response.result.expect("handshake accepted"));
+        raw
+    }
+
+    /// Connects and resumes the session of `grant`.
+    pub async fn resume(addr: &str, grant: &SessionGrant) -> (Raw, ConnectResponse) {
+        let mut raw = Raw::connect(addr).await;
+        let mut request = ConnectRequest::new(grant.timeout_ms);
+        request.resume = Some((grant.session_id, grant.secret));
+        let response = raw.handshake(&request).await;
+        if let Ok(g) = &response.result {
+            raw.grant = Some(g.clone());
+        }
+        (raw, response)
+    }
+
+    pub fn grant(&self) -> &SessionGrant {
+        self.grant.as_ref().expect("a session was granted")
+    }
+
+    /// Sends a connect request and reads the answer.
+    pub async fn handshake(&mut self, request: &ConnectRequest) -> ConnectResponse {
+        let mut buf = BytesMut::new();
+        request.encode(&mut buf);
+        self.write(&buf).await;
+        let frame = self
+            .read_frame()
+            .await
+            .expect("a handshake answer before the connection closed");
+        ConnectResponse::decode(frame).expect("a decodable handshake answer")
+    }
+
+    /// Writes bytes as they are.
+    pub async fn write(&mut self, bytes: &[u8]) {
+        within(10, "a raw write", self.stream.write_all(bytes))
+            .await
+            .expect("raw write");
+    }
+
+    /// Writes one frame: a length prefix and `payload`.
+    pub async fn write_frame(&mut self, payload: &[u8]) {
+        let mut buf = BytesMut::with_capacity(payload.len() + HEADER_LEN);
+        buf.put_u32(payload.len() as u32);
+        buf.put_slice(payload);
+        self.write(&buf).await;
+    }
+
+    pub fn next_xid(&mut self) -> u32 {
+        self.next_xid += 1;
+        self.next_xid
+    }
+
+    /// Encodes a request with a fresh xid; returns the xid.
+    pub fn encode(&mut self, request: Request, buf: &mut BytesMut) -> u32 {
+        let xid = self.next_xid();
+        RequestFrame { xid, request }.encode(buf);
+        xid
+    }
+
+    /// Sends a request with a fresh xid and returns the xid.
+    pub async fn send(&mut self, request: Request) -> u32 {
+        let mut buf = BytesMut::new();
+        let xid = self.encode(request, &mut buf);
+        self.write(&buf).await;
+        xid
+    }
+
+    /// Sends a request and waits for its reply; events read on the way are
+    /// kept in `events`.
+    pub async fn call(&mut self, request: Request) -> Result<Reply, ErrorReply> {
+        let xid = self.send(request).await;
+        self.reply_to(xid).await.result
+    }
+
+    /// Reads until the reply to `xid`, keeping events; panics on anything
+    /// else.
+    pub async fn reply_to(&mut self, xid: u32) -> ReplyFrame {
+        loop {
+            match self.next_message().await {
+                Some(ServerMessage::Reply(r)) => {
+                    assert_eq!(r.xid, xid, "replies come in request order");
+                    return r;
+                }
+                Some(ServerMessage::Event(e)) => self.events.push(e),
+                Some(ServerMessage::Disconnect(d)) => {
+                    panic!("disconnected while waiting for xid {xid}: {d:?}")
+                }
+                None => panic!("connection closed while waiting for xid {xid}"),
+            }
+        }
+    }
+
+    /// The next frame, decoded; `None` once the server closed the connection.
+    pub async fn next_message(&mut self) -> Option<ServerMessage> {
+        let frame = self.read_frame().await?;
+        Some(ServerMessage::decode(frame).expect("a decodable server frame"))
+    }
+
+    /// Expects a disconnect notice next (events before it are kept), then the
+    /// end of the connection; returns the notice.
+    pub async fn expect_disconnect(&mut self) -> Disconnect {
+        loop {
+            match self.next_message().await {
+                Some(ServerMessage::Disconnect(d)) => {
+                    self.expect_closed().await;
+                    return d;
+                }
+                Some(ServerMessage::Event(e)) => self.events.push(e),
+                Some(ServerMessage::Reply(r)) => {
+                    panic!("expected a disconnect notice, got a reply {r:?}")
+                }
+                None => panic!("connection closed without a disconnect notice"),
+            }
+        }
+    }
+
+    /// Expects the server to close the connection without sending anything.
+    pub async fn expect_closed(&mut self) {
+        if let Some(frame) = self.read_frame().await {
+            panic!("expected the connection to close, got a frame {frame:?}");
+        }
+    }
+
+    /// The next frame's payload; `None` at end of stream or on a reset.
+    /// Panics if nothing happens for 10 s.
+    pub async fn read_frame(&mut self) -> Option<Bytes> {
+        within(10, "a frame from the server", async {
+            loop {
+                if self.rbuf.len() >= HEADER_LEN {
+                    let len =
+                        u32::from_be_bytes(self.rbuf[..HEADER_LEN].try_into().unwrap()) as usize;
+                    assert!(len <= MAX_RESPONSE_FRAME, "server frame of {len} bytes");
+                    if self.rbuf.len() >= HEADER_LEN + len {
+                        self.rbuf.advance(HEADER_LEN);
+                        return Some(self.rbuf.split_to(len).freeze());
+                    }
+                }
+                match self.stream.read_buf(&mut self.rbuf).await {
+                    Ok(0) | Err(_) => {
+                        assert!(
+                            self.rbuf.is_empty(),
+                            "connection closed inside a frame ({} bytes left)",
+                            self.rbuf.len()
+                        );
+                        return None;
+                    }
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// The code of a failed reply; panics on success.
+pub fn error_code(result: Result<Reply, ErrorReply>) -> ErrorCode {
+    match result {
+        Ok(reply) => panic!("expected an error reply, got {reply:?}"),
+        Err(e) => e.code,
+    }
+}
+
+/// Runs client calls concurrently, but makes each call in the order given:
+/// every future is polled once, in order, before any is awaited. A client
+/// call hands its request to the session task on its first poll, unless
+/// tokio's cooperative budget runs out first, so the calls run unconstrained;
+/// `join_all` alone would not poll them in order. At most 1,024 calls per
+/// client (its queue's capacity). Returns the outputs in the same order.
+pub async fn join_in_order<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs
+        .into_iter()
+        .map(|f| Box::pin(futures::future::maybe_done(tokio::task::unconstrained(f))))
+        .collect();
+    for f in &mut futs {
+        let _ = futures::poll!(f.as_mut());
+    }
+    futures::future::join_all(futs.iter_mut().map(|f| f.as_mut())).await;
+    futs.into_iter()
+        .map(|mut f| f.as_mut().take_output().expect("every call finished"))
+        .collect()
+}
+
+/// Runs `fut` like a caller that is never late: it is polled once now, and
+/// after that from inside its own waker, at the very moment it is woken (on
+/// whichever thread wakes it). This makes races between "a call is answered"
+/// and "the client publishes its state" deterministic: the call's result is
+/// computed exactly when the answer is released. Await the receiver for the
+/// output.
+pub fn poll_when_woken<F>(fut: F) -> oneshot::Receiver<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let eager = Arc::new(Eager {
+        state: Mutex::new(EagerState {
+            fut: Some(Box::pin(tokio::task::unconstrained(fut))),
+            tx: Some(tx),
+            polling: false,
+            again: false,
+        }),
+    });
+    eager.run();
+    rx
+}
+
+struct Eager<F: Future> {
+    state: Mutex<EagerState<F>>,
+}
+
+struct EagerState<F: Future> {
+    fut: Option<std::pin::Pin<Box<tokio::task::Unconstrained<F>>>>,
+    tx: Option<oneshot::Sender<F::Output>>,
+    /// A poll is under way (a wake from inside it asks for another).
+    polling: bool,
+    again: bool,
+}
+
+impl<F: Future> Eager<F>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn run(self: &Arc<Self>) {
+        let waker = std::task::Waker::from(self.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut st = self.state.lock().unwrap();
+        if st.polling {
+            st.again = true;
+            return;
+        }
+        st.polling = true;
+        loop {
+            st.again = false;
+            let Some(mut fut) = st.fut.take() else { break };
+            drop(st);
+            let poll = fut.as_mut().poll(&mut cx);
+            st = self.state.lock().unwrap();
+            match poll {
+                std::task::Poll::Ready(output) => {
+                    if let Some(tx) = st.tx.take() {
+                        let _ = tx.send(output);
+                    }
+                    break;
+                }
+                std::task::Poll::Pending => {
+                    st.fut = Some(fut);
+                    if !st.again {
+                        break;
+                    }
+                }
+            }
+        }
+        st.polling = false;
+    }
+}
+
+impl<F: Future> std::task::Wake for Eager<F>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn wake(self: Arc<Self>) {
+        self.run();
+    }
 }

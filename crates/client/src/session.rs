@@ -217,6 +217,7 @@ impl SessionTask {
                     r = &mut opening => break r,
                     cmd = self.cmds.recv() => match cmd {
                         Some(Cmd::Close { done }) => {
+                            self.publish_end(&End::Closed);
                             let _ = done.send(());
                             return Err(End::Closed);
                         }
@@ -241,6 +242,7 @@ impl SessionTask {
                     _ = sleep_until(wake) => break,
                     cmd = self.cmds.recv() => match cmd {
                         Some(Cmd::Close { done }) => {
+                            self.publish_end(&End::Closed);
                             let _ = done.send(());
                             return Err(End::Closed);
                         }
@@ -349,17 +351,45 @@ impl SessionTask {
                 }
             }
         };
-        if let End::Lost(reason) = &end {
-            if let Some(done) = closing.take() {
-                // The close may not have reached the server; the session then
-                // expires on its own. Either way this client is done with it.
-                let _ = done.send(());
-                fail_pending(pending, &Error::ConnectionLoss(reason.clone()));
-                return End::Closed;
+        match &end {
+            End::Lost(reason) => {
+                let error = Error::ConnectionLoss(reason.clone());
+                if let Some(done) = closing.take() {
+                    // The close may not have reached the server; the session
+                    // then expires on its own. Either way this client is done
+                    // with it.
+                    self.publish_end(&End::Closed);
+                    let _ = done.send(());
+                    fail_pending(pending, &error);
+                    return End::Closed;
+                }
+                fail_pending(pending, &error);
             }
-            fail_pending(pending, &Error::ConnectionLoss(reason.clone()));
+            End::Expired(message) => {
+                self.publish_end(&end);
+                fail_pending(pending, &Error::SessionExpired(message.clone()));
+            }
+            End::Closed => {
+                self.publish_end(&end);
+                fail_pending(pending, &Error::Closed);
+            }
+            End::Dropped => {}
         }
         end
+    }
+
+    /// Publishes the terminal state an end leads to, before any caller is
+    /// answered, so that a caller that sees the error also sees the state.
+    fn publish_end(&self, end: &End) {
+        match end {
+            End::Expired(_) => {
+                self.state.send_replace(SessionState::Expired);
+            }
+            End::Closed => {
+                self.state.send_replace(SessionState::Closed);
+            }
+            End::Lost(_) | End::Dropped => {}
+        }
     }
 
     fn accept(
@@ -413,15 +443,18 @@ impl SessionTask {
                     )));
                 }
                 if reply.op == OpCode::CloseSession as u8 {
-                    if let Some(done) = closing.take() {
-                        let _ = done.send(());
-                    }
-                    return Some(match reply.result {
+                    let end = match reply.result {
                         Err(e) if e.code == ErrorCode::SessionExpired => End::Expired(e.message),
                         // Closed, or refused for a reason that leaves nothing
                         // more to do: the session is over for this client.
                         _ => End::Closed,
-                    });
+                    };
+                    // The state says so before `close()` returns.
+                    self.publish_end(&end);
+                    if let Some(done) = closing.take() {
+                        let _ = done.send(());
+                    }
+                    return Some(end);
                 }
                 let result = match reply.result {
                     Ok(r) => {

@@ -26,6 +26,10 @@ pub struct Config {
     pub max_outbound_bytes: usize,
     /// How long a new connection may take to send its handshake (default 10 s).
     pub handshake_timeout: Duration,
+    /// How long output may wait on a client that takes no bytes at all before
+    /// the connection is closed (default 15 s). Meanwhile the server reads no
+    /// more of that client's requests.
+    pub write_stall_timeout: Duration,
     /// Where durable state lives; `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
 }
@@ -39,6 +43,7 @@ impl Default for Config {
             max_connections: 200_000,
             max_outbound_bytes: 16 << 20,
             handshake_timeout: Duration::from_secs(10),
+            write_stall_timeout: Duration::from_secs(15),
             data_dir: None,
         }
     }

@@ -6,9 +6,10 @@
 //! soon as they are empty, so a hundred thousand idle sessions cost only their
 //! bookkeeping.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -20,12 +21,12 @@ use baton_proto::{
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{timeout, Instant};
+use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
 use crate::core::Flow;
-use crate::outbox::{Drained, Outbox};
+use crate::outbox::{Drained, Outbox, Status};
 use crate::server::Shared;
 use crate::stats::Stats;
 
@@ -42,6 +43,7 @@ enum Event {
     Readable,
     Writable,
     Outbox,
+    Stalled,
 }
 
 /// Why a connection's frames could not be read.
@@ -232,29 +234,43 @@ impl Conn {
     /// Server shutdown reaches it through the outbox, like any close.
     async fn run(&mut self, session: SessionId, outbox: &Arc<Outbox>) -> io::Result<()> {
         let mut stopping = false; // no more requests will be read
+                                  // Armed while output waits on a socket that takes nothing.
+        let mut stall: Option<Pin<Box<Sleep>>> = None;
         loop {
             if !stopping {
                 stopping = self.handle_buffered(session, outbox);
             }
-
-            let mut more = false;
-            if self.wbuf.is_empty() {
-                match outbox.drain_into(self.wbuf.get(), WRITE_BUDGET) {
-                    Drained::Idle => {}
-                    Drained::More => more = true,
-                    Drained::Close => return Box::pin(self.finish(session)).await,
-                    Drained::Overflowed => {
-                        warn!(peer = %self.peer(), %session, limit = self.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
-                        Stats::add(&self.shared.stats.slow_client_disconnects, 1);
-                        return Ok(());
-                    }
+            match outbox.status() {
+                Status::Open => {}
+                Status::Closing => return Box::pin(self.finish(session, outbox)).await,
+                Status::Overflowed => {
+                    warn!(peer = %self.peer(), %session, limit = self.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
+                    Stats::add(&self.shared.stats.slow_client_disconnects, 1);
+                    return Ok(());
                 }
             }
-            if !self.wbuf.is_empty() {
-                self.write_some()?;
+
+            // Move queued frames to the socket until the queue is empty or
+            // the socket is full.
+            loop {
+                if self.wbuf.len() < WRITE_BUDGET && outbox.has_queued() {
+                    outbox.drain_into(self.wbuf.get(), WRITE_BUDGET);
+                }
+                if self.wbuf.is_empty() {
+                    self.wbuf.release();
+                    break;
+                }
+                if self.write_some()? > 0 {
+                    stall = None;
+                }
+                if !self.wbuf.is_empty() {
+                    break;
+                }
             }
-            if more && self.wbuf.is_empty() {
-                continue;
+            if self.wbuf.is_empty() {
+                stall = None;
+            } else if stall.is_none() {
+                stall = Some(Box::pin(sleep(self.shared.config.write_stall_timeout)));
             }
 
             let can_read = !stopping
@@ -274,19 +290,44 @@ impl Conn {
                         return Poll::Ready(r.map(|()| Event::Readable));
                     }
                 }
+                if let Some(stall) = &mut stall {
+                    if stall.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Ok(Event::Stalled));
+                    }
+                }
                 outbox.poll_woken(cx).map(|()| Ok(Event::Outbox))
             })
             .await?;
-            if event == Event::Readable && self.read_some()? == 0 {
-                return Ok(()); // the client closed the connection
+            match event {
+                Event::Readable => {
+                    if self.read_some()? == 0 {
+                        return Ok(()); // the client closed the connection
+                    }
+                }
+                Event::Stalled => {
+                    warn!(peer = %self.peer(), %session, pending = self.wbuf.len() + outbox.queued_bytes(),
+                        "closing: client took no bytes for {} ms", self.shared.config.write_stall_timeout.as_millis());
+                    Stats::add(&self.shared.stats.slow_client_disconnects, 1);
+                    return Ok(());
+                }
+                Event::Writable | Event::Outbox => {}
             }
         }
     }
 
-    /// Sends the last frames (the write buffer ends with the disconnect
-    /// notice, if any), giving a client that does not read a little time.
-    async fn finish(&mut self, session: SessionId) -> io::Result<()> {
-        match timeout(CLOSE_GRACE, self.write_all()).await {
+    /// Sends what is queued and then the disconnect notice, if any, giving a
+    /// client that does not read a little time.
+    async fn finish(&mut self, session: SessionId, outbox: &Outbox) -> io::Result<()> {
+        let flush = async {
+            loop {
+                let drained = outbox.drain_into(self.wbuf.get(), WRITE_BUDGET);
+                self.write_all().await?;
+                if matches!(drained, Drained::Close | Drained::Overflowed) {
+                    return Ok(());
+                }
+            }
+        };
+        match timeout(CLOSE_GRACE, flush).await {
             Ok(r) => r,
             Err(_) => {
                 info!(peer = %self.peer(), %session, "closing without flushing: client did not read its last frames within {} s", CLOSE_GRACE.as_secs());
@@ -430,21 +471,24 @@ impl Conn {
         Ok(total.max(1))
     }
 
-    /// Writes as much of the write buffer as the socket takes now.
-    fn write_some(&mut self) -> io::Result<()> {
+    /// Writes as much of the write buffer as the socket takes now; returns
+    /// how many bytes that was.
+    fn write_some(&mut self) -> io::Result<usize> {
+        let mut total = 0;
         while !self.wbuf.is_empty() {
             match self.stream.try_write(self.wbuf.bytes()) {
                 Ok(n) => {
                     Stats::add(&self.shared.stats.bytes_out, n as u64);
                     self.wbuf.get().advance(n);
+                    total += n;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
         self.wbuf.release();
-        Ok(())
+        Ok(total)
     }
 
     /// Writes the whole write buffer, waiting for the socket as needed.

@@ -3,7 +3,7 @@
 //! from) and their watches. One mutex guards it all; nothing in here awaits.
 //!
 //! Replies and watch events are pushed to connection outboxes while the lock
-//! is held. That single order is what keeps DESIGN.md invariant 7: an event is
+//! is held. That single order is what keeps invariant 7 of docs/design.md: an event is
 //! queued the moment its change is applied, so it is ahead of the reply to any
 //! request applied later, on every connection.
 

@@ -169,15 +169,32 @@ impl Outbox {
             // An idle connection keeps no queue memory.
             st.queue = VecDeque::new();
         }
-        match st.closing.as_deref() {
+        match st.closing.as_deref_mut() {
             Some(notice) => {
-                if let Some((code, message)) = notice {
-                    encode_disconnect(buf, *code, message);
+                // Sent once, however often a closing queue is drained.
+                if let Some((code, message)) = notice.take() {
+                    encode_disconnect(buf, code, &message);
                 }
                 Drained::Close
             }
             None => Drained::Idle,
         }
+    }
+
+    /// Whether the connection may go on, must close, or fell too far behind.
+    pub(crate) fn status(&self) -> Status {
+        let st = self.lock();
+        if st.overflowed {
+            Status::Overflowed
+        } else if st.closing.is_some() {
+            Status::Closing
+        } else {
+            Status::Open
+        }
+    }
+
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.lock().queue.is_empty()
     }
 
     /// Bytes queued but not yet drained.
@@ -194,6 +211,16 @@ fn wake(mut st: MutexGuard<'_, OutState>) {
     if let Some(w) = waker {
         w.wake();
     }
+}
+
+/// See [`Outbox::status`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Open,
+    /// A close was asked for: send what is queued, then close.
+    Closing,
+    /// The client fell too far behind: close without sending more.
+    Overflowed,
 }
 
 /// What [`Outbox::drain_into`] left behind.
