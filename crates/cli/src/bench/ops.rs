@@ -41,8 +41,11 @@ pub struct OpsArgs {
     #[arg(long, default_value_t = 100_000)]
     sessions: usize,
     /// Print one JSON object instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "markdown")]
     json: bool,
+    /// Print the results as Markdown tables (as in docs/benchmarks.md).
+    #[arg(long)]
+    markdown: bool,
 }
 
 #[derive(Serialize)]
@@ -159,6 +162,8 @@ pub async fn run(target: Option<String>, args: OpsArgs) -> Result<(), CliError> 
             "{}",
             serde_json::to_string(&report).expect("report serializes")
         );
+    } else if args.markdown {
+        print_markdown(&report);
     } else {
         print_table(&report);
     }
@@ -228,6 +233,61 @@ fn print_table(r: &Report) {
                 mib(m.rss_all_sessions_bytes)
             );
             println!("  per session without its connection, with a node {d:>6.0} bytes");
+        }
+    }
+}
+
+fn print_markdown(r: &Report) {
+    println!("| round trip | p50 µs | p99 µs | p50 / floor |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (name, s) in [
+        ("raw TCP ping-pong (the floor)", &r.tcp_floor_rtt),
+        ("baton ping, raw socket", &r.ping_rtt_raw),
+        ("baton ping, client library", &r.ping_rtt_client),
+    ] {
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2}x |",
+            s.p50_us,
+            s.p99_us,
+            s.p50_us / r.tcp_floor_rtt.p50_us
+        );
+    }
+    println!();
+    println!("| create+delete of an ephemeral node | pairs/s | pair p50 µs | pair p99 µs | server CPU µs/pair |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for t in &r.create_delete {
+        let cpu = t
+            .server_cpu_us_per_pair
+            .map_or_else(|| "-".to_string(), |c| format!("{c:.1}"));
+        println!(
+            "| {} client{} | {:.0} | {:.1} | {:.1} | {cpu} |",
+            t.clients,
+            if t.clients == 1 { "" } else { "s" },
+            t.pairs_per_s,
+            t.pair_latency.p50_us,
+            t.pair_latency.p99_us
+        );
+    }
+    if let Some(m) = &r.memory {
+        println!();
+        println!("| server memory (RSS) | bytes |");
+        println!("| --- | ---: |");
+        println!(
+            "| per idle session, {} connected | {:.0} |",
+            m.connected_sessions, m.bytes_per_idle_session
+        );
+        println!("| per ephemeral node | {:.0} |", m.bytes_per_ephemeral_node);
+        println!(
+            "| per idle session holding one ephemeral node | {:.0} |",
+            m.bytes_per_session_with_node
+        );
+        if let Some(d) = m.bytes_per_disconnected_session_with_node {
+            println!("| per session with its node, after its connection left | {d:.0} |");
+            println!(
+                "| total with {} sessions held | {:.1} MiB |",
+                m.sessions,
+                m.rss_all_sessions_bytes as f64 / 1048576.0
+            );
         }
     }
 }
