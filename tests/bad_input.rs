@@ -227,7 +227,7 @@ async fn truncated_request_frame_then_eof_closes_only_that_connection() {
 async fn unknown_operation_gets_an_error_reply_and_the_connection_keeps_working() {
     let server = TestServer::start().await;
     let mut raw = Raw::open(&server.addr(), 10_000).await;
-    for op in [0u8, 10, 42, 200, 255] {
+    for op in [0u8, 14, 42, 200, 255] {
         let code = rejected(&mut raw, op, b"whatever body").await;
         assert_eq!(code, ErrorCode::UnknownOperation, "op {op}");
         ping_works(&mut raw).await;
@@ -376,11 +376,13 @@ async fn data_over_the_limit_is_rejected_with_value_too_large() {
         path: "/v".into(),
         data: data.into(),
         mode: CreateMode::Persistent,
+        fence: None,
     };
     let set = |data: Vec<u8>| Request::SetData {
         path: "/v".into(),
         data: data.into(),
         version: None,
+        fence: None,
     };
     assert_eq!(
         error_code(raw.call(create(vec![1; MAX + 1])).await),
@@ -518,6 +520,7 @@ async fn bad_input_leaves_other_clients_unaffected() {
         path: "/big".into(),
         data: vec![0; 2048].into(),
         mode: CreateMode::Persistent,
+        fence: None,
     };
     assert_eq!(error_code(raw.call(big).await), ErrorCode::ValueTooLarge);
     raw.write(&((limit + 1) as u32).to_be_bytes()).await;

@@ -325,6 +325,7 @@ async fn resuming_on_a_new_connection_moves_the_session_off_the_old_one() {
             path: "/moved".into(),
             data: "".into(),
             mode: CreateMode::Ephemeral,
+            fence: None,
         })
         .await
         .unwrap();

@@ -57,6 +57,7 @@ async fn silent_connection_gets_a_session_expired_notice_and_its_ephemerals_go()
         path: "/silent".into(),
         data: "x".into(),
         mode: CreateMode::EphemeralSequential,
+        fence: None,
     })
     .await
     .unwrap();

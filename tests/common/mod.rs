@@ -109,6 +109,21 @@ pub async fn connect_with_timeout(addr: &str, timeout: Duration) -> Client {
         .expect("connect")
 }
 
+/// Polls the async `check` until it returns true, failing after `secs`
+/// seconds.
+pub async fn eventually_async<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    within(secs, what, async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
 /// Waits for `fut`, failing the test if it takes longer than `secs` seconds.
 pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(secs), fut).await {
@@ -259,6 +274,14 @@ impl Proxy {
     pub fn hold_requests(&self) {
         for c in self.shared.conns.lock().unwrap().iter() {
             c.hold_up.send_replace(true);
+        }
+    }
+
+    /// Like [`hold`](Self::hold), in one direction only: clients hear nothing
+    /// from the server, while it still hears them.
+    pub fn hold_replies(&self) {
+        for c in self.shared.conns.lock().unwrap().iter() {
+            c.hold_down.send_replace(true);
         }
     }
 

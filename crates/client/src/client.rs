@@ -10,9 +10,10 @@ use baton_proto::{
 };
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::session::{open, Answer, Cmd, SessionTask};
+use crate::session::{open, Answer, Cmd, Liveness, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 
@@ -86,7 +87,10 @@ impl ClientBuilder {
         let (cmd_tx, cmd_rx) = mpsc::channel(1024);
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(SessionState::Connected);
+        let timeout = Duration::from_millis(grant.timeout_ms.into());
+        let liveness = Arc::new(Liveness::new(conn.sent, timeout));
         let task = SessionTask {
+            liveness: liveness.clone(),
             addrs: self.addrs.clone(),
             connect_timeout: self.connect_timeout,
             session: grant.session_id,
@@ -109,6 +113,7 @@ impl ClientBuilder {
                 session: grant.session_id,
                 timeout: Duration::from_millis(grant.timeout_ms.into()),
                 max_data: grant.max_data as usize,
+                liveness,
                 addrs: self.addrs,
                 next_watch: AtomicU64::new(1),
             }),
@@ -123,6 +128,7 @@ struct Inner {
     session: SessionId,
     timeout: Duration,
     max_data: usize,
+    liveness: Arc<Liveness>,
     addrs: Vec<String>,
     next_watch: AtomicU64,
 }
@@ -202,6 +208,15 @@ impl Client {
         &self.inner.addrs
     }
 
+    /// The earliest moment the server may have expired this session, by this
+    /// process's own monotonic clock: the time the latest answered request
+    /// was sent, plus the session timeout. Known without a round trip, so a
+    /// process that wakes from a long pause can tell at once that its session
+    /// (and every lease tied to it) may be over.
+    pub fn session_deadline(&self) -> Instant {
+        self.inner.liveness.deadline()
+    }
+
     /// The session's state now.
     pub fn state(&self) -> SessionState {
         *self.inner.state.borrow()
@@ -238,12 +253,22 @@ impl Client {
         data: impl Into<Bytes>,
         mode: CreateMode,
     ) -> Result<Created> {
-        let data = data.into();
+        self.create_inner(path, data.into(), mode, None).await
+    }
+
+    async fn create_inner(
+        &self,
+        path: &str,
+        data: Bytes,
+        mode: CreateMode,
+        fence: Option<u64>,
+    ) -> Result<Created> {
         self.check(path, Some(&data))?;
         let request = Request::Create {
             path: path.to_owned(),
             data,
             mode,
+            fence,
         };
         match self.call(request, None).await?.reply {
             Reply::Create {
@@ -269,6 +294,7 @@ impl Client {
         let request = Request::Delete {
             path: path.to_owned(),
             version,
+            fence: None,
         };
         self.call(request, None).await.map(|_| ())
     }
@@ -402,9 +428,156 @@ impl Client {
             path: path.to_owned(),
             data,
             version,
+            fence: None,
         };
         match self.call(request, None).await?.reply {
             Reply::SetData(stat) => Ok(stat),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Like [`set_data`](Self::set_data), fenced: applied only if `token` is at
+    /// least the highest fencing token the node has accepted, which it then
+    /// becomes. A holder whose lock passed on to a higher token is refused.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`] naming both tokens (nothing changed), and the
+    /// errors of [`set_data`](Self::set_data).
+    pub async fn set_data_fenced(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        token: u64,
+    ) -> Result<Stat> {
+        let data = data.into();
+        self.check(path, Some(&data))?;
+        let request = Request::SetData {
+            path: path.to_owned(),
+            data,
+            version: None,
+            fence: Some(token),
+        };
+        match self.call(request, None).await?.reply {
+            Reply::SetData(stat) => Ok(stat),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Like [`create`](Self::create), fenced by the parent: applied only if
+    /// `token` is at least the highest token the parent has accepted.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], and the errors of [`create`](Self::create).
+    pub async fn create_fenced(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        mode: CreateMode,
+        token: u64,
+    ) -> Result<Created> {
+        self.create_inner(path, data.into(), mode, Some(token))
+            .await
+    }
+
+    /// Like [`delete`](Self::delete), fenced by the node itself.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], and the errors of [`delete`](Self::delete).
+    pub async fn delete_fenced(&self, path: &str, token: u64) -> Result<()> {
+        self.check(path, None)?;
+        let request = Request::Delete {
+            path: path.to_owned(),
+            version: None,
+            fence: Some(token),
+        };
+        self.call(request, None).await.map(|_| ())
+    }
+
+    /// The sibling created just before the node at `path` (its full path and
+    /// metadata), or `None` if it was created first among those left.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no node at `path`.
+    pub async fn predecessor(&self, path: &str) -> Result<Option<(String, Stat)>> {
+        self.check(path, None)?;
+        let request = Request::Predecessor {
+            path: path.to_owned(),
+            watch: false,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::Predecessor(found) => Ok(found),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Like [`predecessor`](Self::predecessor), and, if there is one, a watch
+    /// on it that fires when it changes or goes away, set in the same step as
+    /// the lookup. This is how a lock waiter waits for its predecessor alone:
+    /// a release wakes one waiter, however many there are.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no node at `path`.
+    pub async fn predecessor_watch(&self, path: &str) -> Result<Option<(String, Stat, Watcher)>> {
+        self.check(path, None)?;
+        let request = Request::Predecessor {
+            path: path.to_owned(),
+            watch: true,
+        };
+        let (answer, watcher) = self.call_watch(path, request, true).await?;
+        match answer.reply {
+            Reply::Predecessor(Some((pred, stat))) => {
+                let mut watcher = watcher.expect("watch requested");
+                watcher.retarget(&pred);
+                Ok(Some((pred, stat, watcher)))
+            }
+            Reply::Predecessor(None) => Ok(None),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The child of `parent` whose creation revision (fencing token) is
+    /// `token`, if it still exists: whether that token's holder still holds
+    /// its lock node.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no node at `parent`.
+    pub async fn check_token(&self, parent: &str, token: u64) -> Result<Option<(String, Stat)>> {
+        self.check(parent, None)?;
+        let request = Request::CheckToken {
+            path: parent.to_owned(),
+            token,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::CheckToken(found) => Ok(found),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes this session's watches on `path` on the server: its data watch
+    /// (from exists, get data or predecessor) if `data`, its child watch if
+    /// `child`. Local watchers for them stay pending until dropped; drop them
+    /// first.
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn remove_watches(&self, path: &str, data: bool, child: bool) -> Result<()> {
+        self.check(path, None)?;
+        let request = Request::RemoveWatches {
+            path: path.to_owned(),
+            data,
+            child,
+        };
+        self.call(request, None).await.map(|_| ())
+    }
+
+    /// The server's counters (requests, watch events sent, bytes, CPU time,
+    /// sessions, nodes, ...), by name.
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn server_stats(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        match self.call(Request::Stats, None).await?.reply {
+            Reply::Stats(counters) => Ok(counters.into_iter().collect()),
             other => Err(unexpected(other)),
         }
     }

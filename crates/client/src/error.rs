@@ -42,6 +42,10 @@ pub enum Error {
     TooManyConnections(String),
     #[error("bad arguments: {0}")]
     BadArguments(String),
+    /// A fenced write carried a token lower than one the node has already
+    /// accepted: the writer's lock or leadership was lost. Nothing changed.
+    #[error("stale fencing token: {0}")]
+    StaleFence(String),
     /// The server and the client disagree about the protocol: a bug on one
     /// side, or a peer that is not a Baton server.
     #[error("protocol error: {0}")]
@@ -66,6 +70,7 @@ impl Error {
             ErrorCode::ShuttingDown => Error::ShuttingDown(message),
             ErrorCode::TooManyConnections => Error::TooManyConnections(message),
             ErrorCode::BadArguments => Error::BadArguments(message),
+            ErrorCode::StaleFence => Error::StaleFence(message),
             ErrorCode::UnknownOperation
             | ErrorCode::MalformedRequest
             | ErrorCode::UnsupportedVersion
@@ -88,6 +93,7 @@ impl Error {
             Error::ShuttingDown(_) => ErrorCode::ShuttingDown,
             Error::TooManyConnections(_) => ErrorCode::TooManyConnections,
             Error::BadArguments(_) => ErrorCode::BadArguments,
+            Error::StaleFence(_) => ErrorCode::StaleFence,
             Error::Server { code, .. } => *code,
             _ => return None,
         })

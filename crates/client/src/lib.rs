@@ -19,6 +19,7 @@
 
 mod client;
 mod error;
+pub mod recipes;
 mod session;
 mod state;
 mod watcher;
@@ -28,5 +29,6 @@ pub use client::{
     Client, ClientBuilder, Created, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
 pub use error::{Error, Result};
+pub use recipes::{FenceTracker, FencingToken, Lock, LockGuard};
 pub use state::SessionState;
 pub use watcher::Watcher;

@@ -6,6 +6,8 @@
 //! on a new one, sets the watches again and carries on.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
@@ -51,8 +53,44 @@ pub(crate) enum Cmd {
 /// A request written and not yet answered.
 struct Pending {
     xid: u32,
+    /// When the request was queued: the server heard it no earlier.
+    sent: Instant,
     reply: Option<ReplySlot>,
     watch: Option<(String, WatchRequest)>,
+}
+
+/// What the client knows, without a round trip, about how long its session
+/// can have lived on the server: shared by the session task and the handles.
+#[derive(Debug)]
+pub(crate) struct Liveness {
+    base: Instant,
+    /// Nanoseconds after `base` at which the latest request that got an
+    /// answer was sent. The server heard from the session then or later, so
+    /// it cannot expire the session before this plus the timeout.
+    heard: AtomicU64,
+    timeout: Duration,
+}
+
+impl Liveness {
+    pub(crate) fn new(sent: Instant, timeout: Duration) -> Self {
+        Liveness {
+            base: sent,
+            heard: AtomicU64::new(0),
+            timeout,
+        }
+    }
+
+    /// Records that a request sent at `sent` was answered.
+    fn answered(&self, sent: Instant) {
+        let nanos = sent.saturating_duration_since(self.base).as_nanos() as u64;
+        self.heard.fetch_max(nanos, Ordering::Release);
+    }
+
+    /// The earliest moment the server may expire the session, by this
+    /// client's own monotonic clock.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.base + Duration::from_nanos(self.heard.load(Ordering::Acquire)) + self.timeout
+    }
 }
 
 /// An open connection with its session granted.
@@ -60,6 +98,8 @@ pub(crate) struct Connection {
     reader: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
     writer: OwnedWriteHalf,
     pub(crate) grant: SessionGrant,
+    /// When the handshake was sent.
+    pub(crate) sent: Instant,
 }
 
 /// Opens a connection to `addr` and performs the handshake.
@@ -72,6 +112,7 @@ pub(crate) async fn open(
         addr: addr.to_owned(),
         reason,
     };
+    let sent = Instant::now();
     let attempt = async {
         let stream = TcpStream::connect(addr)
             .await
@@ -101,6 +142,7 @@ pub(crate) async fn open(
                 reader,
                 writer,
                 grant,
+                sent,
             }),
             Err((code, message)) => Err(match code {
                 ErrorCode::SessionExpired | ErrorCode::TooManyConnections => {
@@ -140,6 +182,7 @@ pub(crate) struct SessionTask {
     pub(crate) cmds: mpsc::Receiver<Cmd>,
     pub(crate) unregister: mpsc::UnboundedReceiver<(String, u64)>,
     pub(crate) state: watch::Sender<SessionState>,
+    pub(crate) liveness: Arc<Liveness>,
     pub(crate) watches: WatchTable,
     /// Highest revision seen in any reply or event.
     pub(crate) last_revision: u64,
@@ -272,7 +315,12 @@ impl SessionTask {
         let xid = self.next_xid();
         let watch = watch.map(|w| (request.path().unwrap_or_default().to_owned(), w));
         RequestFrame { xid, request }.encode(wbuf);
-        pending.push_back(Pending { xid, reply, watch });
+        pending.push_back(Pending {
+            xid,
+            sent: Instant::now(),
+            reply,
+            watch,
+        });
     }
 
     /// Serves one connection until it breaks or the session ends.
@@ -280,8 +328,10 @@ impl SessionTask {
         let Connection {
             mut reader,
             mut writer,
+            sent,
             ..
         } = conn;
+        self.liveness.answered(sent);
         let mut wbuf = BytesMut::new();
         let mut pending: VecDeque<Pending> = VecDeque::new();
         let mut closing: Option<oneshot::Sender<()>> = None;
@@ -456,15 +506,22 @@ impl SessionTask {
                     }
                     return Some(end);
                 }
+                self.liveness.answered(p.sent);
                 let result = match reply.result {
                     Ok(r) => {
                         if let Some((path, w)) = p.watch {
-                            let kind = match &r {
-                                Reply::Exists(None) => WatchKind::Exist,
-                                Reply::GetChildren { .. } => WatchKind::Child,
-                                _ => WatchKind::Data,
-                            };
-                            self.watches.add(&path, kind, w);
+                            match &r {
+                                Reply::Exists(None) => self.watches.add(&path, WatchKind::Exist, w),
+                                Reply::GetChildren { .. } => {
+                                    self.watches.add(&path, WatchKind::Child, w)
+                                }
+                                // The watch is on the predecessor, if there is one.
+                                Reply::Predecessor(Some((pred, _))) => {
+                                    self.watches.add(pred, WatchKind::Data, w)
+                                }
+                                Reply::Predecessor(None) => {}
+                                _ => self.watches.add(&path, WatchKind::Data, w),
+                            }
                         }
                         Ok(Answer {
                             reply: r,

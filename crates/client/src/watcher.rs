@@ -164,6 +164,13 @@ impl Watcher {
         &self.path
     }
 
+    /// Points the watcher at the path the server actually watched (for a
+    /// predecessor watch, the predecessor's path), so that dropping it
+    /// unregisters the right entry.
+    pub(crate) fn retarget(&mut self, path: &str) {
+        path.clone_into(&mut self.path);
+    }
+
     /// Waits for the change. Same as awaiting the watcher itself.
     ///
     /// # Errors

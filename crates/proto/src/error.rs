@@ -46,6 +46,9 @@ pub enum ErrorCode {
     Internal,
     /// A frame is longer than the server accepts; the connection is closed.
     FrameTooLarge,
+    /// A fenced write carried a token lower than the highest the node has
+    /// accepted: its sender's lease ran out. The message names both tokens.
+    StaleFence,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -72,6 +75,7 @@ impl ErrorCode {
             ErrorCode::ResponseTooLarge => 16,
             ErrorCode::Internal => 17,
             ErrorCode::FrameTooLarge => 18,
+            ErrorCode::StaleFence => 19,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -98,6 +102,7 @@ impl ErrorCode {
             16 => ErrorCode::ResponseTooLarge,
             17 => ErrorCode::Internal,
             18 => ErrorCode::FrameTooLarge,
+            19 => ErrorCode::StaleFence,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -123,6 +128,7 @@ impl ErrorCode {
             ErrorCode::ResponseTooLarge => "response too large",
             ErrorCode::Internal => "internal error",
             ErrorCode::FrameTooLarge => "frame too large",
+            ErrorCode::StaleFence => "stale fencing token",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

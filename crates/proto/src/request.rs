@@ -7,20 +7,26 @@
 //!   op    u8    operation code
 //!   body        depends on op:
 //!
-//! 1 create        path str, mode u8, data bytes
-//! 2 delete        path str, version opt32
+//! 1 create        path str, mode u8, data bytes, fence opt64
+//! 2 delete        path str, version opt32, fence opt64
 //! 3 exists        path str, watch u8
 //! 4 get data      path str, watch u8
 //! 5 get children  path str, watch u8
-//! 6 set data      path str, data bytes, version opt32
+//! 6 set data      path str, data bytes, version opt32, fence opt64
 //! 7 ping          (empty)
 //! 8 close session (empty)
 //! 9 set watches   revision u64, data paths, exist paths, child paths
 //!                 (each list: count u32, then count str)
+//! 10 predecessor  path str, watch u8
+//! 11 check token  path str, token u64
+//! 12 stats        (empty)
+//! 13 remove watches path str, kinds u8 (bit 0: data watch, bit 1: child
+//!                 watch)
 //!
 //! str     = u16 length + UTF-8 bytes
 //! bytes   = u32 length + bytes
 //! opt32   = u8 0 (absent) | u8 1 + u32
+//! opt64   = u8 0 (absent) | u8 1 + u64
 //! mode    = 0 persistent, 1 ephemeral, 2 persistent sequential,
 //!           3 ephemeral sequential (bit 0: ephemeral, bit 1: sequential)
 //! watch   = 0 or 1
@@ -31,7 +37,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::encode_frame;
 use crate::path;
-use crate::wire::{put_bool, put_bytes32, put_opt_u32, put_str16, Reader};
+use crate::wire::{put_bool, put_bytes32, put_opt_u32, put_opt_u64, put_str16, Reader};
 
 /// Operation codes, as numbered on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +52,10 @@ pub enum OpCode {
     Ping = 7,
     CloseSession = 8,
     SetWatches = 9,
+    Predecessor = 10,
+    CheckToken = 11,
+    Stats = 12,
+    RemoveWatches = 13,
 }
 
 impl OpCode {
@@ -61,6 +71,10 @@ impl OpCode {
             7 => OpCode::Ping,
             8 => OpCode::CloseSession,
             9 => OpCode::SetWatches,
+            10 => OpCode::Predecessor,
+            11 => OpCode::CheckToken,
+            12 => OpCode::Stats,
+            13 => OpCode::RemoveWatches,
             _ => return None,
         })
     }
@@ -77,6 +91,10 @@ impl OpCode {
             OpCode::Ping => "ping",
             OpCode::CloseSession => "close session",
             OpCode::SetWatches => "set watches",
+            OpCode::Predecessor => "predecessor",
+            OpCode::CheckToken => "check token",
+            OpCode::Stats => "stats",
+            OpCode::RemoveWatches => "remove watches",
         }
     }
 }
@@ -133,10 +151,14 @@ pub enum Request {
         path: String,
         data: Bytes,
         mode: CreateMode,
+        /// A fencing token the parent must accept (see [`Request::SetData`]).
+        fence: Option<u64>,
     },
     Delete {
         path: String,
         version: Option<u32>,
+        /// A fencing token the node must accept.
+        fence: Option<u64>,
     },
     Exists {
         path: String,
@@ -154,6 +176,9 @@ pub enum Request {
         path: String,
         data: Bytes,
         version: Option<u32>,
+        /// A fencing token: the write is applied only if it is at least the
+        /// highest token the node has accepted, and then becomes it.
+        fence: Option<u64>,
     },
     Ping,
     CloseSession,
@@ -170,6 +195,29 @@ pub enum Request {
         /// Paths watched for changes to their children.
         child: Vec<String>,
     },
+    /// The sibling created just before the node at `path` (in creation
+    /// order), optionally leaving a watch on it: the step a lock waiter takes
+    /// to wait for its predecessor alone. Answered in O(log n) siblings.
+    Predecessor {
+        path: String,
+        watch: bool,
+    },
+    /// Whether a child of `path` created at revision `token` still exists:
+    /// whether the holder of that fencing token still holds its node.
+    CheckToken {
+        path: String,
+        token: u64,
+    },
+    /// The server's counters.
+    Stats,
+    /// Removes this session's watches on `path`: the data watch (set by
+    /// exists, get data or predecessor) if `data`, the child watch if
+    /// `child`. Removed watches never fire.
+    RemoveWatches {
+        path: String,
+        data: bool,
+        child: bool,
+    },
 }
 
 impl Request {
@@ -184,6 +232,10 @@ impl Request {
             Request::Ping => OpCode::Ping,
             Request::CloseSession => OpCode::CloseSession,
             Request::SetWatches { .. } => OpCode::SetWatches,
+            Request::Predecessor { .. } => OpCode::Predecessor,
+            Request::CheckToken { .. } => OpCode::CheckToken,
+            Request::Stats => OpCode::Stats,
+            Request::RemoveWatches { .. } => OpCode::RemoveWatches,
         }
     }
 
@@ -195,8 +247,13 @@ impl Request {
             | Request::Exists { path, .. }
             | Request::GetData { path, .. }
             | Request::GetChildren { path, .. }
-            | Request::SetData { path, .. } => Some(path),
-            Request::Ping | Request::CloseSession | Request::SetWatches { .. } => None,
+            | Request::SetData { path, .. }
+            | Request::Predecessor { path, .. }
+            | Request::CheckToken { path, .. }
+            | Request::RemoveWatches { path, .. } => Some(path),
+            Request::Ping | Request::CloseSession | Request::SetWatches { .. } | Request::Stats => {
+                None
+            }
         }
     }
 }
@@ -246,14 +303,25 @@ impl RequestFrame {
             b.put_u32(self.xid);
             b.put_u8(self.request.op() as u8);
             match &self.request {
-                Request::Create { path, data, mode } => {
+                Request::Create {
+                    path,
+                    data,
+                    mode,
+                    fence,
+                } => {
                     put_str16(b, path);
                     b.put_u8(mode.to_u8());
                     put_bytes32(b, data);
+                    put_opt_u64(b, *fence);
                 }
-                Request::Delete { path, version } => {
+                Request::Delete {
+                    path,
+                    version,
+                    fence,
+                } => {
                     put_str16(b, path);
                     put_opt_u32(b, *version);
+                    put_opt_u64(b, *fence);
                 }
                 Request::Exists { path, watch }
                 | Request::GetData { path, watch }
@@ -265,12 +333,26 @@ impl RequestFrame {
                     path,
                     data,
                     version,
+                    fence,
                 } => {
                     put_str16(b, path);
                     put_bytes32(b, data);
                     put_opt_u32(b, *version);
+                    put_opt_u64(b, *fence);
                 }
-                Request::Ping | Request::CloseSession => {}
+                Request::Predecessor { path, watch } => {
+                    put_str16(b, path);
+                    put_bool(b, *watch);
+                }
+                Request::CheckToken { path, token } => {
+                    put_str16(b, path);
+                    b.put_u64(*token);
+                }
+                Request::RemoveWatches { path, data, child } => {
+                    put_str16(b, path);
+                    b.put_u8(*data as u8 | (*child as u8) << 1);
+                }
+                Request::Ping | Request::CloseSession | Request::Stats => {}
                 Request::SetWatches {
                     revision,
                     data,
@@ -338,11 +420,17 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
                 value: raw_mode.into(),
             })?;
             let data = r.bytes32("data")?;
-            Request::Create { path, data, mode }
+            Request::Create {
+                path,
+                data,
+                mode,
+                fence: r.opt_u64("fence")?,
+            }
         }
         OpCode::Delete => Request::Delete {
             path: read_path(r)?,
             version: r.opt_u32("version")?,
+            fence: r.opt_u64("fence")?,
         },
         OpCode::Exists => Request::Exists {
             path: read_path(r)?,
@@ -360,7 +448,32 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
             path: read_path(r)?,
             data: r.bytes32("data")?,
             version: r.opt_u32("version")?,
+            fence: r.opt_u64("fence")?,
         },
+        OpCode::Predecessor => Request::Predecessor {
+            path: read_path(r)?,
+            watch: r.bool("watch")?,
+        },
+        OpCode::CheckToken => Request::CheckToken {
+            path: read_path(r)?,
+            token: r.u64("token")?,
+        },
+        OpCode::Stats => Request::Stats,
+        OpCode::RemoveWatches => {
+            let path = read_path(r)?;
+            let kinds = r.u8("kinds")?;
+            if kinds > 3 {
+                return Err(DecodeError::BadValue {
+                    what: "kinds",
+                    value: kinds.into(),
+                });
+            }
+            Request::RemoveWatches {
+                path,
+                data: kinds & 1 != 0,
+                child: kinds & 2 != 0,
+            }
+        }
         OpCode::Ping => Request::Ping,
         OpCode::CloseSession => Request::CloseSession,
         OpCode::SetWatches => Request::SetWatches {

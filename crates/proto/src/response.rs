@@ -32,6 +32,12 @@
 //! 7 ping          (empty)
 //! 8 close session (empty)
 //! 9 set watches   (empty)
+//! 10 predecessor  present u8, then if 1: path str (the predecessor's full
+//!                 path), stat
+//! 11 check token  present u8, then if 1: path str (the node's full path),
+//!                 stat
+//! 12 stats        count u32, then count of: name str, value u64
+//! 13 remove watches (empty)
 //!
 //! stat, 64 bytes:
 //!   czxid u64  mzxid u64  pzxid u64  ctime u64  mtime u64
@@ -141,6 +147,13 @@ pub enum Reply {
     Ping,
     CloseSession,
     SetWatches,
+    /// The sibling created just before the node, if any.
+    Predecessor(Option<(String, Stat)>),
+    /// The node holding the token, if it still exists.
+    CheckToken(Option<(String, Stat)>),
+    /// Named counters.
+    Stats(Vec<(String, u64)>),
+    RemoveWatches,
 }
 
 impl Reply {
@@ -155,6 +168,10 @@ impl Reply {
             Reply::Ping => OpCode::Ping,
             Reply::CloseSession => OpCode::CloseSession,
             Reply::SetWatches => OpCode::SetWatches,
+            Reply::Predecessor(_) => OpCode::Predecessor,
+            Reply::CheckToken(_) => OpCode::CheckToken,
+            Reply::Stats(_) => OpCode::Stats,
+            Reply::RemoveWatches => OpCode::RemoveWatches,
         }
     }
 
@@ -187,7 +204,25 @@ impl Reply {
                 }
             }
             Reply::SetData(stat) => stat.encode(b),
-            Reply::Delete | Reply::Ping | Reply::CloseSession | Reply::SetWatches => {}
+            Reply::Predecessor(node) | Reply::CheckToken(node) => {
+                put_bool(b, node.is_some());
+                if let Some((path, stat)) = node {
+                    put_str16(b, path);
+                    stat.encode(b);
+                }
+            }
+            Reply::Stats(counters) => {
+                b.put_u32(counters.len() as u32);
+                for (name, value) in counters {
+                    put_str16(b, name);
+                    b.put_u64(*value);
+                }
+            }
+            Reply::Delete
+            | Reply::Ping
+            | Reply::CloseSession
+            | Reply::SetWatches
+            | Reply::RemoveWatches => {}
         }
     }
 
@@ -223,6 +258,25 @@ impl Reply {
             OpCode::Ping => Reply::Ping,
             OpCode::CloseSession => Reply::CloseSession,
             OpCode::SetWatches => Reply::SetWatches,
+            OpCode::Predecessor => Reply::Predecessor(Self::decode_node(r)?),
+            OpCode::CheckToken => Reply::CheckToken(Self::decode_node(r)?),
+            OpCode::Stats => {
+                let count = r.u32("counter count")?;
+                let mut counters = Vec::new();
+                for _ in 0..count {
+                    counters.push((r.str16("counter name")?, r.u64("counter value")?));
+                }
+                Reply::Stats(counters)
+            }
+            OpCode::RemoveWatches => Reply::RemoveWatches,
+        })
+    }
+
+    fn decode_node(r: &mut Reader) -> Result<Option<(String, Stat)>, DecodeError> {
+        Ok(if r.bool("present")? {
+            Some((r.str16("path")?, Stat::decode(r)?))
+        } else {
+            None
         })
     }
 }

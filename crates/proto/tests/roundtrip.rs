@@ -42,21 +42,37 @@ fn mode() -> impl Strategy<Value = CreateMode> {
 
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (path(), data(), mode()).prop_map(|(path, data, mode)| Request::Create {
-            path,
-            data,
-            mode
+        (path(), data(), mode(), any::<Option<u64>>()).prop_map(|(path, data, mode, fence)| {
+            Request::Create {
+                path,
+                data,
+                mode,
+                fence,
+            }
         }),
-        (path(), any::<Option<u32>>())
-            .prop_map(|(path, version)| Request::Delete { path, version }),
+        (path(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(|(path, version, fence)| {
+            Request::Delete {
+                path,
+                version,
+                fence,
+            }
+        }),
+        (path(), any::<bool>()).prop_map(|(path, watch)| Request::Predecessor { path, watch }),
+        (path(), any::<u64>()).prop_map(|(path, token)| Request::CheckToken { path, token }),
+        Just(Request::Stats),
+        (path(), any::<bool>(), any::<bool>())
+            .prop_map(|(path, data, child)| Request::RemoveWatches { path, data, child }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::Exists { path, watch }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetData { path, watch }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetChildren { path, watch }),
-        (path(), data(), any::<Option<u32>>()).prop_map(|(path, data, version)| Request::SetData {
-            path,
-            data,
-            version
-        }),
+        (path(), data(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(
+            |(path, data, version, fence)| Request::SetData {
+                path,
+                data,
+                version,
+                fence
+            }
+        ),
         Just(Request::Ping),
         Just(Request::CloseSession),
         (
@@ -109,6 +125,10 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         Just(Reply::Ping),
         Just(Reply::CloseSession),
         Just(Reply::SetWatches),
+        Just(Reply::RemoveWatches),
+        proptest::option::of((path(), stat())).prop_map(Reply::Predecessor),
+        proptest::option::of((path(), stat())).prop_map(Reply::CheckToken),
+        prop::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..10).prop_map(Reply::Stats),
     ];
     prop_oneof![
         ok.prop_map(Ok),

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
 use crate::state::{Command, Outcome, StateMachine, Trigger};
-use crate::stats::Stats;
+use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::{Kinds, Watches};
 
 /// This server's view of a live session (its timeout is in the state).
@@ -78,14 +78,6 @@ impl Core {
             fired: Vec::new(),
             shutting_down: false,
         }
-    }
-
-    pub(crate) fn state(&self) -> &StateMachine {
-        &self.sm
-    }
-
-    pub(crate) fn watch_count(&self) -> usize {
-        self.watches.len()
     }
 
     /// The earliest time a session may expire, for the expiry timer.
@@ -216,26 +208,64 @@ impl Core {
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let result = match request {
-            Request::Create { path, data, mode } => self.check_size(&data).and_then(|()| {
+            Request::Create {
+                path,
+                data,
+                mode,
+                fence,
+            } => self.check_size(&data).and_then(|()| {
                 self.write(Command::Create {
                     session,
                     path,
                     data,
                     mode,
+                    fence,
                 })
             }),
-            Request::Delete { path, version } => self.write(Command::Delete { path, version }),
+            Request::Delete {
+                path,
+                version,
+                fence,
+            } => self.write(Command::Delete {
+                path,
+                version,
+                fence,
+            }),
             Request::SetData {
                 path,
                 data,
                 version,
+                fence,
             } => self.check_size(&data).and_then(|()| {
                 self.write(Command::SetData {
                     path,
                     data,
                     version,
+                    fence,
                 })
             }),
+            Request::Predecessor { path, watch } => self.predecessor(session, &path, watch),
+            Request::CheckToken { path, token } => self
+                .sm
+                .child_created_at(&path, token)
+                .map(|found| Reply::CheckToken(found.map(|(p, n)| (p.to_string(), n.stat())))),
+            Request::RemoveWatches { path, data, child } => {
+                let kinds = match (data, child) {
+                    (true, true) => Kinds::DATA.union(Kinds::CHILD),
+                    (true, false) => Kinds::DATA,
+                    (false, true) => Kinds::CHILD,
+                    (false, false) => Kinds::default(),
+                };
+                self.watches.remove(session, &path, kinds);
+                Ok(Reply::RemoveWatches)
+            }
+            Request::Stats => Ok(Reply::Stats(
+                self.stats_snapshot()
+                    .counters()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+            )),
             Request::Exists { path, watch } => {
                 if watch {
                     self.watches.add(session, &path, Kinds::DATA);
@@ -375,6 +405,37 @@ impl Core {
         Ok(reply)
     }
 
+    /// The node's predecessor among its siblings, with a watch on it if
+    /// asked: looked up and watched in one step, so that its deletion cannot
+    /// slip between the two.
+    fn predecessor(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: bool,
+    ) -> Result<Reply, ErrorReply> {
+        let found = self
+            .sm
+            .predecessor(path)?
+            .map(|(p, n)| (p.clone(), n.stat()));
+        if let (Some((p, _)), true) = (&found, watch) {
+            self.watches.add(session, p, Kinds::DATA);
+        }
+        Ok(Reply::Predecessor(
+            found.map(|(p, stat)| (p.to_string(), stat)),
+        ))
+    }
+
+    /// The counters and current sizes of this server.
+    pub(crate) fn stats_snapshot(&self) -> StatsSnapshot {
+        let mut snap = self.stats.snapshot();
+        snap.sessions = self.sm.session_count() as u64;
+        snap.nodes = self.sm.node_count() as u64;
+        snap.watches = self.watches.len() as u64;
+        snap.revision = self.sm.revision();
+        snap
+    }
+
     fn get_children(
         &mut self,
         session: SessionId,
@@ -382,7 +443,7 @@ impl Core {
         watch: bool,
     ) -> Result<Reply, ErrorReply> {
         let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
-        let size: usize = node.child_names().map(|n| n.len() + 2).sum();
+        let size: usize = node.children().map(|p| p.len() + 2).sum();
         if size + 1024 > baton_proto::MAX_RESPONSE_FRAME {
             return Err(ErrorReply::new(
                 ErrorCode::ResponseTooLarge,
@@ -395,7 +456,7 @@ impl Core {
         }
         let reply = Reply::GetChildren {
             stat: node.stat(),
-            children: node.child_names().map(str::to_owned).collect(),
+            children: node.child_names().into_iter().map(str::to_owned).collect(),
         };
         if watch {
             self.watches.add(session, path, Kinds::CHILD);

@@ -72,13 +72,7 @@ pub struct ServerHandle {
 impl ServerHandle {
     /// The server's counters and current sizes.
     pub fn stats(&self) -> StatsSnapshot {
-        let mut snap = self.shared.stats.snapshot();
-        let core = self.shared.core();
-        snap.sessions = core.state().session_count() as u64;
-        snap.nodes = core.state().node_count() as u64;
-        snap.watches = core.watch_count() as u64;
-        snap.revision = core.state().revision();
-        snap
+        self.shared.core().stats_snapshot()
     }
 }
 

@@ -24,12 +24,16 @@ impl Kinds {
         match kind {
             EventKind::Created | EventKind::DataChanged => Kinds::DATA,
             EventKind::ChildrenChanged => Kinds::CHILD,
-            EventKind::Deleted => Kinds(Kinds::DATA.0 | Kinds::CHILD.0),
+            EventKind::Deleted => Kinds::DATA.union(Kinds::CHILD),
         }
     }
 
     fn is_empty(self) -> bool {
         self.0 == 0
+    }
+
+    pub(crate) fn union(self, other: Kinds) -> Kinds {
+        Kinds(self.0 | other.0)
     }
 }
 
@@ -84,6 +88,30 @@ impl Watches {
         }
         self.count -= emptied.len();
         for session in emptied {
+            if let Some(paths) = self.by_session.get_mut(&session) {
+                paths.remove(path);
+                if paths.is_empty() {
+                    self.by_session.remove(&session);
+                }
+            }
+        }
+    }
+
+    /// Removes `session`'s watches of `kind` on `path`.
+    pub(crate) fn remove(&mut self, session: SessionId, path: &str, kind: Kinds) {
+        let Some(entries) = self.by_path.get_mut(path) else {
+            return;
+        };
+        let Some(i) = entries.iter().position(|(s, _)| *s == session) else {
+            return;
+        };
+        entries[i].1 .0 &= !kind.0;
+        if entries[i].1.is_empty() {
+            entries.swap_remove(i);
+            self.count -= 1;
+            if entries.is_empty() {
+                self.by_path.remove(path);
+            }
             if let Some(paths) = self.by_session.get_mut(&session) {
                 paths.remove(path);
                 if paths.is_empty() {
@@ -149,6 +177,25 @@ mod tests {
         w.fire("/x", EventKind::Deleted, &mut out);
         assert_eq!(out, [a]);
         assert_eq!(w.len(), 0);
+    }
+
+    #[test]
+    fn removed_watches_do_not_fire() {
+        let mut w = Watches::default();
+        let (a, b) = (SessionId(1), SessionId(2));
+        w.add(a, "/x", Kinds::DATA);
+        w.add(a, "/x", Kinds::CHILD);
+        w.add(b, "/x", Kinds::DATA);
+        w.remove(a, "/x", Kinds::DATA);
+        let mut out = Vec::new();
+        w.fire("/x", EventKind::DataChanged, &mut out);
+        assert_eq!(out, [b]);
+        w.remove(a, "/x", Kinds::CHILD);
+        out.clear();
+        w.fire("/x", EventKind::Deleted, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(w.len(), 0);
+        assert!(w.by_session.is_empty());
     }
 
     #[test]

@@ -634,6 +634,7 @@ async fn idle_session(
         path: format!("/bench/mem/s{i}"),
         data: Default::default(),
         mode: CreateMode::Ephemeral,
+        fence: None,
     };
     if !keep {
         stream.write_all(&request(create)).await?;

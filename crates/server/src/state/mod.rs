@@ -31,27 +31,29 @@ pub enum Command {
         secret: SessionSecret,
     },
     /// Ends a session at its client's request.
-    CloseSession {
-        session: SessionId,
-    },
+    CloseSession { session: SessionId },
     /// Ends a session whose client fell silent for its whole timeout.
-    ExpireSession {
-        session: SessionId,
-    },
+    ExpireSession { session: SessionId },
+    /// Creates a node. With `fence`, the parent must accept the token.
     Create {
         session: SessionId,
         path: String,
         data: Bytes,
         mode: CreateMode,
+        fence: Option<u64>,
     },
+    /// Deletes a node. With `fence`, the node must accept the token.
     Delete {
         path: String,
         version: Option<u32>,
+        fence: Option<u64>,
     },
+    /// Replaces a node's data. With `fence`, the node must accept the token.
     SetData {
         path: String,
         data: Bytes,
         version: Option<u32>,
+        fence: Option<u64>,
     },
 }
 
@@ -138,6 +140,42 @@ impl StateMachine {
         self.nodes.get(path)
     }
 
+    /// The sibling created just before the node at `path`, with its node.
+    ///
+    /// # Errors
+    /// [`ErrorCode::NoNode`] if there is no node at `path`, and
+    /// [`ErrorCode::BadArguments`] for the root, which has no siblings.
+    pub fn predecessor(&self, path: &str) -> Result<Option<(&Arc<str>, &Node)>, ErrorReply> {
+        let node = self
+            .nodes
+            .get(path)
+            .ok_or_else(|| err(ErrorCode::NoNode, format!("{path} does not exist")))?;
+        let parent_path = path::parent(path)
+            .ok_or_else(|| err(ErrorCode::BadArguments, "the root has no siblings".into()))?;
+        let parent = self.nodes.get(parent_path).expect("a node's parent exists");
+        Ok(parent
+            .child_before(node.czxid)
+            .map(|p| (p, self.nodes.get(&**p).expect("children exist"))))
+    }
+
+    /// The child of `parent` created at revision `token`, if it still exists.
+    ///
+    /// # Errors
+    /// [`ErrorCode::NoNode`] if there is no node at `parent`.
+    pub fn child_created_at(
+        &self,
+        parent: &str,
+        token: u64,
+    ) -> Result<Option<(&Arc<str>, &Node)>, ErrorReply> {
+        let node = self
+            .nodes
+            .get(parent)
+            .ok_or_else(|| err(ErrorCode::NoNode, format!("{parent} does not exist")))?;
+        Ok(node
+            .child_created_at(token)
+            .map(|p| (p, self.nodes.get(&**p).expect("children exist"))))
+    }
+
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
@@ -170,13 +208,19 @@ impl StateMachine {
                 path,
                 data,
                 mode,
-            } => self.create(session, &path, data, mode, now_ms, &mut triggers),
-            Command::Delete { path, version } => self.delete(&path, version, &mut triggers),
+                fence,
+            } => self.create(session, &path, &data, mode, fence, now_ms, &mut triggers),
+            Command::Delete {
+                path,
+                version,
+                fence,
+            } => self.delete(&path, version, fence, &mut triggers),
             Command::SetData {
                 path,
                 data,
                 version,
-            } => self.set_data(&path, data, version, now_ms, &mut triggers),
+                fence,
+            } => self.set_data(&path, &data, version, fence, now_ms, &mut triggers),
         };
         Applied {
             result,
@@ -221,12 +265,14 @@ impl StateMachine {
         Ok(Outcome::SessionEnded { deleted })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         session: SessionId,
         requested: &str,
-        data: Bytes,
+        data: &[u8],
         mode: CreateMode,
+        fence: Option<u64>,
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
@@ -280,17 +326,19 @@ impl StateMachine {
         if self.nodes.contains_key(full.as_str()) {
             return Err(err(ErrorCode::NodeExists, format!("{full} already exists")));
         }
+        check_fence(parent_path, parent, fence)?;
 
         self.revision = revision;
         let full: Arc<str> = Arc::from(full);
-        let node = Node::new(&data, revision, now_ms, owner);
+        let node = Node::new(data, revision, now_ms, owner);
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         let parent = self
             .nodes
             .get_mut(parent_path)
             .expect("parent checked above");
-        parent.add_child(full.clone());
+        accept_fence(parent, fence);
+        parent.add_child(revision, full.clone());
         parent.cversion = parent.cversion.wrapping_add(1);
         parent.pzxid = revision;
         if let Some(owner) = owner {
@@ -319,6 +367,7 @@ impl StateMachine {
         &mut self,
         target: &str,
         version: Option<u32>,
+        fence: Option<u64>,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
         if target == "/" {
@@ -332,6 +381,7 @@ impl StateMachine {
             .get(target)
             .ok_or_else(|| err(ErrorCode::NoNode, format!("{target} does not exist")))?;
         check_version(target, node, version)?;
+        check_fence(target, node, fence)?;
         if node.child_count() > 0 {
             return Err(err(
                 ErrorCode::NotEmpty,
@@ -360,7 +410,7 @@ impl StateMachine {
         debug_assert_eq!(node.child_count(), 0, "only childless nodes are unlinked");
         let parent_path = path::parent(target).expect("the root is never unlinked");
         if let Some(parent) = self.nodes.get_mut(parent_path) {
-            parent.remove_child(target);
+            parent.remove_child(node.czxid);
             parent.cversion = parent.cversion.wrapping_add(1);
             parent.pzxid = self.revision;
         }
@@ -382,8 +432,9 @@ impl StateMachine {
     fn set_data(
         &mut self,
         target: &str,
-        data: Bytes,
+        data: &[u8],
         version: Option<u32>,
+        fence: Option<u64>,
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
@@ -391,10 +442,12 @@ impl StateMachine {
             return Err(err(ErrorCode::NoNode, format!("{target} does not exist")));
         };
         check_version(target, node, version)?;
+        check_fence(target, node, fence)?;
         let key = key.clone();
         self.revision += 1;
         let node = self.nodes.get_mut(target).expect("node checked above");
-        node.set_data(&data);
+        accept_fence(node, fence);
+        node.set_data(data);
         node.version = node.version.wrapping_add(1);
         node.mzxid = self.revision;
         node.mtime = now_ms;
@@ -403,6 +456,27 @@ impl StateMachine {
             path: key,
         });
         Ok(Outcome::DataSet(node.stat()))
+    }
+}
+
+/// Refuses a fenced write whose token is below the highest the node has
+/// accepted (invariant 3 of docs/design.md: an equal token is accepted).
+fn check_fence(target: &str, node: &Node, fence: Option<u64>) -> Result<(), ErrorReply> {
+    match fence {
+        Some(token) if token < node.fence => Err(err(
+            ErrorCode::StaleFence,
+            format!(
+                "fencing token {token} is stale for {target}: it has already accepted token {}",
+                node.fence
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn accept_fence(node: &mut Node, fence: Option<u64>) {
+    if let Some(token) = fence {
+        node.fence = node.fence.max(token);
     }
 }
 

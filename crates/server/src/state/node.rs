@@ -1,7 +1,7 @@
 //! One node of the tree, laid out to be small: a server holds one per
 //! ephemeral lock contender, and there may be a hundred thousand.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use baton_proto::{SessionId, Stat};
@@ -9,9 +9,10 @@ use bytes::Bytes;
 
 /// A node: its data, its metadata and the full paths of its children.
 ///
-/// Children are kept as full paths sharing the allocation of the tree's keys;
-/// all children of one node share its path as a prefix, so their order is the
-/// order of their names. A node without children allocates nothing for them.
+/// Children are kept in creation order (by their creation revision), as full
+/// paths sharing the allocation of the tree's keys: a lock waiter's
+/// predecessor is then one ordered lookup away, however many siblings it has.
+/// A node without children allocates nothing for them.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// Exactly the node's bytes, copied out of the request frame so that a
@@ -26,10 +27,12 @@ pub struct Node {
     pub(super) cversion: u32,
     /// Owning session's id if the node is ephemeral, else 0.
     owner: u64,
+    /// Highest fencing token a fenced write to this node has carried.
+    pub(super) fence: u64,
     // Boxed so that a leaf (the common case) pays 8 bytes for no children
-    // rather than the 24 of an empty set.
+    // rather than the 24 of an empty map.
     #[allow(clippy::box_collection)]
-    children: Option<Box<BTreeSet<Arc<str>>>>,
+    children: Option<Box<BTreeMap<u64, Arc<str>>>>,
 }
 
 impl Node {
@@ -44,6 +47,7 @@ impl Node {
             version: 0,
             cversion: 0,
             owner: owner.map_or(0, |s| s.0),
+            fence: 0,
             children: None,
         };
         node.set_data(data);
@@ -83,24 +87,43 @@ impl Node {
         self.pzxid
     }
 
-    /// Full paths of the children, in order.
-    pub fn children(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.children.iter().flat_map(|c| c.iter())
+    /// Highest fencing token this node has accepted (0 if none).
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Full paths of the children, in creation order.
+    pub fn children(&self) -> impl DoubleEndedIterator<Item = &Arc<str>> {
+        self.children.iter().flat_map(|c| c.values())
+    }
+
+    /// The child created just before revision `czxid`, if any.
+    pub fn child_before(&self, czxid: u64) -> Option<&Arc<str>> {
+        self.children
+            .as_ref()?
+            .range(..czxid)
+            .next_back()
+            .map(|(_, p)| p)
+    }
+
+    /// The child created at revision `czxid`, if it still exists.
+    pub fn child_created_at(&self, czxid: u64) -> Option<&Arc<str>> {
+        self.children.as_ref()?.get(&czxid)
     }
 
     pub fn child_count(&self) -> usize {
         self.children.as_ref().map_or(0, |c| c.len())
     }
 
-    pub(super) fn add_child(&mut self, path: Arc<str>) {
+    pub(super) fn add_child(&mut self, czxid: u64, path: Arc<str>) {
         self.children
             .get_or_insert_with(Default::default)
-            .insert(path);
+            .insert(czxid, path);
     }
 
-    pub(super) fn remove_child(&mut self, path: &str) {
+    pub(super) fn remove_child(&mut self, czxid: u64) {
         if let Some(children) = &mut self.children {
-            children.remove(path);
+            children.remove(&czxid);
             if children.is_empty() {
                 self.children = None;
             }
@@ -123,9 +146,14 @@ impl Node {
         }
     }
 
-    /// Names (last path segments) of the children, in order.
-    pub fn child_names(&self) -> impl Iterator<Item = &str> {
-        self.children().map(|p| baton_proto::path::name(p))
+    /// Names (last path segments) of the children, sorted by name.
+    pub fn child_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .children()
+            .map(|p| baton_proto::path::name(p))
+            .collect();
+        names.sort_unstable();
+        names
     }
 }
 

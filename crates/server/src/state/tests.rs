@@ -23,6 +23,7 @@ fn create(sm: &mut StateMachine, session: SessionId, path: &str, mode: CreateMod
             path: path.into(),
             data: Bytes::from_static(b"d"),
             mode,
+            fence: None,
         },
         5,
     )
@@ -105,6 +106,7 @@ fn sequence_numbers_grow_across_delete_and_recreate_of_the_parent() {
                 Command::Delete {
                     path: p,
                     version: None,
+                    fence: None,
                 },
                 0,
             )
@@ -115,6 +117,7 @@ fn sequence_numbers_grow_across_delete_and_recreate_of_the_parent() {
             Command::Delete {
                 path: "/lock".into(),
                 version: None,
+                fence: None,
             },
             0,
         )
@@ -185,6 +188,7 @@ fn versions_are_checked_and_counted() {
                 path: "/v".into(),
                 data: Bytes::from_static(b"new"),
                 version,
+                fence: None,
             },
             9,
         )
@@ -200,7 +204,8 @@ fn versions_are_checked_and_counted() {
         code(sm.apply(
             Command::Delete {
                 path: "/v".into(),
-                version: Some(0)
+                version: Some(0),
+                fence: None
             },
             0
         )),
@@ -210,6 +215,7 @@ fn versions_are_checked_and_counted() {
         Command::Delete {
             path: "/v".into(),
             version: Some(1),
+            fence: None,
         },
         0,
     )
@@ -232,6 +238,7 @@ fn delete_refuses_root_missing_and_non_empty() {
             Command::Delete {
                 path: p.into(),
                 version: None,
+                fence: None,
             },
             0,
         )
@@ -266,6 +273,7 @@ fn explicit_delete_of_an_ephemeral_forgets_it_in_the_session() {
         Command::Delete {
             path: p.clone(),
             version: None,
+            fence: None,
         },
         0,
     )
@@ -283,11 +291,119 @@ fn children_are_listed_in_name_order() {
             .result
             .unwrap();
     }
-    let names: Vec<&str> = sm.node("/").unwrap().child_names().collect();
-    assert_eq!(names, ["a", "b", "c"]);
-    let names: Vec<&str> = sm.node("/a").unwrap().child_names().collect();
-    assert_eq!(names, ["y", "z"]);
+    assert_eq!(sm.node("/").unwrap().child_names(), ["a", "b", "c"]);
+    assert_eq!(sm.node("/a").unwrap().child_names(), ["y", "z"]);
     assert_eq!(sm.node("/a").unwrap().stat().num_children, 2);
+}
+
+fn fenced_set(sm: &mut StateMachine, path: &str, token: u64) -> Applied {
+    sm.apply(
+        Command::SetData {
+            path: path.into(),
+            data: Bytes::from(token.to_string()),
+            version: None,
+            fence: Some(token),
+        },
+        0,
+    )
+}
+
+#[test]
+fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/r", CreateMode::Persistent)
+        .result
+        .unwrap();
+    fenced_set(&mut sm, "/r", 5).result.unwrap();
+    fenced_set(&mut sm, "/r", 5).result.unwrap();
+    fenced_set(&mut sm, "/r", 9).result.unwrap();
+    let before = sm.revision();
+    let refused = fenced_set(&mut sm, "/r", 7);
+    assert_eq!(sm.revision(), before, "a refused write changes nothing");
+    let e = refused.result.unwrap_err();
+    assert_eq!(e.code, ErrorCode::StaleFence);
+    assert!(
+        e.message.contains('7') && e.message.contains('9'),
+        "{}",
+        e.message
+    );
+    assert_eq!(sm.node("/r").unwrap().data(), Bytes::from_static(b"9"));
+    assert_eq!(sm.node("/r").unwrap().fence(), 9);
+    // An unfenced write neither checks nor lowers the fence.
+    sm.apply(
+        Command::SetData {
+            path: "/r".into(),
+            data: Bytes::new(),
+            version: None,
+            fence: None,
+        },
+        0,
+    )
+    .result
+    .unwrap();
+    assert_eq!(sm.node("/r").unwrap().fence(), 9);
+    // Delete is fenced by the node, create by the parent.
+    let del = |sm: &mut StateMachine, token| {
+        sm.apply(
+            Command::Delete {
+                path: "/r".into(),
+                version: None,
+                fence: Some(token),
+            },
+            0,
+        )
+    };
+    assert_eq!(code(del(&mut sm, 8)), ErrorCode::StaleFence);
+    let child = |sm: &mut StateMachine, token| {
+        sm.apply(
+            Command::Create {
+                session: s,
+                path: "/r/c".into(),
+                data: Bytes::new(),
+                mode: CreateMode::Persistent,
+                fence: Some(token),
+            },
+            0,
+        )
+    };
+    assert_eq!(code(child(&mut sm, 3)), ErrorCode::StaleFence);
+    child(&mut sm, 10).result.unwrap();
+    assert_eq!(sm.node("/r").unwrap().fence(), 10);
+}
+
+#[test]
+fn predecessor_is_the_sibling_created_just_before() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/l", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let nodes: Vec<String> = (0..4)
+        .map(|_| created_path(create(&mut sm, s, "/l/n-", CreateMode::EphemeralSequential)).0)
+        .collect();
+    let pred = |sm: &StateMachine, p: &str| sm.predecessor(p).unwrap().map(|(p, _)| p.to_string());
+    assert_eq!(pred(&sm, &nodes[0]), None);
+    assert_eq!(pred(&sm, &nodes[2]), Some(nodes[1].clone()));
+    sm.apply(
+        Command::Delete {
+            path: nodes[1].clone(),
+            version: None,
+            fence: None,
+        },
+        0,
+    )
+    .result
+    .unwrap();
+    assert_eq!(pred(&sm, &nodes[2]), Some(nodes[0].clone()));
+    assert_eq!(
+        sm.predecessor("/l/none").unwrap_err().code,
+        ErrorCode::NoNode
+    );
+    let token = sm.node(&nodes[3]).unwrap().czxid();
+    let (found, _) = sm.child_created_at("/l", token).unwrap().unwrap();
+    assert_eq!(&**found, nodes[3].as_str());
+    assert!(sm.child_created_at("/l", token + 100).unwrap().is_none());
 }
 
 mod determinism {
@@ -309,15 +425,18 @@ mod determinism {
                 path: p.into(),
                 data: Bytes::new(),
                 mode: CreateMode::from_flags(m & 1 != 0, m & 2 != 0),
+                fence: None,
             }),
-            path.clone().prop_map(|p| Command::Delete {
+            (path.clone(), proptest::option::of(0u64..20)).prop_map(|(p, fence)| Command::Delete {
                 path: p.into(),
-                version: None
+                version: None,
+                fence,
             }),
-            path.prop_map(|p| Command::SetData {
+            (path, proptest::option::of(0u64..20)).prop_map(|(p, fence)| Command::SetData {
                 path: p.into(),
                 data: Bytes::from_static(b"x"),
-                version: None
+                version: None,
+                fence,
             }),
         ]
     }
