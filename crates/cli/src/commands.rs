@@ -36,6 +36,12 @@ pub struct CreateArgs {
 }
 
 /// Replace a node's data.
+///
+/// With --fence the write is fenced: the node accepts it only if TOKEN is at
+/// least the highest fencing token it has accepted, which TOKEN then becomes.
+/// A holder whose lock has since passed to a higher token is refused (exit
+/// status 1, the data unchanged). Pass the token `baton lock` gave you in
+/// BATON_FENCING_TOKEN.
 #[derive(clap::Args)]
 pub struct SetArgs {
     /// Absolute node path.
@@ -43,8 +49,11 @@ pub struct SetArgs {
     /// The new data.
     data: String,
     /// Only if the node's data version is this (optimistic concurrency).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fence")]
     version: Option<u32>,
+    /// Fencing token to write with; a stale one is refused.
+    #[arg(long, value_name = "TOKEN")]
+    fence: Option<u64>,
 }
 
 /// Delete a node (it must have no children).
@@ -59,12 +68,17 @@ pub struct RmArgs {
 
 /// Opens a session, explaining the likely cause when no server answers.
 pub async fn connect(server: &str) -> Result<Client, CliError> {
-    Client::connect(server).await.map_err(|e| match e {
+    Client::connect(server).await.map_err(connect_hint)
+}
+
+/// A connection failure, with the likely cause.
+pub fn connect_hint(e: baton_client::Error) -> CliError {
+    match e {
         baton_client::Error::Connect { .. } => CliError::msg(format!(
             "{e}; is `baton serve` running there? (choose the server with --server or BATON_SERVER)"
         )),
         other => other.into(),
-    })
+    }
 }
 
 pub async fn create(server: &str, args: CreateArgs) -> CliResult {
@@ -99,8 +113,12 @@ pub async fn get(server: &str, args: PathArg) -> CliResult {
 
 pub async fn set(server: &str, args: SetArgs) -> CliResult {
     let client = connect(server).await?;
-    client.set_data(&args.path, args.data, args.version).await?;
+    let result = match args.fence {
+        Some(token) => client.set_data_fenced(&args.path, args.data, token).await,
+        None => client.set_data(&args.path, args.data, args.version).await,
+    };
     client.close().await;
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod commands;
+mod lock;
 mod serve;
 mod sys;
 
@@ -44,6 +45,8 @@ enum Command {
     Stat(commands::PathArg),
     Rm(commands::RmArgs),
     Watch(commands::PathArg),
+    Lock(lock::LockArgs),
+    Locks(lock::LocksArgs),
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
@@ -74,6 +77,8 @@ fn main() -> ExitCode {
             Command::Stat(args) => commands::stat(&server, args).await,
             Command::Rm(args) => commands::rm(&server, args).await,
             Command::Watch(args) => commands::watch(&server, args).await,
+            Command::Lock(args) => lock::lock(&server, args).await,
+            Command::Locks(args) => lock::locks(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
         }
     });

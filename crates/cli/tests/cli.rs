@@ -1,85 +1,13 @@
 //! The `baton` binary end to end: a `baton serve` child process and the
 //! client commands against it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
 
-fn baton() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_baton"))
-}
-
-/// A `baton serve` child on a free port, killed on drop.
-struct Served {
-    child: Child,
-    addr: String,
-    dir: PathBuf,
-}
-
-impl Served {
-    fn start() -> Served {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let dir =
-            std::env::temp_dir().join(format!("baton-cli-test-{}-{port}", std::process::id()));
-        let child = baton()
-            .args(["serve", "--listen", &addr, "--data-dir"])
-            .arg(&dir)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start baton serve");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "baton serve did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Served { child, addr, dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        baton()
-            .arg("--server")
-            .arg(&self.addr)
-            .args(args)
-            .output()
-            .expect("run baton")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "baton {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert_eq!(out.status.code(), Some(1), "baton {args:?} should fail");
-        let err = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
-        err
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use common::{baton, Served};
 
 #[test]
 fn client_commands_create_read_change_and_remove_nodes() {

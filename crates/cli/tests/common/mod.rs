@@ -1,0 +1,101 @@
+//! A `baton serve` child process for the CLI tests.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn baton() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+}
+
+/// A `baton serve` child on a free port, killed on drop.
+pub struct Served {
+    child: Child,
+    pub addr: String,
+    dir: PathBuf,
+}
+
+impl Served {
+    pub fn start() -> Served {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let dir =
+            std::env::temp_dir().join(format!("baton-cli-test-{}-{port}", std::process::id()));
+        let child = baton()
+            .args([
+                "serve",
+                "--min-session-timeout",
+                "100",
+                "--listen",
+                &addr,
+                "--data-dir",
+            ])
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start baton serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "baton serve did not listen on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Served { child, addr, dir }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        baton()
+            .arg("--server")
+            .arg(&self.addr)
+            .args(args)
+            .output()
+            .expect("run baton")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "baton {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(out.status.code(), Some(1), "baton {args:?} should fail");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
+        err
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `check` every 10 ms until it holds, failing after `secs` seconds.
+pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,216 @@
+//! `baton lock`, `baton locks` and `baton set --fence`, end to end.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Stdio};
+
+use common::{baton, eventually, Served};
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// Starts `baton lock PATH` holding the lock (no command); returns it and
+/// the token it printed.
+fn holder(s: &Served, path: &str, session_timeout_ms: u32) -> (Child, u64, BufReader<ChildStdout>) {
+    let mut child = baton()
+        .args(["--server", &s.addr, "lock", "--session-timeout"])
+        .arg(session_timeout_ms.to_string())
+        .arg(path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let token = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a token, not {line:?}"));
+    (child, token, out)
+}
+
+#[test]
+fn lock_runs_the_command_with_its_token_and_passes_its_status_on() {
+    let s = Served::start();
+    let out = s.run(&[
+        "lock",
+        "/locks/run",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$BATON_FENCING_TOKEN $BATON_LOCK_PATH $BATON_SERVER\"; exit 3",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    let token: u64 = fields[0].parse().expect("decimal token");
+    assert!(token > 0);
+    assert!(fields[1].starts_with("/locks/run/lock-"), "{stdout}");
+    assert!(fields[1].ends_with(&format!("{token:010}")), "{stdout}");
+    assert_eq!(fields[2], s.addr);
+    // Released on exit: the queue is empty.
+    assert!(s.ok(&["locks", "/locks/run"]).contains("free"));
+}
+
+#[test]
+fn a_waiter_times_out_with_status_124_and_locks_shows_the_queue() {
+    let s = Served::start();
+    let (mut held, token, _out) = holder(&s, "/locks/busy", 10_000);
+    let listing = s.ok(&["locks", "/locks/busy"]);
+    let first = listing.lines().next().unwrap();
+    assert!(first.starts_with("holder"), "{listing}");
+    assert!(first.contains(&format!("token {token}")), "{listing}");
+    assert!(first.contains("pid "), "{listing}");
+    let out = s.run(&["lock", "--timeout", "200", "/locks/busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+    assert_eq!(
+        s.ok(&["locks", "/locks/busy"]).lines().count(),
+        1,
+        "the timed-out waiter left"
+    );
+    signal(&held, libc::SIGINT);
+    assert!(held.wait().unwrap().success());
+    assert!(s.ok(&["locks", "/locks/busy"]).contains("free"));
+}
+
+#[test]
+fn a_holder_killed_with_sigkill_is_succeeded_after_its_session_timeout() {
+    let s = Served::start();
+    let (mut first, first_token, _out) = holder(&s, "/locks/kill9", 500);
+    let mut next = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "lock",
+            "/locks/kill9",
+            "--",
+            "sh",
+            "-c",
+            "echo $BATON_FENCING_TOKEN",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the second contender to queue", || {
+        s.ok(&["locks", "/locks/kill9"]).lines().count() == 2
+    });
+    signal(&first, libc::SIGKILL);
+    first.wait().unwrap();
+    let status = next.wait().unwrap();
+    assert!(status.success());
+    let mut printed = String::new();
+    next.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    let token: u64 = printed.trim().parse().unwrap();
+    assert!(token > first_token, "{token} after {first_token}");
+}
+
+#[test]
+fn a_stopped_holders_late_fenced_write_is_refused() {
+    let s = Served::start();
+    s.ok(&["create", "/data", "initial"]);
+    let (mut paused, old_token, _out) = holder(&s, "/locks/gc", 400);
+    s.ok(&[
+        "set",
+        "/data",
+        "from the first holder",
+        "--fence",
+        &old_token.to_string(),
+    ]);
+    // The holder is paused past its session timeout, as a long GC pause
+    // would; meanwhile the lock passes on and the new holder writes.
+    signal(&paused, libc::SIGSTOP);
+    let exe = env!("CARGO_BIN_EXE_baton");
+    let out = s.run(&[
+        "lock",
+        "--timeout",
+        "10000",
+        "/locks/gc",
+        "--",
+        "sh",
+        "-c",
+        "exec \"$0\" --server \"$BATON_SERVER\" set /data 'from the second holder' --fence \"$BATON_FENCING_TOKEN\"",
+        exe,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The paused holder wakes and writes with its old token: refused.
+    signal(&paused, libc::SIGCONT);
+    let err = s.fails(&["set", "/data", "stale", "--fence", &old_token.to_string()]);
+    assert!(err.contains("stale fencing token"), "{err}");
+    assert!(err.contains(&old_token.to_string()), "{err}");
+    assert_eq!(s.ok(&["get", "/data"]), "from the second holder");
+    // The woken holder itself learns its lease is over.
+    let status = paused.wait().unwrap();
+    assert_eq!(status.code(), Some(125));
+    let mut stderr = String::new();
+    paused
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("lost the lock"), "{stderr}");
+}
+
+#[test]
+fn losing_the_lock_stops_the_command_and_exits_125() {
+    let s = Served::start();
+    let mut running = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "lock",
+            "--kill-grace",
+            "300",
+            "/locks/lost",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; echo started; sleep 100",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(running.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    // Someone deletes the holder's node.
+    let listing = s.ok(&["locks", "/locks/lost"]);
+    let node = listing
+        .split_whitespace()
+        .find(|w| w.starts_with("/locks/lost/"))
+        .unwrap()
+        .to_string();
+    s.ok(&["rm", &node]);
+    // The command ignores SIGTERM, so it takes the SIGKILL after the grace.
+    let status = running.wait().unwrap();
+    assert_eq!(status.code(), Some(125));
+    let mut stderr = String::new();
+    running
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("lost the lock /locks/lost"), "{stderr}");
+}
