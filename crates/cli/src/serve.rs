@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use baton_server::persist::FsyncPolicy;
 use baton_server::{Config, Server};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -19,10 +20,23 @@ pub struct ServeArgs {
     #[arg(long, default_value = crate::DEFAULT_SERVER)]
     listen: String,
 
-    /// Directory that holds the server's state. It is created if missing and
-    /// locked, so two servers cannot share it.
+    /// Directory that holds the server's durable state (write-ahead log and
+    /// snapshots). It is created if missing and locked, so two servers cannot
+    /// share it. On start the server recovers what it holds; sessions then
+    /// get a full timeout to reconnect.
     #[arg(long, default_value = "./baton-data")]
     data_dir: PathBuf,
+
+    /// When the log is synced to disk: `always` (no reply before its change
+    /// is on disk; concurrent changes share one sync) or `never` (a crash of
+    /// the server loses nothing, a power loss loses the last moments).
+    #[arg(long, value_name = "POLICY", default_value = "always")]
+    fsync: FsyncPolicy,
+
+    /// Take a snapshot (and drop the log before it) after this many bytes
+    /// of log.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    snapshot_every: u64,
 
     /// Smallest session timeout granted, in milliseconds (at least 100).
     #[arg(long, value_name = "MS", default_value_t = 2_000)]
@@ -48,6 +62,8 @@ pub async fn run(args: ServeArgs) -> CliResult {
         max_data: args.max_data,
         max_connections: args.max_connections,
         data_dir: Some(args.data_dir),
+        fsync: args.fsync,
+        snapshot_every_bytes: args.snapshot_every,
         ..Config::default()
     };
     // Room for the largest reply twice over, whatever the data limit.

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use baton_proto::DEFAULT_MAX_DATA;
 
+use crate::persist::FsyncPolicy;
+
 /// Lowest session timeout a server may be configured to grant.
 pub const MIN_SESSION_TIMEOUT_FLOOR: Duration = Duration::from_millis(100);
 
@@ -32,6 +34,12 @@ pub struct Config {
     pub write_stall_timeout: Duration,
     /// Where durable state lives; `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
+    /// When the log is synced to disk (default: before every reply that
+    /// depends on it).
+    pub fsync: FsyncPolicy,
+    /// A snapshot is taken in the background after this many bytes of log
+    /// (default 64 MiB); the log before it is then removed.
+    pub snapshot_every_bytes: u64,
 }
 
 impl Default for Config {
@@ -45,6 +53,8 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(10),
             write_stall_timeout: Duration::from_secs(15),
             data_dir: None,
+            fsync: FsyncPolicy::Always,
+            snapshot_every_bytes: 64 << 20,
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
-use crate::core::Flow;
+use crate::core::{Connected, Flow};
 use crate::outbox::{Drained, Outbox, Status};
 use crate::server::Shared;
 use crate::stats::Stats;
@@ -192,11 +192,20 @@ impl Conn {
         };
         let connected = self.shared.core().connect(&request, outbox, Instant::now());
         match connected {
-            Ok((grant, replan)) => {
+            Ok(Connected {
+                grant,
+                replan,
+                revision,
+            }) => {
                 if replan {
                     self.shared.expiry_wake.notify_one();
                 }
                 let session = grant.session_id;
+                // A new session is a change: its grant waits until it is durable.
+                if !self.wait_durable(revision, outbox).await {
+                    self.shared.core().detach(session, outbox);
+                    return None;
+                }
                 debug!(peer = %self.peer(), %session, resumed = grant.resumed, timeout_ms = grant.timeout_ms, "session attached");
                 ConnectResponse {
                     version: PROTOCOL_VERSION,
@@ -250,11 +259,18 @@ impl Conn {
                 }
             }
 
-            // Move queued frames to the socket until the queue is empty or
+            // Move durable queued frames to the socket until none is left or
             // the socket is full.
             loop {
                 if self.wbuf.len() < WRITE_BUDGET && outbox.has_queued() {
-                    outbox.drain_into(self.wbuf.get(), WRITE_BUDGET);
+                    let mark = &self.shared.mark;
+                    if let Drained::Waiting(revision) =
+                        outbox.drain_into(self.wbuf.get(), WRITE_BUDGET, mark.get())
+                    {
+                        if !mark.wake_at(revision, outbox) {
+                            continue; // durable meanwhile
+                        }
+                    }
                 }
                 if self.wbuf.is_empty() {
                     self.wbuf.release();
@@ -317,13 +333,20 @@ impl Conn {
 
     /// Sends what is queued and then the disconnect notice, if any, giving a
     /// client that does not read a little time.
-    async fn finish(&mut self, session: SessionId, outbox: &Outbox) -> io::Result<()> {
+    async fn finish(&mut self, session: SessionId, outbox: &Arc<Outbox>) -> io::Result<()> {
         let flush = async {
             loop {
-                let drained = outbox.drain_into(self.wbuf.get(), WRITE_BUDGET);
+                let mark = self.shared.mark.clone();
+                let drained = outbox.drain_into(self.wbuf.get(), WRITE_BUDGET, mark.get());
                 self.write_all().await?;
-                if matches!(drained, Drained::Close | Drained::Overflowed) {
-                    return Ok(());
+                match drained {
+                    Drained::Close | Drained::Overflowed => return Ok(()),
+                    Drained::Waiting(revision) => {
+                        if mark.wake_at(revision, outbox) {
+                            poll_fn(|cx| outbox.poll_woken(cx)).await;
+                        }
+                    }
+                    Drained::Idle | Drained::More => {}
                 }
             }
         };
@@ -334,6 +357,19 @@ impl Conn {
                 Ok(())
             }
         }
+    }
+
+    /// Waits until `revision` is durable; false if the connection is closed
+    /// (or the server stops) first.
+    async fn wait_durable(&self, revision: u64, outbox: &Arc<Outbox>) -> bool {
+        let mark = &self.shared.mark;
+        while mark.wake_at(revision, outbox) {
+            if outbox.status() != Status::Open {
+                return false;
+            }
+            poll_fn(|cx| outbox.poll_woken(cx)).await;
+        }
+        true
     }
 
     /// True while the client has more output waiting than it should: then
@@ -356,13 +392,13 @@ impl Conn {
                     );
                     warn!(peer = %self.peer(), %session, "closing: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
-                    outbox.close(Some((ErrorCode::FrameTooLarge, message)));
+                    outbox.close(Some((ErrorCode::FrameTooLarge, message)), 0);
                     return true;
                 }
                 Err(FrameError::Io(e)) => {
                     warn!(peer = %self.peer(), %session, "closing: unreadable frame: {e}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
-                    outbox.close(Some((ErrorCode::MalformedRequest, e.to_string())));
+                    outbox.close(Some((ErrorCode::MalformedRequest, e.to_string())), 0);
                     return true;
                 }
             };
@@ -376,7 +412,7 @@ impl Conn {
                     let message = "request frame shorter than its 5-byte header".to_string();
                     warn!(peer = %self.peer(), %session, "closing: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
-                    outbox.close(Some((ErrorCode::MalformedRequest, message)));
+                    outbox.close(Some((ErrorCode::MalformedRequest, message)), 0);
                     Flow::Stop
                 }
                 Err(RequestDecodeError::Reject {

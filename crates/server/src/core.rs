@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_proto::{
-    ConnectRequest, ErrorCode, ErrorReply, EventKind, Reply, Request, RequestFrame, SessionGrant,
-    SessionId, SessionSecret, PROTOCOL_VERSION,
+    path, ConnectRequest, ErrorCode, ErrorReply, EventKind, Reply, Request, RequestFrame,
+    SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
 };
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
+use crate::persist::{DurableMark, Wal};
 use crate::state::{Command, Outcome, StateMachine, Trigger};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::{Kinds, Watches};
@@ -51,6 +52,19 @@ pub(crate) struct Core {
     fired: Vec<SessionId>,
     /// Set when the server stops: new handshakes are refused.
     shutting_down: bool,
+    /// The log every applied change is appended to, if the server is durable.
+    wal: Option<Wal>,
+    /// How far the log is durable; frames wait for it.
+    mark: Arc<DurableMark>,
+}
+
+/// A successful handshake.
+pub(crate) struct Connected {
+    pub(crate) grant: SessionGrant,
+    /// The expiry timer must re-plan: this session's deadline is the earliest.
+    pub(crate) replan: bool,
+    /// The answer may be sent once this revision is durable.
+    pub(crate) revision: u64,
 }
 
 fn wall_clock_ms() -> u64 {
@@ -67,16 +81,72 @@ fn expired(id: SessionId) -> (ErrorCode, String) {
 }
 
 impl Core {
-    pub(crate) fn new(sm: StateMachine, config: Arc<Config>, stats: Arc<Stats>) -> Self {
+    /// A core over a (possibly recovered) state. Every session in it gets a
+    /// fresh full timeout from `now` to reconnect.
+    pub(crate) fn new(
+        sm: StateMachine,
+        config: Arc<Config>,
+        stats: Arc<Stats>,
+        wal: Option<Wal>,
+        mark: Arc<DurableMark>,
+        now: Instant,
+    ) -> Self {
+        let mut live = HashMap::new();
+        let mut deadlines = BTreeSet::new();
+        for (id, session) in sm.sessions() {
+            live.insert(
+                id,
+                Live {
+                    conn: None,
+                    last_heard: now,
+                },
+            );
+            deadlines.insert((now + Duration::from_millis(session.timeout_ms.into()), id));
+        }
         Core {
             sm,
             watches: Watches::default(),
-            live: HashMap::new(),
-            deadlines: BTreeSet::new(),
+            live,
+            deadlines,
             config,
             stats,
             fired: Vec::new(),
             shutting_down: false,
+            wal,
+            mark,
+        }
+    }
+
+    /// Applies a command and, if it changed the state, logs it.
+    fn apply(&mut self, command: &Command) -> crate::state::Applied {
+        let now_ms = wall_clock_ms();
+        let applied = self.sm.apply(command, now_ms);
+        if applied.result.is_ok() {
+            if let Some(wal) = &self.wal {
+                wal.append(applied.revision, now_ms, command);
+                if wal.since_snapshot() >= self.config.snapshot_every_bytes {
+                    wal.snapshot(self.sm.clone());
+                }
+            }
+        }
+        applied
+    }
+
+    /// Queues a frame for a connection; it leaves once its revision is
+    /// durable, and the connection is woken then.
+    fn push(&self, outbox: &Arc<Outbox>, out: Out) -> bool {
+        let revision = out_revision(&out);
+        let pushed = outbox.push(out, self.config.max_outbound_bytes);
+        if pushed {
+            self.mark.wake_at(revision, outbox);
+        }
+        pushed
+    }
+
+    /// Stops the log writer after it wrote what is queued.
+    pub(crate) fn stop_log(&mut self) {
+        if let Some(mut wal) = self.wal.take() {
+            wal.stop();
         }
     }
 
@@ -92,7 +162,7 @@ impl Core {
         req: &ConnectRequest,
         outbox: &Arc<Outbox>,
         now: Instant,
-    ) -> Result<(SessionGrant, bool), (ErrorCode, String)> {
+    ) -> Result<Connected, (ErrorCode, String)> {
         if self.shutting_down {
             return Err((
                 ErrorCode::ShuttingDown,
@@ -120,9 +190,7 @@ impl Core {
                     )
                 })?;
                 let secret = SessionSecret(secret);
-                let applied = self
-                    .sm
-                    .apply(Command::OpenSession { timeout_ms, secret }, wall_clock_ms());
+                let applied = self.apply(&Command::OpenSession { timeout_ms, secret });
                 let Ok(Outcome::SessionOpened(id)) = applied.result else {
                     unreachable!("opening a session cannot fail");
                 };
@@ -137,16 +205,17 @@ impl Core {
                 let deadline = now + timeout;
                 let earlier = self.next_deadline().is_none_or(|t| deadline < t);
                 self.deadlines.insert((deadline, id));
-                Ok((
-                    SessionGrant {
+                Ok(Connected {
+                    grant: SessionGrant {
                         timeout_ms,
                         session_id: id,
                         secret,
                         resumed: false,
                         max_data,
                     },
-                    earlier,
-                ))
+                    replan: earlier,
+                    revision: applied.revision,
+                })
             }
             Some((id, secret)) => {
                 let session = self.sm.session(id).ok_or_else(|| expired(id))?;
@@ -160,24 +229,28 @@ impl Core {
                 let live = self.live.get_mut(&id).ok_or_else(|| expired(id))?;
                 live.last_heard = now;
                 if let Some(old) = live.conn.replace(outbox.clone()) {
-                    old.close(Some((
-                        ErrorCode::SessionMoved,
-                        format!("session {id} was resumed on another connection"),
-                    )));
+                    old.close(
+                        Some((
+                            ErrorCode::SessionMoved,
+                            format!("session {id} was resumed on another connection"),
+                        )),
+                        0,
+                    );
                 }
                 // The client sets its watches again (set watches) on the new
                 // connection, relative to the last revision it saw.
                 self.watches.remove_session(id);
-                Ok((
-                    SessionGrant {
+                Ok(Connected {
+                    grant: SessionGrant {
                         timeout_ms,
                         session_id: id,
                         secret,
                         resumed: true,
                         max_data,
                     },
-                    false,
-                ))
+                    replan: false,
+                    revision: self.sm.revision(),
+                })
             }
         }
     }
@@ -287,7 +360,7 @@ impl Core {
             Request::CloseSession => {
                 self.end_session(session, Command::CloseSession { session }, None);
                 self.reply(outbox, xid, op, Ok(Reply::CloseSession));
-                outbox.close(None);
+                outbox.close(None, 0);
                 return Flow::Stop;
             }
         };
@@ -334,21 +407,21 @@ impl Core {
             None => {
                 let (code, message) = expired(session);
                 self.reply(outbox, xid, op, Err(ErrorReply { code, message }));
-                outbox.close(Some(expired(session)));
+                outbox.close(Some(expired(session)), 0);
                 Err(Flow::Stop)
             }
         }
     }
 
-    fn reply(&self, outbox: &Outbox, xid: u32, op: u8, result: Result<Reply, ErrorReply>) {
-        outbox.push(
+    fn reply(&self, outbox: &Arc<Outbox>, xid: u32, op: u8, result: Result<Reply, ErrorReply>) {
+        self.push(
+            outbox,
             Out::Reply {
                 xid,
                 op,
                 revision: self.sm.revision(),
                 result,
             },
-            self.config.max_outbound_bytes,
         );
     }
 
@@ -368,7 +441,7 @@ impl Core {
 
     /// Applies a change and fires its watches.
     fn write(&mut self, command: Command) -> Result<Reply, ErrorReply> {
-        let applied = self.sm.apply(command, wall_clock_ms());
+        let applied = self.apply(&command);
         self.dispatch(&applied.triggers);
         applied.result.map(|outcome| match outcome {
             Outcome::Created {
@@ -443,7 +516,7 @@ impl Core {
         watch: bool,
     ) -> Result<Reply, ErrorReply> {
         let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
-        let size: usize = node.children().map(|p| p.len() + 2).sum();
+        let size: usize = node.children().map(|p| path::name(p).len() + 2).sum();
         if size + 1024 > baton_proto::MAX_RESPONSE_FRAME {
             return Err(ErrorReply::new(
                 ErrorCode::ResponseTooLarge,
@@ -469,24 +542,24 @@ impl Core {
     fn set_watches(
         &mut self,
         session: SessionId,
-        outbox: &Outbox,
+        outbox: &Arc<Outbox>,
         since: u64,
         data: Vec<String>,
         exist: Vec<String>,
         child: Vec<String>,
     ) {
         let now_rev = self.sm.revision();
-        let limit = self.config.max_outbound_bytes;
+        let (limit, mark, stats) = (self.config.max_outbound_bytes, &self.mark, &self.stats);
         let fire = |kind: EventKind, revision: u64, path: String| {
-            self.stats.events.fetch_add(1, Ordering::Relaxed);
-            outbox.push(
-                Out::Event {
-                    kind,
-                    revision,
-                    path: Arc::from(path),
-                },
-                limit,
-            );
+            let event = Out::Event {
+                kind,
+                revision,
+                path: Arc::from(path),
+            };
+            if outbox.push(event, limit) {
+                stats.events.fetch_add(1, Ordering::Relaxed);
+                mark.wake_at(revision, outbox);
+            }
         };
         let mut deleted = std::collections::HashSet::new();
         for path in data {
@@ -528,13 +601,13 @@ impl Core {
                 let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
                     continue;
                 };
-                let pushed = conn.push(
+                let pushed = self.push(
+                    conn,
                     Out::Event {
                         kind: trigger.kind,
                         revision,
                         path: trigger.path.clone(),
                     },
-                    self.config.max_outbound_bytes,
                 );
                 if pushed {
                     self.stats.events.fetch_add(1, Ordering::Relaxed);
@@ -551,12 +624,12 @@ impl Core {
         command: Command,
         notice: Option<(ErrorCode, String)>,
     ) {
-        let applied = self.sm.apply(command, wall_clock_ms());
+        let applied = self.apply(&command);
         self.watches.remove_session(id);
         self.dispatch(&applied.triggers);
         if let Some(live) = self.live.remove(&id) {
             if let (Some(conn), Some(notice)) = (live.conn, notice) {
-                conn.close(Some(notice));
+                conn.close(Some(notice), applied.revision);
             }
         }
     }
@@ -600,12 +673,21 @@ impl Core {
         self.shutting_down = true;
         for live in self.live.values() {
             if let Some(conn) = &live.conn {
-                conn.close(Some((
-                    ErrorCode::ShuttingDown,
-                    "the server is shutting down".into(),
-                )));
+                conn.close(
+                    Some((
+                        ErrorCode::ShuttingDown,
+                        "the server is shutting down; resume the session when it is back".into(),
+                    )),
+                    0,
+                );
             }
         }
+    }
+}
+
+fn out_revision(out: &Out) -> u64 {
+    match out {
+        Out::Reply { revision, .. } | Out::Event { revision, .. } => *revision,
     }
 }
 

@@ -18,6 +18,7 @@ mod conn;
 mod core;
 pub mod datadir;
 mod outbox;
+pub mod persist;
 mod server;
 pub mod state;
 mod stats;

@@ -30,6 +30,13 @@ pub(crate) enum Out {
 }
 
 impl Out {
+    /// The revision this frame reflects: it may leave once that is durable.
+    fn revision(&self) -> u64 {
+        match self {
+            Out::Reply { revision, .. } | Out::Event { revision, .. } => *revision,
+        }
+    }
+
     /// Bytes this frame takes on the wire, closely enough for accounting.
     fn wire_size(&self) -> usize {
         const FIXED: usize = 16 + baton_proto::Stat::LEN;
@@ -41,6 +48,11 @@ impl Out {
                         Ok(Reply::GetData { data, .. }) => data.len(),
                         Ok(Reply::GetChildren { children, .. }) => {
                             children.iter().map(|c| c.len() + 2).sum()
+                        }
+                        Ok(Reply::Predecessor(Some((path, _))))
+                        | Ok(Reply::CheckToken(Some((path, _)))) => path.len(),
+                        Ok(Reply::Stats(counters)) => {
+                            counters.iter().map(|(name, _)| name.len() + 10).sum()
                         }
                         Ok(_) => 0,
                         Err(e) => e.message.len(),
@@ -70,15 +82,24 @@ impl Out {
 #[derive(Debug, Default)]
 struct OutState {
     queue: VecDeque<Out>,
-    /// Set once a close was asked for; holds the last frame's code and
-    /// message, if it is to have one.
-    closing: Option<Box<Option<(ErrorCode, String)>>>,
+    /// Set once a close was asked for.
+    closing: Option<Box<Closing>>,
     /// The waker of the connection's task while it waits.
     waker: Option<Waker>,
     /// Wire bytes queued, for the limit.
     bytes: u32,
     woken: bool,
     overflowed: bool,
+    /// Registered with the durable mark, to be woken when it moves.
+    awaiting_durability: bool,
+}
+
+/// A requested close: the last frame's code and message, if it is to have
+/// one, and the revision that frame reflects.
+#[derive(Debug)]
+struct Closing {
+    notice: Option<(ErrorCode, String)>,
+    revision: u64,
 }
 
 /// A connection's outbound queue and the waker of the task that drains it.
@@ -124,12 +145,26 @@ impl Outbox {
     }
 
     /// Asks the connection's task to send what is queued, then `notice` if
-    /// any, then close. The first request to close wins.
-    pub(crate) fn close(&self, notice: Option<(ErrorCode, String)>) {
+    /// any (once `revision` is durable), then close. The first request to
+    /// close wins.
+    pub(crate) fn close(&self, notice: Option<(ErrorCode, String)>, revision: u64) {
         let mut st = self.lock();
         if st.closing.is_none() {
-            st.closing = Some(Box::new(notice));
+            st.closing = Some(Box::new(Closing { notice, revision }));
         }
+        wake(st);
+    }
+
+    /// Marks the outbox as registered with the durable mark; false if it
+    /// already was.
+    pub(crate) fn set_awaiting_durability(&self) -> bool {
+        !std::mem::replace(&mut self.lock().awaiting_durability, true)
+    }
+
+    /// The durable mark moved: wake the connection's task.
+    pub(crate) fn durability_reached(&self) {
+        let mut st = self.lock();
+        st.awaiting_durability = false;
         wake(st);
     }
 
@@ -148,17 +183,22 @@ impl Outbox {
         Poll::Pending
     }
 
-    /// Encodes queued frames into `buf` until it holds about `budget` bytes.
-    /// Returns what the task must do once `buf` is written out.
-    pub(crate) fn drain_into(&self, buf: &mut BytesMut, budget: usize) -> Drained {
+    /// Encodes queued frames whose revision is at most `durable` into `buf`,
+    /// until it holds about `budget` bytes. Returns what the task must do
+    /// once `buf` is written out.
+    pub(crate) fn drain_into(&self, buf: &mut BytesMut, budget: usize, durable: u64) -> Drained {
         let mut st = self.lock();
         if st.overflowed {
             return Drained::Overflowed;
         }
         while buf.len() < budget {
-            let Some(out) = st.queue.pop_front() else {
+            let Some(out) = st.queue.front() else {
                 break;
             };
+            if out.revision() > durable {
+                return Drained::Waiting(out.revision());
+            }
+            let out = st.queue.pop_front().expect("a front exists");
             st.bytes = st.bytes.saturating_sub(out.wire_size() as u32);
             out.encode(buf);
         }
@@ -170,9 +210,10 @@ impl Outbox {
             st.queue = VecDeque::new();
         }
         match st.closing.as_deref_mut() {
-            Some(notice) => {
+            Some(closing) if closing.revision > durable => Drained::Waiting(closing.revision),
+            Some(closing) => {
                 // Sent once, however often a closing queue is drained.
-                if let Some((code, message)) = notice.take() {
+                if let Some((code, message)) = closing.notice.take() {
                     encode_disconnect(buf, code, &message);
                 }
                 Drained::Close
@@ -232,6 +273,8 @@ pub(crate) enum Drained {
     More,
     /// The queue is empty and the connection must now be closed.
     Close,
+    /// What is left waits for this revision to become durable.
+    Waiting(u64),
     /// The client fell too far behind: close without sending more.
     Overflowed,
 }

@@ -18,6 +18,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::{Config, ConfigError};
 use crate::core::Core;
 use crate::datadir::{DataDir, DataDirError};
+use crate::persist::{self, DurableMark, PersistError, Wal};
 use crate::state::StateMachine;
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -28,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     /// Wakes the expiry timer when a session with an earlier deadline appears.
     pub(crate) expiry_wake: Notify,
+    /// How far the log is durable (`u64::MAX` for an in-memory server).
+    pub(crate) mark: Arc<DurableMark>,
     /// One permit per connection that may still be served. A connection's
     /// permit is forgotten when accepted and added back when it closes.
     pub(crate) connection_slots: Semaphore,
@@ -52,6 +55,10 @@ pub enum ServerError {
     Bind { addr: String, source: io::Error },
     #[error(transparent)]
     DataDir(#[from] DataDirError),
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+    #[error("the log can no longer be written ({0}); the server stopped without acknowledging anything it could not make durable")]
+    LogFailed(String),
     #[error("listener failed: {0}")]
     Io(#[from] io::Error),
 }
@@ -61,6 +68,10 @@ pub struct Server {
     listener: TcpListener,
     shared: Arc<Shared>,
     data_dir: Option<DataDir>,
+    log_failed: watch::Receiver<Option<String>>,
+    /// Kept by an in-memory server, whose log never fails, so that
+    /// `log_failed` never reports a closed channel.
+    _no_log: Option<watch::Sender<Option<String>>>,
 }
 
 /// A cheap handle to a running server, for reading its counters.
@@ -102,10 +113,50 @@ impl Server {
     pub fn new(listener: TcpListener, config: Config) -> Result<Self, ServerError> {
         config.validate()?;
         let data_dir = config.data_dir.as_deref().map(DataDir::open).transpose()?;
+        let (failed_tx, log_failed) = watch::channel(None);
+        let mut failed_tx = Some(failed_tx);
+        let (sm, wal, mark) = match &data_dir {
+            Some(dir) => {
+                let started = std::time::Instant::now();
+                let (sm, recovery) = persist::recover(dir.path())?;
+                info!(
+                    revision = recovery.revision,
+                    snapshot = recovery.snapshot_revision,
+                    records = recovery.records_replayed,
+                    torn_bytes = recovery.torn_bytes_dropped,
+                    sessions = sm.session_count(),
+                    nodes = sm.node_count(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "recovered"
+                );
+                let mark = Arc::new(DurableMark::new(sm.revision()));
+                let failed = failed_tx.take().expect("taken once");
+                let wal = Wal::start(
+                    dir.path(),
+                    sm.revision(),
+                    config.fsync,
+                    mark.clone(),
+                    failed,
+                )?;
+                (sm, Some(wal), mark)
+            }
+            None => (
+                StateMachine::new(),
+                None,
+                Arc::new(DurableMark::new(u64::MAX)),
+            ),
+        };
         let config = Arc::new(config);
         let stats = Arc::new(Stats::default());
-        let core = Core::new(StateMachine::new(), config.clone(), stats.clone());
         let connection_slots = Semaphore::new(config.max_connections);
+        let core = Core::new(
+            sm,
+            config.clone(),
+            stats.clone(),
+            wal,
+            mark.clone(),
+            Instant::now(),
+        );
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
@@ -113,9 +164,12 @@ impl Server {
                 config,
                 stats,
                 expiry_wake: Notify::new(),
+                mark,
                 connection_slots,
             }),
             data_dir,
+            log_failed,
+            _no_log: failed_tx,
         })
     }
 
@@ -144,6 +198,8 @@ impl Server {
             listener,
             shared,
             data_dir,
+            mut log_failed,
+            _no_log,
         } = self;
         if let Some(dir) = &data_dir {
             info!(data_dir = %dir.path().display(), "data directory locked");
@@ -156,9 +212,14 @@ impl Server {
         tokio::pin!(shutdown);
         let mut accept_errors = 0u64;
         let mut last_accept_log: Option<Instant> = None;
+        let mut failure = None;
         loop {
             let accepted = tokio::select! {
                 _ = &mut shutdown => break,
+                _ = log_failed.changed() => {
+                    failure = log_failed.borrow().clone();
+                    break;
+                }
                 r = listener.accept() => r,
             };
             let (stream, peer) = match accepted {
@@ -204,8 +265,12 @@ impl Server {
             Ok(_) => info!("all connections closed"),
             Err(_) => warn!("stopped with connections still closing"),
         }
+        shared.core().stop_log();
         drop(data_dir);
-        Ok(())
+        match failure {
+            Some(reason) => Err(ServerError::LogFailed(reason)),
+            None => Ok(()),
+        }
     }
 }
 

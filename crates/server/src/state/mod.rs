@@ -101,6 +101,23 @@ pub struct Session {
     pub ephemerals: Ephemerals,
 }
 
+/// A node as a snapshot holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeImage {
+    pub path: String,
+    pub data: Bytes,
+    pub czxid: u64,
+    pub mzxid: u64,
+    pub pzxid: u64,
+    pub ctime: u64,
+    pub mtime: u64,
+    pub version: u32,
+    pub cversion: u32,
+    /// Owning session, 0 if persistent.
+    pub owner: u64,
+    pub fence: u64,
+}
+
 /// The tree and the sessions, changed only by [`apply`](Self::apply).
 #[derive(Clone, Debug)]
 pub struct StateMachine {
@@ -134,6 +151,86 @@ impl StateMachine {
     /// The revision of the last successful change.
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// Every node, each after its parent (the root first): the order a
+    /// snapshot stores them in.
+    pub fn nodes_parent_first(&self) -> impl Iterator<Item = NodeImage> + '_ {
+        let mut queue: std::collections::VecDeque<&str> = std::collections::VecDeque::from(["/"]);
+        std::iter::from_fn(move || {
+            let path = queue.pop_front()?;
+            let node = &self.nodes[path];
+            queue.extend(node.children().map(|c| &**c));
+            let stat = node.stat();
+            Some(NodeImage {
+                path: path.to_owned(),
+                data: node.data(),
+                czxid: stat.czxid,
+                mzxid: stat.mzxid,
+                pzxid: stat.pzxid,
+                ctime: stat.ctime,
+                mtime: stat.mtime,
+                version: stat.version,
+                cversion: stat.cversion,
+                owner: stat.ephemeral_owner,
+                fence: node.fence(),
+            })
+        })
+    }
+
+    /// Rebuilds a state machine from a snapshot's contents: the revision, the
+    /// sessions (id, timeout, secret), and the nodes, each after its parent.
+    ///
+    /// # Errors
+    /// A description of the first inconsistency: a node before its parent, an
+    /// ephemeral owned by an unknown session, a duplicate.
+    pub fn restore(
+        revision: u64,
+        sessions: impl IntoIterator<Item = (SessionId, u32, SessionSecret)>,
+        nodes: impl IntoIterator<Item = NodeImage>,
+    ) -> Result<StateMachine, String> {
+        let mut sm = StateMachine {
+            nodes: HashMap::new(),
+            sessions: HashMap::new(),
+            revision,
+        };
+        for (id, timeout_ms, secret) in sessions {
+            let session = Session {
+                timeout_ms,
+                secret,
+                ephemerals: Ephemerals::default(),
+            };
+            if sm.sessions.insert(id, session).is_some() {
+                return Err(format!("session {id} appears twice"));
+            }
+        }
+        for image in nodes {
+            let node = Node::restore(&image);
+            let path: Arc<str> = Arc::from(image.path.as_str());
+            if let Some(parent_path) = path::parent(&path) {
+                let parent = sm
+                    .nodes
+                    .get_mut(parent_path)
+                    .ok_or_else(|| format!("{path} comes before its parent"))?;
+                parent.add_child(node.czxid, path.clone());
+            } else if !sm.nodes.is_empty() {
+                return Err("the root is not the first node".into());
+            }
+            if let Some(owner) = node.owner() {
+                sm.sessions
+                    .get_mut(&owner)
+                    .ok_or_else(|| format!("{path} is owned by unknown session {owner}"))?
+                    .ephemerals
+                    .insert(path.clone());
+            }
+            if sm.nodes.insert(path.clone(), node).is_some() {
+                return Err(format!("{path} appears twice"));
+            }
+        }
+        if !sm.nodes.contains_key("/") {
+            return Err("the root node is missing".into());
+        }
+        Ok(sm)
     }
 
     pub fn node(&self, path: &str) -> Option<&Node> {
@@ -194,14 +291,14 @@ impl StateMachine {
 
     /// Applies one command, stamping changes with `now_ms` (milliseconds since
     /// the Unix epoch, chosen by the caller).
-    pub fn apply(&mut self, command: Command, now_ms: u64) -> Applied {
+    pub fn apply(&mut self, command: &Command, now_ms: u64) -> Applied {
         let mut triggers = Vec::new();
         let result = match command {
             Command::OpenSession { timeout_ms, secret } => {
-                Ok(self.open_session(timeout_ms, secret))
+                Ok(self.open_session(*timeout_ms, *secret))
             }
             Command::CloseSession { session } | Command::ExpireSession { session } => {
-                self.end_session(session, &mut triggers)
+                self.end_session(*session, &mut triggers)
             }
             Command::Create {
                 session,
@@ -209,18 +306,18 @@ impl StateMachine {
                 data,
                 mode,
                 fence,
-            } => self.create(session, &path, &data, mode, fence, now_ms, &mut triggers),
+            } => self.create(*session, path, data, *mode, *fence, now_ms, &mut triggers),
             Command::Delete {
                 path,
                 version,
                 fence,
-            } => self.delete(&path, version, fence, &mut triggers),
+            } => self.delete(path, *version, *fence, &mut triggers),
             Command::SetData {
                 path,
                 data,
                 version,
                 fence,
-            } => self.set_data(&path, &data, version, fence, now_ms, &mut triggers),
+            } => self.set_data(path, data, *version, *fence, now_ms, &mut triggers),
         };
         Applied {
             result,
@@ -330,7 +427,10 @@ impl StateMachine {
 
         self.revision = revision;
         let full: Arc<str> = Arc::from(full);
-        let node = Node::new(data, revision, now_ms, owner);
+        let mut node = Node::new(data, revision, now_ms, owner);
+        // The new node starts out fenced by the token that created it, so a
+        // holder with an older token cannot change it either.
+        accept_fence(&mut node, fence);
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         let parent = self

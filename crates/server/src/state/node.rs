@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use baton_proto::{SessionId, Stat};
+
+use super::NodeImage;
 use bytes::Bytes;
 
 /// A node: its data, its metadata and the full paths of its children.
@@ -51,6 +53,26 @@ impl Node {
             children: None,
         };
         node.set_data(data);
+        node
+    }
+
+    /// A node exactly as a snapshot recorded it (children are linked by the
+    /// caller).
+    pub(super) fn restore(image: &NodeImage) -> Self {
+        let mut node = Node {
+            data: None,
+            czxid: image.czxid,
+            mzxid: image.mzxid,
+            pzxid: image.pzxid,
+            ctime: image.ctime,
+            mtime: image.mtime,
+            version: image.version,
+            cversion: image.cversion,
+            owner: image.owner,
+            fence: image.fence,
+            children: None,
+        };
+        node.set_data(&image.data);
         node
     }
 

@@ -3,7 +3,7 @@ use super::*;
 fn open(sm: &mut StateMachine) -> SessionId {
     match sm
         .apply(
-            Command::OpenSession {
+            &Command::OpenSession {
                 timeout_ms: 1000,
                 secret: SessionSecret([7; 16]),
             },
@@ -18,7 +18,7 @@ fn open(sm: &mut StateMachine) -> SessionId {
 
 fn create(sm: &mut StateMachine, session: SessionId, path: &str, mode: CreateMode) -> Applied {
     sm.apply(
-        Command::Create {
+        &Command::Create {
             session,
             path: path.into(),
             data: Bytes::from_static(b"d"),
@@ -103,7 +103,7 @@ fn sequence_numbers_grow_across_delete_and_recreate_of_the_parent() {
         }
         for p in made {
             sm.apply(
-                Command::Delete {
+                &Command::Delete {
                     path: p,
                     version: None,
                     fence: None,
@@ -114,7 +114,7 @@ fn sequence_numbers_grow_across_delete_and_recreate_of_the_parent() {
             .unwrap();
         }
         sm.apply(
-            Command::Delete {
+            &Command::Delete {
                 path: "/lock".into(),
                 version: None,
                 fence: None,
@@ -144,7 +144,7 @@ fn ending_a_session_deletes_its_ephemerals_in_one_revision() {
         .result
         .unwrap();
     let before = sm.revision();
-    let applied = sm.apply(Command::ExpireSession { session: a }, 0);
+    let applied = sm.apply(&Command::ExpireSession { session: a }, 0);
     assert_eq!(applied.revision, before + 1);
     match applied.result {
         Ok(Outcome::SessionEnded { deleted }) => {
@@ -165,7 +165,7 @@ fn ending_a_session_deletes_its_ephemerals_in_one_revision() {
     assert!(sm.session(a).is_none());
     // A second end of the same session is an error and changes nothing.
     assert_eq!(
-        code(sm.apply(Command::CloseSession { session: a }, 0)),
+        code(sm.apply(&Command::CloseSession { session: a }, 0)),
         ErrorCode::SessionExpired
     );
     // An ended session cannot create ephemerals.
@@ -184,7 +184,7 @@ fn versions_are_checked_and_counted() {
         .unwrap();
     let set = |sm: &mut StateMachine, version| {
         sm.apply(
-            Command::SetData {
+            &Command::SetData {
                 path: "/v".into(),
                 data: Bytes::from_static(b"new"),
                 version,
@@ -202,7 +202,7 @@ fn versions_are_checked_and_counted() {
     assert_eq!(stat.mzxid, sm.revision());
     assert_eq!(
         code(sm.apply(
-            Command::Delete {
+            &Command::Delete {
                 path: "/v".into(),
                 version: Some(0),
                 fence: None
@@ -212,7 +212,7 @@ fn versions_are_checked_and_counted() {
         ErrorCode::BadVersion
     );
     sm.apply(
-        Command::Delete {
+        &Command::Delete {
             path: "/v".into(),
             version: Some(1),
             fence: None,
@@ -235,7 +235,7 @@ fn delete_refuses_root_missing_and_non_empty() {
         .unwrap();
     let del = |sm: &mut StateMachine, p: &str| {
         sm.apply(
-            Command::Delete {
+            &Command::Delete {
                 path: p.into(),
                 version: None,
                 fence: None,
@@ -270,7 +270,7 @@ fn explicit_delete_of_an_ephemeral_forgets_it_in_the_session() {
     let (p, _) = created_path(create(&mut sm, s, "/e-", CreateMode::EphemeralSequential));
     assert!(sm.session(s).unwrap().ephemerals.contains(p.as_str()));
     sm.apply(
-        Command::Delete {
+        &Command::Delete {
             path: p.clone(),
             version: None,
             fence: None,
@@ -298,7 +298,7 @@ fn children_are_listed_in_name_order() {
 
 fn fenced_set(sm: &mut StateMachine, path: &str, token: u64) -> Applied {
     sm.apply(
-        Command::SetData {
+        &Command::SetData {
             path: path.into(),
             data: Bytes::from(token.to_string()),
             version: None,
@@ -332,7 +332,7 @@ fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
     assert_eq!(sm.node("/r").unwrap().fence(), 9);
     // An unfenced write neither checks nor lowers the fence.
     sm.apply(
-        Command::SetData {
+        &Command::SetData {
             path: "/r".into(),
             data: Bytes::new(),
             version: None,
@@ -346,7 +346,7 @@ fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
     // Delete is fenced by the node, create by the parent.
     let del = |sm: &mut StateMachine, token| {
         sm.apply(
-            Command::Delete {
+            &Command::Delete {
                 path: "/r".into(),
                 version: None,
                 fence: Some(token),
@@ -357,7 +357,7 @@ fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
     assert_eq!(code(del(&mut sm, 8)), ErrorCode::StaleFence);
     let child = |sm: &mut StateMachine, token| {
         sm.apply(
-            Command::Create {
+            &Command::Create {
                 session: s,
                 path: "/r/c".into(),
                 data: Bytes::new(),
@@ -386,7 +386,7 @@ fn predecessor_is_the_sibling_created_just_before() {
     assert_eq!(pred(&sm, &nodes[0]), None);
     assert_eq!(pred(&sm, &nodes[2]), Some(nodes[1].clone()));
     sm.apply(
-        Command::Delete {
+        &Command::Delete {
             path: nodes[1].clone(),
             version: None,
             fence: None,
@@ -404,6 +404,39 @@ fn predecessor_is_the_sibling_created_just_before() {
     let (found, _) = sm.child_created_at("/l", token).unwrap().unwrap();
     assert_eq!(&**found, nodes[3].as_str());
     assert!(sm.child_created_at("/l", token + 100).unwrap().is_none());
+}
+
+#[test]
+fn a_restored_state_machine_equals_the_original() {
+    let mut sm = StateMachine::new();
+    let a = open(&mut sm);
+    let b = open(&mut sm);
+    create(&mut sm, a, "/p", CreateMode::Persistent)
+        .result
+        .unwrap();
+    create(&mut sm, a, "/p/e-", CreateMode::EphemeralSequential)
+        .result
+        .unwrap();
+    create(&mut sm, b, "/p/f", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    fenced_set(&mut sm, "/p", 12).result.unwrap();
+    let sessions: Vec<_> = sm
+        .sessions()
+        .map(|(id, s)| (id, s.timeout_ms, s.secret))
+        .collect();
+    let images: Vec<NodeImage> = sm.nodes_parent_first().collect();
+    assert_eq!(images[0].path, "/");
+    let mut restored = StateMachine::restore(sm.revision(), sessions, images.clone()).unwrap();
+    assert_eq!(restored.nodes_parent_first().collect::<Vec<_>>(), images);
+    assert_eq!(restored.revision(), sm.revision());
+    assert_eq!(restored.session(a).unwrap().ephemerals.len(), 1);
+    // Both go on identically.
+    let expire = Command::ExpireSession { session: a };
+    let x = sm.apply(&expire, 0);
+    let y = restored.apply(&expire, 0);
+    assert_eq!(x.triggers, y.triggers);
+    assert_eq!(x.revision, y.revision);
 }
 
 mod determinism {
@@ -457,8 +490,8 @@ mod determinism {
             let mut one = StateMachine::new();
             let mut two = StateMachine::new();
             for (i, cmd) in cmds.into_iter().enumerate() {
-                let a = one.apply(cmd.clone(), i as u64);
-                let b = two.apply(cmd, i as u64);
+                let a = one.apply(&cmd, i as u64);
+                let b = two.apply(&cmd, i as u64);
                 prop_assert_eq!(a.result, b.result);
                 prop_assert_eq!(a.triggers, b.triggers);
             }

@@ -1,0 +1,141 @@
+//! Durability: a write-ahead log of applied commands, snapshots, recovery,
+//! and the durable mark that holds back replies until their change is safe.
+//!
+//! Every change the state machine applies is appended, under the core lock
+//! and so in apply order, to an in-memory queue. A committer thread writes
+//! the queue out and syncs it (one `fdatasync` for everything queued
+//! meanwhile: group commit), then advances the [`DurableMark`]. Replies and
+//! watch events carry the revision they reflect, and a connection sends them
+//! only once the mark has reached it (invariant 9 of docs/design.md).
+//!
+//! Files in the data directory:
+//! - `wal-<first revision>.log`: log segments (see [`record`] for the format);
+//! - `snapshot-<revision>.snap`: snapshots (see [`snapshot`]);
+//! - `LOCK`: held by the running server.
+
+mod log;
+pub(crate) mod record;
+pub(crate) mod snapshot;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub(crate) use log::Wal;
+pub use log::{recover, Recovery};
+
+use crate::outbox::Outbox;
+
+/// When the log is synced to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// Before any reply or event that depends on a change leaves the server,
+    /// the change is on disk (`fdatasync`). Concurrent changes share a sync.
+    #[default]
+    Always,
+    /// Changes are written to the operating system but not synced: a crash of
+    /// the server loses nothing, a power loss loses the last moments (as
+    /// Redis without `appendfsync`).
+    Never,
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            other => Err(format!(
+                "unknown fsync policy {other:?}: use always or never"
+            )),
+        }
+    }
+}
+
+/// Why the durable state cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PersistError {
+    #[error("{what}: {}: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("{} is damaged at byte offset {offset}: {what}. The server does not start on a damaged log and changed nothing; restore the data directory from a copy, or move the file away to start from what remains", file.display())]
+    Corrupt {
+        file: PathBuf,
+        offset: u64,
+        what: String,
+    },
+}
+
+impl PersistError {
+    pub(crate) fn io(file: &Path, what: &'static str, source: io::Error) -> Self {
+        PersistError::Io {
+            file: file.to_owned(),
+            what,
+            source,
+        }
+    }
+}
+
+/// Syncs a directory, so that files created or renamed in it stay.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), PersistError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| PersistError::io(dir, "syncing the data directory", e))
+}
+
+/// The highest revision that is durable, and the connections waiting for it
+/// to pass the revision of something they queued.
+#[derive(Debug)]
+pub(crate) struct DurableMark {
+    revision: AtomicU64,
+    waiters: Mutex<Vec<Arc<Outbox>>>,
+}
+
+impl DurableMark {
+    /// A mark at `revision`. An in-memory server uses `u64::MAX`: everything
+    /// is as durable as it will ever be at once.
+    pub(crate) fn new(revision: u64) -> Self {
+        DurableMark {
+            revision: AtomicU64::new(revision),
+            waiters: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    /// Has `outbox` woken when the mark moves, if it has not reached
+    /// `revision` yet. Returns false (registering nothing) if it has: then no
+    /// wake-up will come for it.
+    pub(crate) fn wake_at(&self, revision: u64, outbox: &Arc<Outbox>) -> bool {
+        if self.get() >= revision {
+            return false;
+        }
+        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked again under the lock that `advance` takes after moving the
+        // mark: a wake-up cannot fall between the check and the registration.
+        if self.get() >= revision {
+            return false;
+        }
+        if outbox.set_awaiting_durability() {
+            waiters.push(outbox.clone());
+        }
+        true
+    }
+
+    /// Moves the mark to `revision` and wakes every waiting connection.
+    pub(crate) fn advance(&self, revision: u64) {
+        self.revision.fetch_max(revision, Ordering::AcqRel);
+        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        for outbox in waiters {
+            outbox.durability_reached();
+        }
+    }
+}
