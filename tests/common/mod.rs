@@ -37,8 +37,14 @@ impl TestServer {
     }
 
     pub async fn with_config(config: Config) -> Self {
+        Self::at("127.0.0.1:0", config).await
+    }
+
+    /// A server on `addr` (a fixed port, to restart a server where its
+    /// clients look for it).
+    pub async fn at(addr: &str, config: Config) -> Self {
         count_panics();
-        let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
+        let server = Server::bind(addr, config).await.expect("bind");
         let addr = server.local_addr().unwrap();
         let handle = server.handle();
         let (stop, stopped) = oneshot::channel();
@@ -674,5 +680,42 @@ where
 {
     fn wake(self: Arc<Self>) {
         self.run();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Data directories
+
+/// A fresh data directory under the system's temporary directory, removed
+/// on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("baton-test-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A durable server configuration on `dir`.
+pub fn durable_config(dir: &std::path::Path) -> Config {
+    Config {
+        data_dir: Some(dir.to_owned()),
+        ..fast_config()
     }
 }

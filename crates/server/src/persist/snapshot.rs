@@ -2,14 +2,14 @@
 //!
 //! # Format
 //! ```text
-//! header, 40 bytes:
+//! header, 44 bytes:
 //!   magic       [8]  "BATNSNAP"
 //!   format      u32  1
 //!   revision    u64  the state's revision
 //!   sessions    u64  number of session entries
 //!   nodes       u64  number of node entries
 //!   body_crc    u32  CRC32C of everything after the header
-//!   header_crc  u32  CRC32C of the 36 bytes before it
+//!   header_crc  u32  CRC32C of the 40 bytes before it
 //! sessions: id u64, timeout_ms u32, secret [16]
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
@@ -30,7 +30,7 @@ use crate::state::{NodeImage, StateMachine};
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
 const FORMAT: u32 = 1;
-const HEADER: usize = 40;
+const HEADER: usize = 44;
 
 /// The file name of the snapshot at `revision`.
 pub(crate) fn file_name(revision: u64) -> String {
@@ -123,8 +123,8 @@ pub(crate) fn read(path: &Path) -> Result<StateMachine, PersistError> {
         ));
     }
     let header = &bytes[..HEADER];
-    let header_crc = u32::from_be_bytes(header[36..40].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&header[..36]) != header_crc {
+    let header_crc = u32::from_be_bytes(header[40..44].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&header[..40]) != header_crc {
         return Err(corrupt(0, "snapshot header fails its checksum".into()));
     }
     let mut h = Cursor(&header[8..36]);
@@ -138,7 +138,7 @@ pub(crate) fn read(path: &Path) -> Result<StateMachine, PersistError> {
     let revision = h.u64().map_err(|e| corrupt(12, e))?;
     let sessions = h.u64().map_err(|e| corrupt(20, e))?;
     let nodes = h.u64().map_err(|e| corrupt(28, e))?;
-    let body_crc = u32::from_be_bytes(header[32..36].try_into().expect("4 bytes"));
+    let body_crc = u32::from_be_bytes(header[36..40].try_into().expect("4 bytes"));
     let body = &bytes[HEADER..];
     if crc32c::crc32c(body) != body_crc {
         return Err(corrupt(HEADER, "snapshot body fails its checksum".into()));
@@ -192,5 +192,53 @@ impl<W: Write> CrcWriter<W> {
     fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.crc = crc32c::crc32c_append(self.crc, bytes);
         self.inner.write_all(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Command;
+    use baton_proto::CreateMode;
+    use bytes::Bytes;
+
+    #[test]
+    fn a_snapshot_reads_back_as_the_state_it_was_written_from() {
+        let dir = std::env::temp_dir().join(format!("baton-snapshot-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut sm = StateMachine::new();
+        sm.apply(
+            &Command::OpenSession {
+                timeout_ms: 3000,
+                secret: SessionSecret([3; 16]),
+            },
+            1,
+        );
+        for (path, mode) in [
+            ("/a", CreateMode::Persistent),
+            ("/a/b-", CreateMode::EphemeralSequential),
+            ("/c", CreateMode::Ephemeral),
+        ] {
+            let applied = sm.apply(
+                &Command::Create {
+                    session: SessionId(1),
+                    path: path.into(),
+                    data: Bytes::from(path.as_bytes().to_vec()),
+                    mode,
+                    fence: Some(5),
+                },
+                2,
+            );
+            applied.result.unwrap();
+        }
+        let path = write(&dir, &sm, false).unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(back.revision(), sm.revision());
+        assert_eq!(
+            back.nodes_parent_first().collect::<Vec<_>>(),
+            sm.nodes_parent_first().collect::<Vec<_>>()
+        );
+        assert_eq!(back.session(SessionId(1)).unwrap().ephemerals.len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,287 @@
+//! What a server with a data directory keeps across restarts, and how it
+//! treats a damaged log.
+
+mod common;
+
+use std::time::Duration;
+
+use baton::server::persist::{recover, PersistError};
+use baton::server::{Config, Server, ServerError};
+use baton::{CreateMode, Error, Lock, SessionState};
+use common::*;
+
+/// Restarts a stopped server on the same address and directory.
+async fn restart(addr: std::net::SocketAddr, config: Config) -> TestServer {
+    TestServer::at(&addr.to_string(), config).await
+}
+
+#[tokio::test]
+async fn nodes_data_versions_and_fences_survive_a_restart() {
+    let dir = TempDir::new("restart");
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let addr = server.addr;
+    let c = server.client().await;
+    c.create("/app", "v1", CreateMode::Persistent)
+        .await
+        .unwrap();
+    c.set_data("/app", "v2", None).await.unwrap();
+    c.set_data_fenced("/app", "v3", 40).await.unwrap();
+    c.create("/app/child", "x", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let before = c.exists("/app").await.unwrap().unwrap();
+    c.close().await;
+    server.stop().await;
+
+    let server = restart(addr, durable_config(dir.path())).await;
+    let c = server.client().await;
+    let (data, stat) = c.get_data("/app").await.unwrap();
+    assert_eq!(&data[..], b"v3");
+    assert_eq!(stat, before);
+    assert_eq!(c.get_children("/app").await.unwrap().0, ["child"]);
+    // The fence held: a lower token is still refused.
+    assert!(matches!(
+        c.set_data_fenced("/app", "stale", 39).await,
+        Err(Error::StaleFence(_))
+    ));
+    c.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sequence_numbers_and_lock_tokens_keep_growing_across_restarts() {
+    let dir = TempDir::new("tokens");
+    let mut addr = None;
+    let mut last = 0;
+    for _ in 0..3 {
+        let config = durable_config(dir.path());
+        let server = match addr {
+            None => TestServer::with_config(config).await,
+            Some(a) => restart(a, config).await,
+        };
+        addr = Some(server.addr);
+        let c = server.client().await;
+        for _ in 0..3 {
+            let guard = Lock::new(&c, "/locks/l").acquire().await.unwrap();
+            assert!(guard.token().get() > last, "{} after {last}", guard.token());
+            last = guard.token().get();
+            guard.release().await.unwrap();
+        }
+        let created = c
+            .create("/seq-", "", CreateMode::PersistentSequential)
+            .await
+            .unwrap();
+        assert!(created.sequence.unwrap() > last);
+        last = created.sequence.unwrap();
+        c.close().await;
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_resume_after_a_restart_and_keep_their_ephemerals() {
+    let dir = TempDir::new("sessions");
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let addr = server.addr;
+    let stays = server.client_with_timeout(Duration::from_secs(10)).await;
+    let leaves = server.client_with_timeout(Duration::from_millis(500)).await;
+    stays
+        .create("/mine", "", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    leaves
+        .create("/gone", "", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let guard = Lock::new(&stays, "/locks/held").acquire().await.unwrap();
+    let session = stays.session_id();
+    drop(leaves); // never comes back
+    server.stop().await;
+
+    let server = restart(addr, durable_config(dir.path())).await;
+    // The client reconnects and resumes its session by itself.
+    wait_state(&stays, SessionState::Reconnected).await;
+    assert_eq!(stays.session_id(), session);
+    assert!(stays.exists("/mine").await.unwrap().is_some());
+    assert!(!guard.is_lost());
+    let queue = Lock::new(&stays, "/locks/held").contenders().await.unwrap();
+    assert_eq!(queue[0].node, guard.node());
+    // The session that did not come back expires after its (fresh) timeout.
+    let observer = server.client().await;
+    eventually_async(10, "the silent session to expire", || async {
+        observer.exists("/gone").await.unwrap().is_none()
+    })
+    .await;
+    guard.release().await.unwrap();
+    stays.close().await;
+    observer.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn snapshots_replace_the_old_log_and_recovery_uses_them() {
+    let dir = TempDir::new("snapshots");
+    let config = Config {
+        snapshot_every_bytes: 4 * 1024,
+        ..durable_config(dir.path())
+    };
+    let server = TestServer::with_config(config.clone()).await;
+    let addr = server.addr;
+    let c = server.client().await;
+    for i in 0..400 {
+        c.create(
+            &format!("/n{i}"),
+            format!("value {i}"),
+            CreateMode::Persistent,
+        )
+        .await
+        .unwrap();
+    }
+    let revision = server.stats().revision;
+    c.close().await;
+    server.stop().await;
+
+    let files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let snapshots = files.iter().filter(|f| f.starts_with("snapshot-")).count();
+    let segments = files.iter().filter(|f| f.starts_with("wal-")).count();
+    assert!(snapshots >= 1, "{files:?}");
+    assert!(snapshots <= 2, "old snapshots are removed: {files:?}");
+    assert!(segments <= 3, "old log segments are removed: {files:?}");
+
+    let (sm, recovery) = recover(dir.path()).unwrap();
+    assert!(recovery.snapshot_revision > 0, "{recovery:?}");
+    assert!(
+        recovery.revision > revision,
+        "the close came after: {recovery:?}"
+    );
+    assert_eq!(sm.node_count(), 401);
+    let server = restart(addr, config).await;
+    let c = server.client().await;
+    for i in [0, 199, 399] {
+        let (data, _) = c.get_data(&format!("/n{i}")).await.unwrap();
+        assert_eq!(data, format!("value {i}").into_bytes());
+    }
+    c.close().await;
+    server.stop().await;
+}
+
+/// Fills a directory's log with `n` creates and stops the server.
+async fn write_log(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let server = TestServer::with_config(durable_config(dir)).await;
+    let c = server.client().await;
+    for i in 0..n {
+        c.create(&format!("/r{i}"), "payload", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    c.close().await;
+    server.stop().await;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("wal-"))
+        .expect("a log segment")
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_dropped_and_everything_before_it_kept() {
+    let dir = TempDir::new("torn");
+    let log = write_log(dir.path(), 20).await;
+    let len = std::fs::metadata(&log).unwrap().len();
+    // Cut into the last record (the close of the session), as a crash in
+    // the middle of a write would.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let (sm, recovery) = recover(dir.path()).unwrap();
+    assert!(recovery.torn_bytes_dropped > 0, "{recovery:?}");
+    for i in 0..20 {
+        assert!(
+            sm.node(&format!("/r{i}")).is_some(),
+            "/r{i} was acknowledged"
+        );
+    }
+    // The file was cut back to its last whole record, and the server starts.
+    assert!(std::fs::metadata(&log).unwrap().len() < len - 5);
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let c = server.client().await;
+    assert!(c.exists("/r19").await.unwrap().is_some());
+    c.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_flipped_bit_inside_the_log_stops_the_server_and_changes_nothing() {
+    let dir = TempDir::new("bitflip");
+    let log = write_log(dir.path(), 20).await;
+    let mut bytes = std::fs::read(&log).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x04;
+    std::fs::write(&log, &bytes).unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = Server::new(listener, durable_config(dir.path()))
+        .err()
+        .expect("a damaged log must not start");
+    match &err {
+        ServerError::Persist(PersistError::Corrupt { file, offset, .. }) => {
+            assert_eq!(file, &log);
+            assert!(
+                *offset <= middle as u64,
+                "offset {offset}, flip at {middle}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(&log.display().to_string()), "{message}");
+    assert!(message.contains("offset"), "{message}");
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        bytes,
+        "nothing was overwritten"
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_snapshot_stops_the_server() {
+    let dir = TempDir::new("badsnap");
+    let config = Config {
+        snapshot_every_bytes: 2 * 1024,
+        ..durable_config(dir.path())
+    };
+    let server = TestServer::with_config(config.clone()).await;
+    let c = server.client().await;
+    for i in 0..200 {
+        c.create(&format!("/s{i}"), "", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    c.close().await;
+    server.stop().await;
+    let snap = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("snapshot-")
+        })
+        .max()
+        .expect("a snapshot");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x01;
+    std::fs::write(&snap, &bytes).unwrap();
+    match recover(dir.path()) {
+        Err(PersistError::Corrupt { file, .. }) => assert_eq!(file, snap),
+        other => panic!("{other:?}"),
+    }
+}
