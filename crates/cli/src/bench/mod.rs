@@ -5,6 +5,7 @@
 //! `baton serve`), so that the server's memory and CPU can be read from
 //! /proc without the load generator mixed in.
 
+mod durability;
 mod ops;
 mod server;
 
@@ -15,6 +16,7 @@ use crate::CliResult;
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     Ops(ops::OpsArgs),
+    Durability(durability::DurabilityArgs),
 }
 
 /// Runs a benchmark against `server` if one was named (--server or
@@ -22,6 +24,7 @@ pub enum BenchCommand {
 pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
     match cmd {
         BenchCommand::Ops(args) => ops::run(server, args).await,
+        BenchCommand::Durability(args) => durability::run(args).await,
     }
     .map(|()| ExitCode::SUCCESS)
 }

@@ -294,7 +294,7 @@ fn print_markdown(r: &Report) {
 
 /// Round trips of 16-byte messages between two threads over loopback with
 /// blocking sockets: what the machine allows.
-fn tcp_floor(n: usize) -> Result<Summary, CliError> {
+pub(super) fn tcp_floor(n: usize) -> Result<Summary, CliError> {
     let io = |e: std::io::Error| CliError::msg(format!("TCP floor: {e}"));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
     let addr = listener.local_addr().map_err(io)?;

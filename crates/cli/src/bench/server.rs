@@ -14,18 +14,31 @@ pub struct ChildServer {
     child: Child,
     pub addr: String,
     data_dir: PathBuf,
+    /// Remove the data directory on drop (it was made for this server).
+    owns_dir: bool,
 }
 
 impl ChildServer {
     /// Starts `baton serve` on a free loopback port with `extra` arguments and
     /// waits until it accepts connections.
     pub async fn start(extra: &[&str]) -> Result<Self, CliError> {
+        let dir = std::env::temp_dir().join(format!(
+            "baton-bench-{}-{}",
+            std::process::id(),
+            free_port()?
+        ));
+        let mut server = Self::start_in(&dir, extra).await?;
+        server.owns_dir = true;
+        Ok(server)
+    }
+
+    /// Starts `baton serve` on `data_dir` (kept on drop).
+    pub async fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Result<Self, CliError> {
         let exe = std::env::current_exe()
             .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
-        let data_dir =
-            std::env::temp_dir().join(format!("baton-bench-{}-{port}", std::process::id()));
+        let data_dir = data_dir.to_owned();
         let child = Command::new(exe)
             .arg("serve")
             .arg("--listen")
@@ -45,12 +58,13 @@ impl ChildServer {
             child,
             addr,
             data_dir,
+            owns_dir: false,
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
         while TcpStream::connect(&server.addr).await.is_err() {
             if tokio::time::Instant::now() > deadline {
                 return Err(CliError::msg(format!(
-                    "the benchmark server did not start listening on {} within 10 s",
+                    "the benchmark server did not start listening on {} within 300 s",
                     server.addr
                 )));
             }
@@ -62,12 +76,19 @@ impl ChildServer {
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
+
+    /// Kills the server (SIGKILL) and waits for it to be gone.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
 }
 
 impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
     }
 }
 

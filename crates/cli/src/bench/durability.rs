@@ -1,0 +1,397 @@
+//! `baton bench durability`: what `--fsync always` costs, next to the floor
+//! the disk and the loopback set, measured in the same run.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_client::{Client, CreateMode, Lock};
+use serde::Serialize;
+
+use super::ops::tcp_floor;
+use super::server::ChildServer;
+use super::{progress, Summary};
+use crate::CliError;
+
+/// Measure durable writes: the disk's fdatasync rate, writes per second at
+/// several numbers of concurrent writers and contended lock handovers per
+/// second with `--fsync always`, and recovery time for a long log.
+///
+/// Every server is a `baton serve` child process on a data directory under
+/// --dir (default: the system's temporary directory), which is the disk
+/// measured.
+#[derive(clap::Args)]
+pub struct DurabilityArgs {
+    /// Directory on the disk to measure; data directories are made in it.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<std::path::PathBuf>,
+    /// Concurrent writers, as a comma-separated list.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    writers: Vec<usize>,
+    /// Contenders queueing on one lock for the handover measurement.
+    #[arg(long, default_value_t = 16)]
+    contenders: usize,
+    /// How long each timed run lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    duration_ms: u64,
+    /// Log records to write before timing recovery (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    recovery_records: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long, conflicts_with = "markdown")]
+    json: bool,
+    /// Print Markdown tables (as in docs/benchmarks.md).
+    #[arg(long)]
+    markdown: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    fdatasync: Summary,
+    fdatasync_per_s: f64,
+    tcp_rtt: Summary,
+    writes: Vec<Writes>,
+    handovers_per_s: f64,
+    handover_floor_per_s: f64,
+    handovers: u64,
+    recovery: Option<RecoveryTime>,
+}
+
+#[derive(Serialize)]
+struct Writes {
+    writers: usize,
+    writes: u64,
+    writes_per_s: f64,
+    /// Writes per second over the disk's fdatasync rate.
+    over_fdatasync: f64,
+}
+
+#[derive(Serialize)]
+struct RecoveryTime {
+    records: u64,
+    log_bytes: u64,
+    /// From starting `baton serve` to it accepting connections.
+    startup_ms: f64,
+}
+
+pub async fn run(args: DurabilityArgs) -> Result<(), CliError> {
+    let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let root = base.join(format!("baton-bench-durability-{}", std::process::id()));
+    std::fs::create_dir_all(&root)
+        .map_err(|e| CliError::msg(format!("cannot create {}: {e}", root.display())))?;
+    let result = measure(&args, &root).await;
+    let _ = std::fs::remove_dir_all(&root);
+    let report = result?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("report serializes")
+        );
+    } else if args.markdown {
+        print_markdown(&report);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+async fn measure(args: &DurabilityArgs, root: &std::path::Path) -> Result<Report, CliError> {
+    let duration = Duration::from_millis(args.duration_ms);
+    progress(format!(
+        "fdatasync of a 4 KiB append on {}, {} ms",
+        root.display(),
+        args.duration_ms
+    ));
+    let probe = root.join("fdatasync-probe");
+    let fdatasync = tokio::task::spawn_blocking(move || fdatasync_floor(&probe, duration))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+    let fdatasync_per_s = 1e6 / fdatasync.p50_us;
+    progress("loopback TCP round trip, 10000 round trips");
+    let tcp_rtt = tokio::task::spawn_blocking(|| tcp_floor(10_000))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+
+    let server = ChildServer::start_in(&root.join("writes"), &["--fsync", "always"]).await?;
+    let mut writes = Vec::new();
+    for &writers in &args.writers {
+        progress(format!(
+            "durable writes, {writers} concurrent writers, {} ms",
+            args.duration_ms
+        ));
+        let n = write_run(&server.addr, writers, duration).await?;
+        let per_s = n as f64 / duration.as_secs_f64();
+        writes.push(Writes {
+            writers,
+            writes: n,
+            writes_per_s: per_s,
+            over_fdatasync: per_s / fdatasync_per_s,
+        });
+    }
+    progress(format!(
+        "contended handovers, {} contenders on one lock, {} ms",
+        args.contenders, args.duration_ms
+    ));
+    let handovers = handover_run(&server.addr, args.contenders, duration).await?;
+    server.kill().await;
+    let handovers_per_s = handovers as f64 / duration.as_secs_f64();
+    let handover_floor_per_s = 1e6 / (fdatasync.p50_us + 1.5 * tcp_rtt.p50_us);
+
+    let recovery = if args.recovery_records > 0 {
+        Some(recovery_run(&root.join("recovery"), args.recovery_records).await?)
+    } else {
+        None
+    };
+    Ok(Report {
+        fdatasync,
+        fdatasync_per_s,
+        tcp_rtt,
+        writes,
+        handovers_per_s,
+        handover_floor_per_s,
+        handovers,
+        recovery,
+    })
+}
+
+/// Latency of appending 4 KiB and syncing it, repeated for `duration`.
+fn fdatasync_floor(path: &std::path::Path, duration: Duration) -> Result<Summary, CliError> {
+    let io = |e: std::io::Error| CliError::msg(format!("fdatasync probe {}: {e}", path.display()));
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    let block = [0x5au8; 4096];
+    let mut samples = Vec::new();
+    let end = Instant::now() + duration;
+    while Instant::now() < end && samples.len() < 1_000_000 {
+        let t = Instant::now();
+        file.write_all(&block).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        samples.push(t.elapsed());
+    }
+    drop(file);
+    let _ = std::fs::remove_file(path);
+    Ok(Summary::of(&mut samples))
+}
+
+/// Each writer sets its own node's data, one write at a time, for
+/// `duration`; returns the number of acknowledged writes.
+async fn write_run(addr: &str, writers: usize, duration: Duration) -> Result<u64, CliError> {
+    let mut clients = Vec::with_capacity(writers);
+    for i in 0..writers {
+        let c = Client::connect(addr).await?;
+        let path = format!("/w{i}");
+        match c.create(&path, "", CreateMode::Persistent).await {
+            Ok(_) | Err(baton_client::Error::NodeExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        clients.push((c, path));
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + duration;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|(c, path)| {
+            let done = done.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < end && n < 100_000_000 {
+                    c.set_data(&path, n.to_string(), None).await?;
+                    n += 1;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+                c.close().await;
+                Ok::<_, baton_client::Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.map_err(|e| CliError::msg(e.to_string()))??;
+    }
+    Ok(done.load(Ordering::Relaxed))
+}
+
+/// Contenders that acquire, release and queue again on one lock for
+/// `duration`; returns the number of grants.
+async fn handover_run(addr: &str, contenders: usize, duration: Duration) -> Result<u64, CliError> {
+    let grants = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..contenders {
+        let c = Client::connect(addr).await?;
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            let lock = Lock::new(&c, "/bench/handover");
+            while Instant::now() < end {
+                let remaining = end.saturating_duration_since(Instant::now());
+                let Some(guard) = lock.acquire_timeout(remaining).await? else {
+                    break;
+                };
+                grants.fetch_add(1, Ordering::Relaxed);
+                guard.release().await?;
+            }
+            c.close().await;
+            Ok::<_, baton_client::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| CliError::msg(e.to_string()))??;
+    }
+    Ok(grants.load(Ordering::Relaxed))
+}
+
+/// Writes `records` log records (with `--fsync never`, to be quick; the log
+/// is the same), then times a server's start on that log.
+async fn recovery_run(dir: &std::path::Path, records: u64) -> Result<RecoveryTime, CliError> {
+    progress(format!("writing a log of {records} records"));
+    let huge = (u64::MAX / 2).to_string();
+    let server =
+        ChildServer::start_in(dir, &["--fsync", "never", "--snapshot-every", &huge]).await?;
+    let writers = 64u64;
+    let per_writer = records.div_ceil(writers);
+    let written = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let c = Client::connect(&server.addr).await?;
+        let written = written.clone();
+        tasks.push(tokio::spawn(async move {
+            let path = format!("/r{w}");
+            c.create(&path, "", CreateMode::Persistent).await?;
+            let mut n = 1; // the create is a record too
+            while n < per_writer {
+                // Pipelined: many writes in flight on the one connection.
+                let batch = (per_writer - n).min(256);
+                let sets = (0..batch).map(|i| c.set_data(&path, format!("value {}", n + i), None));
+                futures::future::try_join_all(sets).await?;
+                n += batch;
+                written.fetch_add(batch, Ordering::Relaxed);
+            }
+            Ok::<_, baton_client::Error>(())
+        }));
+    }
+    let mut last = Instant::now();
+    for t in tasks {
+        while !t.is_finished() {
+            if last.elapsed() > Duration::from_secs(2) {
+                progress(format!(
+                    "{} of {records} records written",
+                    written.load(Ordering::Relaxed)
+                ));
+                last = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        t.await.map_err(|e| CliError::msg(e.to_string()))??;
+    }
+    server.kill().await;
+    let log_bytes: u64 = std::fs::read_dir(dir)
+        .map_err(|e| CliError::msg(e.to_string()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("wal-"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    progress(format!(
+        "starting a server on the log ({} MiB)",
+        log_bytes >> 20
+    ));
+    let started = Instant::now();
+    let server = ChildServer::start_in(dir, &[]).await?;
+    let startup_ms = started.elapsed().as_secs_f64() * 1000.0;
+    server.kill().await;
+    Ok(RecoveryTime {
+        records: writers * per_writer,
+        log_bytes,
+        startup_ms,
+    })
+}
+
+fn print_table(r: &Report) {
+    println!("floor (same run)");
+    println!(
+        "  4 KiB append + fdatasync   p50 {:>8.1} us   ({:.0}/s)",
+        r.fdatasync.p50_us, r.fdatasync_per_s
+    );
+    println!(
+        "  loopback TCP round trip    p50 {:>8.1} us",
+        r.tcp_rtt.p50_us
+    );
+    println!();
+    println!("durable writes (--fsync always)");
+    println!("  writers      writes/s   x fdatasync rate");
+    for w in &r.writes {
+        println!(
+            "  {:>7}  {:>12.0}   {:>16.1}",
+            w.writers, w.writes_per_s, w.over_fdatasync
+        );
+    }
+    println!();
+    println!(
+        "contended handovers (--fsync always): {:.0}/s; floor 1/(fdatasync + 1.5 RTT) = {:.0}/s ({:.2}x)",
+        r.handovers_per_s,
+        r.handover_floor_per_s,
+        r.handovers_per_s / r.handover_floor_per_s
+    );
+    if let Some(rec) = &r.recovery {
+        println!();
+        println!(
+            "recovery: {} records ({:.1} MiB of log) replayed; server ready in {:.0} ms",
+            rec.records,
+            rec.log_bytes as f64 / 1048576.0,
+            rec.startup_ms
+        );
+    }
+}
+
+fn print_markdown(r: &Report) {
+    println!("| floor, same run | p50 µs | per second |");
+    println!("| --- | ---: | ---: |");
+    println!(
+        "| 4 KiB append + fdatasync | {:.1} | {:.0} |",
+        r.fdatasync.p50_us, r.fdatasync_per_s
+    );
+    println!(
+        "| loopback TCP round trip | {:.1} | {:.0} |",
+        r.tcp_rtt.p50_us,
+        1e6 / r.tcp_rtt.p50_us
+    );
+    println!();
+    println!("| durable writes (`--fsync always`) | writes/s | / fdatasync rate |");
+    println!("| --- | ---: | ---: |");
+    for w in &r.writes {
+        println!(
+            "| {} writer{} | {:.0} | {:.1}x |",
+            w.writers,
+            if w.writers == 1 { "" } else { "s" },
+            w.writes_per_s,
+            w.over_fdatasync
+        );
+    }
+    println!();
+    println!("| contended handovers (`--fsync always`) | per second |");
+    println!("| --- | ---: |");
+    println!("| measured | {:.0} |", r.handovers_per_s);
+    println!(
+        "| floor: 1 / (fdatasync + 1.5 RTT) | {:.0} |",
+        r.handover_floor_per_s
+    );
+    println!(
+        "| measured / floor | {:.2}x |",
+        r.handovers_per_s / r.handover_floor_per_s
+    );
+    if let Some(rec) = &r.recovery {
+        println!();
+        println!("| recovery | |");
+        println!("| --- | ---: |");
+        println!("| log records | {} |", rec.records);
+        println!("| log size | {:.1} MiB |", rec.log_bytes as f64 / 1048576.0);
+        println!(
+            "| `baton serve` start to accepting connections | {:.0} ms |",
+            rec.startup_ms
+        );
+    }
+}
