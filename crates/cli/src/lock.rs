@@ -4,16 +4,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use baton_client::{Client, Lock, LockGuard};
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use baton_client::{Client, Lock};
 
-use crate::{CliError, CliResult};
+use crate::lease::{hold, identity, run_under, Interrupts};
+use crate::CliResult;
 
 /// Exit status when the lock was not acquired within --timeout.
 pub const EXIT_TIMEOUT: u8 = 124;
-/// Exit status when the lock was lost while the command ran (or was held).
-pub const EXIT_LOST: u8 = 125;
 
 /// Run a command while holding a lock (or, with no command, hold it).
 ///
@@ -122,155 +119,20 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
         client.close().await;
         return Ok(ExitCode::from(EXIT_TIMEOUT));
     };
+    let what = format!("the lock {}", args.path);
     let code = if args.command.is_empty() {
-        hold(&guard, &args.path, &mut interrupts).await
+        hold(&guard, &what, &mut interrupts).await
     } else {
-        run_command(&guard, server, &args, &mut interrupts).await?
+        let env = [
+            ("BATON_FENCING_TOKEN", guard.token().to_string()),
+            ("BATON_LOCK_PATH", guard.node().to_owned()),
+            ("BATON_SERVER", server.to_owned()),
+        ];
+        let grace = Duration::from_millis(args.kill_grace);
+        run_under(&guard, &what, &args.command, &env, grace, &mut interrupts).await?
     };
     // Release explicitly (even after a loss: the node may still be there).
     let _ = guard.release().await;
     client.close().await;
     Ok(code)
-}
-
-/// Holds the lock until interrupted or lost.
-async fn hold(guard: &LockGuard, path: &str, interrupts: &mut Interrupts) -> ExitCode {
-    println!("{}", guard.token());
-    eprintln!(
-        "holding {path} with fencing token {}; Ctrl-C to release",
-        guard.token()
-    );
-    tokio::select! {
-        _ = interrupts.recv() => ExitCode::SUCCESS,
-        reason = guard.lost() => {
-            eprintln!("baton: lost the lock {path}: {reason}");
-            ExitCode::from(EXIT_LOST)
-        }
-    }
-}
-
-/// Runs the command under the lock; stops it if the lock is lost.
-async fn run_command(
-    guard: &LockGuard,
-    server: &str,
-    args: &LockArgs,
-    interrupts: &mut Interrupts,
-) -> Result<ExitCode, CliError> {
-    let mut child = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("BATON_FENCING_TOKEN", guard.token().to_string())
-        .env("BATON_LOCK_PATH", guard.node())
-        .env("BATON_SERVER", server)
-        // Its own process group, so that stopping it reaches what it spawned.
-        .process_group(0)
-        .spawn()
-        .map_err(|e| CliError::msg(format!("cannot run {}: {e}", args.command[0])))?;
-    let grace = Duration::from_millis(args.kill_grace);
-    loop {
-        tokio::select! {
-            status = child.wait() => {
-                let status = status.map_err(|e| CliError::msg(format!("waiting for {}: {e}", args.command[0])))?;
-                return Ok(exit_code(status));
-            }
-            reason = guard.lost() => {
-                eprintln!(
-                    "baton: lost the lock {} ({reason}); stopping {} (SIGTERM, SIGKILL after {} ms)",
-                    args.path, args.command[0], grace.as_millis()
-                );
-                stop(&mut child, grace).await;
-                return Ok(ExitCode::from(EXIT_LOST));
-            }
-            sig = interrupts.recv() => signal_group(&child, sig.number()),
-        }
-    }
-}
-
-/// SIGTERM to the command's group, then SIGKILL if it outlives `grace`.
-async fn stop(child: &mut Child, grace: Duration) {
-    signal_group(child, libc::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        signal_group(child, libc::SIGKILL);
-        let _ = child.wait().await;
-    }
-}
-
-fn signal_group(child: &Child, sig: i32) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill has no memory effects; a negative pid names the
-        // process group the child leads.
-        unsafe {
-            libc::kill(-(pid as i32), sig);
-        }
-    }
-}
-
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(code as u8),
-        (None, Some(sig)) => ExitCode::from(128u8.wrapping_add(sig as u8)),
-        (None, None) => ExitCode::FAILURE,
-    }
-}
-
-/// What a contender stores in its node: who it is.
-fn identity() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let host = if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "unknown host".into()
-    };
-    format!("pid {} on {host}", std::process::id())
-}
-
-/// SIGINT and SIGTERM, as they arrive.
-struct Interrupts {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-#[derive(Clone, Copy)]
-enum Interrupt {
-    Int,
-    Term,
-}
-
-impl Interrupt {
-    fn number(self) -> i32 {
-        match self {
-            Interrupt::Int => libc::SIGINT,
-            Interrupt::Term => libc::SIGTERM,
-        }
-    }
-}
-
-impl std::fmt::Display for Interrupt {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Interrupt::Int => "SIGINT",
-            Interrupt::Term => "SIGTERM",
-        })
-    }
-}
-
-impl Interrupts {
-    fn new() -> Result<Self, CliError> {
-        let listen = |kind| {
-            signal(kind).map_err(|e| CliError::msg(format!("cannot listen for signals: {e}")))
-        };
-        Ok(Interrupts {
-            int: listen(SignalKind::interrupt())?,
-            term: listen(SignalKind::terminate())?,
-        })
-    }
-
-    async fn recv(&mut self) -> Interrupt {
-        tokio::select! {
-            _ = self.int.recv() => Interrupt::Int,
-            _ = self.term.recv() => Interrupt::Term,
-        }
-    }
 }

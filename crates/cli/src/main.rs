@@ -2,6 +2,8 @@
 
 mod bench;
 mod commands;
+mod elect;
+mod lease;
 mod lock;
 mod serve;
 mod sys;
@@ -47,6 +49,8 @@ enum Command {
     Watch(commands::PathArg),
     Lock(lock::LockArgs),
     Locks(lock::LocksArgs),
+    Elect(elect::ElectArgs),
+    Leader(elect::LeaderArgs),
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
@@ -79,6 +83,8 @@ fn main() -> ExitCode {
             Command::Watch(args) => commands::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,
+            Command::Elect(args) => elect::elect(&server, args).await,
+            Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
         }
     });

@@ -29,6 +29,6 @@ pub use client::{
     Client, ClientBuilder, Created, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
 pub use error::{Error, Result};
-pub use recipes::{FenceTracker, FencingToken, Lock, LockGuard};
+pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;
 pub use watcher::Watcher;

@@ -37,6 +37,8 @@ pub struct Lock {
     client: Client,
     path: String,
     identity: Bytes,
+    /// How contender nodes' names begin ("lock" or "candidate").
+    kind: &'static str,
 }
 
 /// One contender in a lock's queue, as [`Lock::contenders`] reports it.
@@ -97,7 +99,14 @@ impl Lock {
             client: client.clone(),
             path: path.trim_end_matches('/').to_owned(),
             identity: Bytes::new(),
+            kind: "lock",
         }
+    }
+
+    /// Names this contender's nodes `<kind>-<session>-<n>-<sequence>`.
+    pub(crate) fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Data stored in this contender's node, for whoever lists the queue
@@ -189,7 +198,7 @@ impl Lock {
     /// Joins the queue: creates this contender's node.
     async fn enter(&self) -> Result<Entry> {
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("lock-{:x}-{n}-", self.client.session_id().0);
+        let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
         let (tx, rx) = oneshot::channel();
         let (client, lock, identity) = (
             self.client.clone(),
@@ -370,7 +379,8 @@ pub struct LockGuard {
     node: String,
     token: FencingToken,
     lost: watch::Receiver<Option<LostReason>>,
-    monitor: tokio::task::JoinHandle<()>,
+    /// The task watching the lease; taken when the guard is released.
+    monitor: Option<tokio::task::JoinHandle<()>>,
     released: bool,
 }
 
@@ -383,7 +393,7 @@ impl LockGuard {
             node,
             token,
             lost,
-            monitor,
+            monitor: Some(monitor),
             released: false,
         }
     }
@@ -457,17 +467,37 @@ impl LockGuard {
     /// an error.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.monitor.abort();
+        stop_monitor(self.monitor.take()).await;
         withdraw(&self.client, &self.node).await
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.monitor.abort();
-        if !self.released {
-            delete_in_background(&self.client, std::mem::take(&mut self.node));
+        if self.released {
+            return;
         }
+        let (client, node, monitor) = (
+            self.client.clone(),
+            std::mem::take(&mut self.node),
+            self.monitor.take(),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                stop_monitor(monitor).await;
+                let _ = withdraw(&client, &node).await;
+            });
+        }
+    }
+}
+
+/// Stops the lease monitor and waits until it has: a watch request it is in
+/// the middle of sending must not reach the server after the withdrawal's
+/// removal of that watch, or the release would notify its own session too.
+async fn stop_monitor(monitor: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(monitor) = monitor {
+        monitor.abort();
+        let _ = monitor.await;
     }
 }
 

@@ -2,11 +2,14 @@
 //! could write another.
 //!
 //! - [`Lock`]: a fair, herd-free lock whose grants carry a [`FencingToken`].
-//! - [`FenceTracker`]: the check a storage system makes with that token.
+//! - [`Election`]: leader election whose leaderships carry a fenced epoch.
+//! - [`FenceTracker`]: the check a storage system makes with a token.
 
+mod election;
 mod fence;
 mod lock;
 
+pub use election::{Election, Leader, Leadership};
 pub use fence::{FenceTracker, FencingToken, StaleToken};
 pub use lock::{Contender, LeaseState, Lock, LockGuard, LostReason};
 

@@ -1,0 +1,166 @@
+//! `baton elect` and `baton leader`, end to end.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::Stdio;
+
+use common::{baton, eventually, Served};
+
+#[test]
+fn elect_runs_the_command_as_leader_and_leader_shows_it() {
+    let s = Served::start();
+    assert_eq!(s.ok(&["leader", "/election/m"]), "none\n");
+    let mut active = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "elect",
+            "/election/m",
+            "--value",
+            "host-a:1",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg("echo \"$BATON_FENCING_TOKEN $BATON_LEADER_VALUE $BATON_SERVER\"; read line; exit 7")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(active.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let token: u64 = fields[0].parse().unwrap();
+    assert_eq!(fields[1], "host-a:1");
+    assert_eq!(fields[2], s.addr);
+    assert_eq!(
+        s.ok(&["leader", "/election/m"]),
+        format!("host-a:1 {token}\n")
+    );
+    drop(active.stdin.take()); // the command reads EOF and exits 7
+    assert_eq!(active.wait().unwrap().code(), Some(7));
+    assert_eq!(
+        s.ok(&["leader", "/election/m"]),
+        "none\n",
+        "resigned on exit"
+    );
+}
+
+#[test]
+fn a_standby_takes_over_from_a_killed_leader_and_watchers_see_it() {
+    let s = Served::start();
+    let mut watch = baton()
+        .args(["--server", &s.addr, "leader", "--watch", "/election/f"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = BufReader::new(watch.stdout.take().unwrap()).lines();
+    assert_eq!(seen.next().unwrap().unwrap(), "none");
+    let mut active = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "elect",
+            "--session-timeout",
+            "500",
+            "/election/f",
+            "--value",
+            "a",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(active.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let first: u64 = first.trim().parse().unwrap();
+    assert_eq!(seen.next().unwrap().unwrap(), format!("a {first}"));
+    let mut standby = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "elect",
+            "/election/f",
+            "--value",
+            "b",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg("echo $BATON_FENCING_TOKEN")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the standby to queue", || {
+        s.ok(&["locks", "/election/f"]).lines().count() == 2
+    });
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(active.id() as i32, libc::SIGKILL) };
+    active.wait().unwrap();
+    assert!(standby.wait().unwrap().success());
+    let mut printed = String::new();
+    standby
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    let second: u64 = printed.trim().parse().unwrap();
+    assert!(second > first);
+    assert_eq!(seen.next().unwrap().unwrap(), format!("b {second}"));
+    assert_eq!(seen.next().unwrap().unwrap(), "none");
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    assert!(watch.wait().unwrap().success());
+}
+
+#[test]
+fn losing_leadership_stops_the_command_and_exits_125() {
+    let s = Served::start();
+    let mut running = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "elect",
+            "--kill-grace",
+            "300",
+            "/election/l",
+            "--value",
+            "x",
+            "--",
+        ])
+        .args(["sh", "-c", "echo started; sleep 100"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(running.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    let listing = s.ok(&["locks", "/election/l"]);
+    let node = listing
+        .split_whitespace()
+        .find(|w| w.starts_with("/election/l/candidate-"))
+        .unwrap()
+        .to_string();
+    s.ok(&["rm", &node]);
+    assert_eq!(running.wait().unwrap().code(), Some(125));
+    let mut stderr = String::new();
+    running
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("lost leadership of /election/l"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,292 @@
+//! Leader election with fenced epochs, against a real server.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::recipes::LostReason;
+use baton::{CreateMode, Election, Error};
+use common::*;
+use futures::StreamExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_within_the_session_timeout_plus_one_second() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let timeout = Duration::from_millis(1000);
+    let active = connect_with_timeout(&proxy.addr(), timeout).await;
+    let standby = server.client().await;
+    let leadership = Election::new(&active, "/election/master")
+        .campaign("host-a:16000")
+        .await
+        .unwrap();
+    let election = Election::new(&standby, "/election/master");
+    let waiting = {
+        let election = election.clone();
+        tokio::spawn(async move { election.campaign("host-b:16000").await })
+    };
+    eventually_async(10, "the standby to queue", || async {
+        queued(&standby, "/election/master").await == 2
+    })
+    .await;
+    // The active master's host drops off the network.
+    let cut = Instant::now();
+    proxy.hold();
+    proxy.block();
+    let new = within(10, "the standby to lead", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let failover = cut.elapsed();
+    assert!(
+        failover <= timeout + Duration::from_secs(1),
+        "failover took {failover:?}"
+    );
+    assert!(new.token() > leadership.token());
+    assert_eq!(&new.value()[..], b"host-b:16000");
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(leader.token, new.token());
+    assert_eq!(&leader.value[..], b"host-b:16000");
+    // The old leader learns it too, by its own clock.
+    let reason = within(5, "the old leader to learn", leadership.lost()).await;
+    assert!(
+        matches!(
+            reason,
+            LostReason::DeadlinePassed | LostReason::SessionExpired
+        ),
+        "{reason:?}"
+    );
+    new.resign().await.unwrap();
+    standby.close().await;
+    server.stop().await;
+}
+
+/// Counts the candidates queued in an election.
+async fn queued(client: &baton::Client, path: &str) -> usize {
+    baton::Lock::new(client, path)
+        .contenders()
+        .await
+        .unwrap()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_intervals_never_overlap_and_epochs_grow() {
+    let server = TestServer::start().await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let client = server.client().await;
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let election = Election::new(&client, "/election/rotating");
+            for _ in 0..5 {
+                let lead = election.campaign(format!("candidate {i}")).await.unwrap();
+                log.lock().unwrap().push((lead.token(), "start"));
+                tokio::task::yield_now().await;
+                log.lock().unwrap().push((lead.token(), "end"));
+                lead.resign().await.unwrap();
+            }
+            client.close().await;
+        }));
+    }
+    within(60, "every candidate to lead five times", async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await;
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 80);
+    for pair in log.chunks(2) {
+        assert_eq!(
+            pair[0].0, pair[1].0,
+            "a leadership ends before the next starts: {pair:?}"
+        );
+        assert_eq!((pair[0].1, pair[1].1), ("start", "end"));
+    }
+    let epochs: Vec<_> = log.iter().step_by(2).map(|(t, _)| *t).collect();
+    assert!(epochs.windows(2).all(|w| w[0] < w[1]), "{epochs:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resign_hands_over_at_once() {
+    let server = TestServer::start().await;
+    let a = server.client().await;
+    let b = server.client().await;
+    let first = Election::new(&a, "/election/resign")
+        .campaign("a")
+        .await
+        .unwrap();
+    let election = Election::new(&b, "/election/resign");
+    let next = {
+        let election = election.clone();
+        tokio::spawn(async move { election.campaign("b").await })
+    };
+    eventually_async(10, "b to queue", || async {
+        queued(&a, "/election/resign").await == 2
+    })
+    .await;
+    let old = first.token();
+    first.resign().await.unwrap();
+    let second = within(2, "b to lead", next).await.unwrap().unwrap();
+    assert!(second.token() > old);
+    assert_eq!(election.leader().await.unwrap().unwrap().value, "b");
+    a.close().await;
+    b.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_candidates_succeed_each_other_with_one_notification_each() {
+    let server = TestServer::start().await;
+    const CANDIDATES: usize = 100;
+    let mut clients = Vec::new();
+    let mut campaigns = Vec::new();
+    for i in 0..CANDIDATES {
+        let client = server.client().await;
+        let election = Election::new(&client, "/election/hundred");
+        campaigns.push(tokio::spawn(async move {
+            election.campaign(format!("c{i}")).await
+        }));
+        clients.push(client);
+        let expected = i + 1;
+        eventually_async(10, "the candidate to queue", || async {
+            queued(&clients[0], "/election/hundred").await == expected
+        })
+        .await;
+    }
+    let events_before = server.stats().watch_events;
+    let mut last = None;
+    for (i, campaign) in campaigns.into_iter().enumerate() {
+        let lead = within(10, "the next leader", campaign)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            lead.value(),
+            &format!("c{i}"),
+            "candidates lead in the order they joined"
+        );
+        assert!(Some(lead.token()) > last);
+        last = Some(lead.token());
+        lead.resign().await.unwrap();
+    }
+    let events = server.stats().watch_events - events_before;
+    assert_eq!(
+        events,
+        CANDIDATES as u64 - 1,
+        "one notification per succession"
+    );
+    for c in clients {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn observers_see_every_change_of_leader_in_order() {
+    let server = TestServer::start().await;
+    let watcher = server.client().await;
+    let mut changes = Box::pin(Election::new(&watcher, "/election/observed").observe());
+    assert_eq!(
+        within(5, "the first report", changes.next())
+            .await
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    let mut expected = Vec::new();
+    let clients = [
+        server.client().await,
+        server.client().await,
+        server.client().await,
+    ];
+    for (i, c) in clients.iter().enumerate() {
+        let lead = Election::new(c, "/election/observed")
+            .campaign(format!("leader {i}"))
+            .await
+            .unwrap();
+        let seen = within(5, "the observer to see the leader", changes.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("a leader");
+        assert_eq!(seen.token, lead.token());
+        assert_eq!(seen.value, format!("leader {i}"));
+        expected.push(lead.token());
+        lead.resign().await.unwrap();
+        let seen = within(5, "the observer to see no leader", changes.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, None);
+    }
+    assert!(expected.windows(2).all(|w| w[0] < w[1]));
+    watcher.close().await;
+    for c in clients {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_candidate_whose_session_expired_never_leads() {
+    let server = TestServer::start().await;
+    let leader_client = server.client().await;
+    let leader = Election::new(&leader_client, "/election/expired")
+        .campaign("leader")
+        .await
+        .unwrap();
+    let proxy = Proxy::start(server.addr).await;
+    let doomed = connect_with_timeout(&proxy.addr(), Duration::from_millis(300)).await;
+    let election = Election::new(&doomed, "/election/expired");
+    let campaign = tokio::spawn(async move { election.campaign("doomed").await });
+    eventually_async(10, "the candidate to queue", || async {
+        queued(&leader_client, "/election/expired").await == 2
+    })
+    .await;
+    proxy.sever();
+    proxy.block();
+    eventually(10, "the session to expire", || {
+        server.stats().sessions_expired >= 1
+    })
+    .await;
+    // The leader steps down: the expired candidate's node is already gone,
+    // so nobody is reported leading on its behalf.
+    leader.resign().await.unwrap();
+    let observer = Election::new(&leader_client, "/election/expired");
+    assert_eq!(observer.leader().await.unwrap(), None);
+    proxy.unblock();
+    let result = within(10, "the campaign to fail", campaign).await.unwrap();
+    assert!(
+        matches!(result, Err(Error::SessionExpired(_))),
+        "{result:?}"
+    );
+    // Fenced: a write with the expired leader's epoch is refused once a
+    // later epoch wrote.
+    let store = server.client().await;
+    store
+        .create("/record", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let next = Election::new(&store, "/election/expired")
+        .campaign("next")
+        .await
+        .unwrap();
+    store
+        .set_data_fenced("/record", "next", next.token().get())
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .set_data_fenced("/record", "old", next.token().get() - 1)
+            .await,
+        Err(Error::StaleFence(_))
+    ));
+    leader_client.close().await;
+    store.close().await;
+    server.stop().await;
+}
