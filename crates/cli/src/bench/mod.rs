@@ -5,7 +5,9 @@
 //! `baton serve`), so that the server's memory and CPU can be read from
 //! /proc without the load generator mixed in.
 
+mod chart;
 mod durability;
+mod herd;
 mod ops;
 mod server;
 
@@ -17,6 +19,7 @@ use crate::CliResult;
 pub enum BenchCommand {
     Ops(ops::OpsArgs),
     Durability(durability::DurabilityArgs),
+    Herd(herd::HerdArgs),
 }
 
 /// Runs a benchmark against `server` if one was named (--server or
@@ -25,6 +28,7 @@ pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
     match cmd {
         BenchCommand::Ops(args) => ops::run(server, args).await,
         BenchCommand::Durability(args) => durability::run(args).await,
+        BenchCommand::Herd(args) => herd::run(server, args).await,
     }
     .map(|()| ExitCode::SUCCESS)
 }

@@ -1,0 +1,507 @@
+//! `baton bench herd`: what the thundering herd costs, and what waiting for
+//! one's predecessor alone saves.
+//!
+//! For each number of waiters and each recipe, that many clients (each with
+//! its own session) contend for one lock: acquire, hold, release, queue
+//! again, until enough handovers happened or the run's time is up. The
+//! server's own counters (read with the stats request) give the watch
+//! notifications, bytes and CPU time per handover.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_client::{Client, CreateMode, Error, Lock};
+use baton_server::persist::FsyncPolicy;
+use serde::Serialize;
+use tokio::sync::{watch, Semaphore};
+
+use super::durability::fdatasync_floor;
+use super::ops::tcp_floor;
+use super::server::ChildServer;
+use super::{progress, Summary};
+use crate::CliError;
+
+/// How contenders wait for the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Recipe {
+    /// Baton's lock: each waiter watches its predecessor alone.
+    Predecessor,
+    /// The naive lock: every waiter watches the lock's children and checks
+    /// again on every change.
+    WatchAll,
+    /// No queue: retry a non-blocking acquire every --poll-ms, as a loop
+    /// around Redis `SET NX` does.
+    Poll,
+}
+
+impl Recipe {
+    fn name(self) -> &'static str {
+        match self {
+            Recipe::Predecessor => "predecessor",
+            Recipe::WatchAll => "watch-all",
+            Recipe::Poll => "poll",
+        }
+    }
+}
+
+/// Measure the thundering herd: handovers per second, waits, and the
+/// server's notifications, bytes and CPU time per handover, for several
+/// numbers of waiters and several lock recipes.
+///
+/// By default it starts its own server (`baton serve` as a child process on
+/// a free loopback port, with --fsync); --server (or BATON_SERVER) names
+/// another. Every run is bounded by --handovers and --max-seconds. The floor
+/// of the machine (loopback round trip, 4 KiB append + fdatasync) is
+/// measured in the same run.
+#[derive(clap::Args)]
+pub struct HerdArgs {
+    /// Numbers of waiters, as a comma-separated list.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
+    waiters: Vec<usize>,
+    /// Handovers per run.
+    #[arg(long, default_value_t = 1_000)]
+    handovers: u64,
+    /// How long each holder holds the lock, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    hold_us: u64,
+    /// Recipes to compare, as a comma-separated list.
+    #[arg(long, value_delimiter = ',', default_value = "predecessor,watch-all,poll")]
+    recipe: Vec<Recipe>,
+    /// How often the poll recipe retries, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10)]
+    poll_ms: u64,
+    /// Time limit of each run, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    max_seconds: u64,
+    /// Fsync policy of the server this benchmark starts.
+    #[arg(long, value_name = "POLICY", default_value = "always")]
+    fsync: FsyncPolicy,
+    /// Print one JSON object per run instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the results (results.json) and a chart (herd.svg) here.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// One run's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub recipe: Recipe,
+    pub waiters: usize,
+    pub handovers: u64,
+    pub seconds: f64,
+    pub handovers_per_s: f64,
+    pub wait_us_p50: f64,
+    pub wait_us_p99: f64,
+    pub wait_us_max: f64,
+    pub notifications_per_handover: f64,
+    pub server_bytes_per_handover: f64,
+    pub server_cpu_us_per_handover: f64,
+    pub fifo_fraction: f64,
+    pub violations: u64,
+    /// The run ended at --max-seconds before reaching --handovers.
+    pub timed_out: bool,
+    pub floor_rtt_us: f64,
+    pub floor_fdatasync_us: f64,
+}
+
+pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError> {
+    let fsync_name = match args.fsync {
+        FsyncPolicy::Always => "always",
+        FsyncPolicy::Never => "never",
+    };
+    let child = match &target {
+        Some(_) => None,
+        None => {
+            progress(format!("starting a server (baton serve --fsync {fsync_name})"));
+            Some(ChildServer::start(&["--fsync", fsync_name, "--max-session-timeout", "120000"]).await?)
+        }
+    };
+    let addr = target.clone().unwrap_or_else(|| child.as_ref().expect("started").addr.clone());
+
+    progress("floor: loopback round trip and 4 KiB append + fdatasync");
+    let rtt = tokio::task::spawn_blocking(|| tcp_floor(10_000))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+    let probe = std::env::temp_dir().join(format!("baton-herd-fdatasync-{}", std::process::id()));
+    let fdatasync = tokio::task::spawn_blocking(move || fdatasync_floor(&probe, Duration::from_secs(2)))
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??;
+
+    let mut runs = Vec::new();
+    for &waiters in &args.waiters {
+        for &recipe in &args.recipe {
+            let mut run = one_run(&addr, recipe, waiters, &args).await?;
+            run.floor_rtt_us = rtt.p50_us;
+            run.floor_fdatasync_us = fdatasync.p50_us;
+            if args.json {
+                println!("{}", serde_json::to_string(&run).expect("run serializes"));
+            }
+            runs.push(run);
+        }
+    }
+    if !args.json {
+        print_table(&runs, &rtt, &fdatasync);
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
+        let json = serde_json::to_string_pretty(&runs).expect("runs serialize");
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text)
+                .map_err(|e| CliError::msg(format!("cannot write {}: {e}", dir.join(name).display())))
+        };
+        write("results.json", &json)?;
+        write("herd.svg", &super::chart::herd_svg(&runs))?;
+        progress(format!("wrote {} and {}", dir.join("results.json").display(), dir.join("herd.svg").display()));
+    }
+    drop(child);
+    Ok(())
+}
+
+/// Shared by a run's contenders.
+struct Shared {
+    recipe: Recipe,
+    path: String,
+    hold: Duration,
+    poll: Duration,
+    /// Grant count that ends the run; set once the queue has formed.
+    target: AtomicU64,
+    grants: AtomicU64,
+    holders: AtomicUsize,
+    violations: AtomicU64,
+    fifo: AtomicU64,
+    /// Token of the latest grant (predecessor recipe): a queue serves in
+    /// arrival order exactly when grant tokens keep increasing.
+    last_token: AtomicU64,
+    /// Waiting attempts by arrival (their queue position), for FIFO.
+    waiting: Mutex<BTreeSet<(u64, usize)>>,
+    waits: Mutex<Vec<Duration>>,
+    /// Set by the contender whose grant reaches the target. Contenders go on
+    /// until the counters are read, so that withdrawing them is not counted.
+    done: watch::Sender<bool>,
+    /// Set after the counters are read: contenders stop and withdraw.
+    stop: watch::Sender<bool>,
+    stopping: AtomicBool,
+    started: Instant,
+}
+
+async fn one_run(addr: &str, recipe: Recipe, waiters: usize, args: &HerdArgs) -> Result<Run, CliError> {
+    let label = format!("{} waiters, {}", waiters, recipe.name());
+    progress(format!("{label}: opening {waiters} sessions"));
+    let clients = open_sessions(addr, waiters).await?;
+    let control = Client::connect(addr).await?;
+    let path = format!("/herd/{}-{waiters}-{}", recipe.name(), std::process::id());
+    ensure_path(&control, &path).await?;
+
+    let (stop, _) = watch::channel(false);
+    let (done, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        recipe,
+        path,
+        hold: Duration::from_micros(args.hold_us),
+        poll: Duration::from_millis(args.poll_ms),
+        target: AtomicU64::new(u64::MAX),
+        grants: AtomicU64::new(0),
+        holders: AtomicUsize::new(0),
+        violations: AtomicU64::new(0),
+        fifo: AtomicU64::new(0),
+        last_token: AtomicU64::new(0),
+        waiting: Mutex::new(BTreeSet::new()),
+        waits: Mutex::new(Vec::new()),
+        done,
+        stop,
+        stopping: AtomicBool::new(false),
+        started: Instant::now(),
+    });
+    let tasks: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(contend(c.clone(), i, shared.clone())))
+        .collect();
+
+    // Warm up: measure the steady state, once every contender has joined the
+    // queue (each waiter then holds one watch), not the joining itself.
+    let warm_until = Instant::now() + Duration::from_secs(args.max_seconds);
+    if recipe != Recipe::Poll {
+        loop {
+            let watches = control.server_stats().await?.get("watches").copied().unwrap_or(0);
+            if watches + 1 >= waiters as u64 || Instant::now() >= warm_until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let before = control.server_stats().await?;
+    let grants_before = shared.grants.load(Ordering::Acquire);
+    shared.target.store(grants_before + args.handovers, Ordering::Release);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.max_seconds);
+    let mut last_report = Instant::now();
+    let mut done_rx = shared.done.subscribe();
+    loop {
+        if *done_rx.borrow() || Instant::now() >= deadline {
+            break;
+        }
+        if last_report.elapsed() >= Duration::from_secs(2) {
+            progress(format!(
+                "{label}: {}/{} handovers, {:.1} s",
+                shared.grants.load(Ordering::Relaxed) - grants_before,
+                args.handovers,
+                started.elapsed().as_secs_f64()
+            ));
+            last_report = Instant::now();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), done_rx.changed()).await;
+    }
+    // Counters first, so that withdrawing the waiters is not counted; the
+    // grants are counted at the same moment.
+    let after = control.server_stats().await?;
+    let grants = shared.grants.load(Ordering::Acquire) - grants_before;
+    let seconds = started.elapsed().as_secs_f64();
+    shared.stopping.store(true, Ordering::Release);
+    shared.stop.send_replace(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    close_all(clients).await;
+    let _ = control.close().await;
+
+    let handovers = grants.max(1);
+    let delta = |name: &str| after.get(name).copied().unwrap_or(0).saturating_sub(before.get(name).copied().unwrap_or(0)) as f64;
+    let cpu = delta("cpu_user_us") + delta("cpu_system_us");
+    let mut waits = std::mem::take(&mut *shared.waits.lock().unwrap_or_else(|e| e.into_inner()));
+    let wait = Summary::of(&mut waits);
+    let run = Run {
+        recipe,
+        waiters,
+        handovers: grants,
+        seconds,
+        handovers_per_s: grants as f64 / seconds,
+        wait_us_p50: wait.p50_us,
+        wait_us_p99: wait.p99_us,
+        wait_us_max: wait.max_us,
+        notifications_per_handover: delta("watch_events") / handovers as f64,
+        server_bytes_per_handover: delta("bytes_out") / handovers as f64,
+        server_cpu_us_per_handover: cpu / handovers as f64,
+        // Over every grant of the run, the warm-up's included.
+        fifo_fraction: shared.fifo.load(Ordering::Relaxed) as f64
+            / shared.grants.load(Ordering::Relaxed).max(1) as f64,
+        violations: shared.violations.load(Ordering::Relaxed),
+        timed_out: grants < args.handovers,
+        floor_rtt_us: 0.0,
+        floor_fdatasync_us: 0.0,
+    };
+    progress(format!(
+        "{label}: {} handovers in {:.1} s, {:.0}/s, {:.2} notifications per handover",
+        run.handovers, run.seconds, run.handovers_per_s, run.notifications_per_handover
+    ));
+    Ok(run)
+}
+
+/// Creates `path` and its ancestors as persistent nodes if missing.
+async fn ensure_path(client: &Client, path: &str) -> Result<(), CliError> {
+    let mut prefix = String::new();
+    for segment in path.split('/').filter(|s| !s.is_empty()) {
+        prefix.push('/');
+        prefix.push_str(segment);
+        match client.create(&prefix, "", CreateMode::Persistent).await {
+            Ok(_) | Err(Error::NodeExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Opens `n` sessions, a few hundred handshakes at a time.
+async fn open_sessions(addr: &str, n: usize) -> Result<Vec<Client>, CliError> {
+    let gate = Arc::new(Semaphore::new(256));
+    let opening: Vec<_> = (0..n)
+        .map(|_| {
+            let (gate, addr) = (gate.clone(), addr.to_owned());
+            tokio::spawn(async move {
+                let _permit = gate.acquire().await.expect("never closed");
+                Client::builder(&addr)
+                    .session_timeout(Duration::from_secs(60))
+                    .connect()
+                    .await
+            })
+        })
+        .collect();
+    let mut clients = Vec::with_capacity(n);
+    for o in opening {
+        clients.push(o.await.map_err(|e| CliError::msg(e.to_string()))??);
+    }
+    Ok(clients)
+}
+
+async fn close_all(clients: Vec<Client>) {
+    let gate = Arc::new(Semaphore::new(256));
+    let closing: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let _permit = gate.acquire().await.expect("never closed");
+                c.close().await;
+            })
+        })
+        .collect();
+    for c in closing {
+        let _ = c.await;
+    }
+}
+
+/// One contender: acquire, hold, release, again, until the run stops.
+async fn contend(client: Client, me: usize, shared: Arc<Shared>) {
+    let mut stop = shared.stop.subscribe();
+    while !shared.stopping.load(Ordering::Acquire) {
+        let asked = Instant::now();
+        let granted = tokio::select! {
+            r = acquire(&client, me, &shared) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Ok(held) = granted else {
+            return;
+        };
+        shared.waits.lock().unwrap_or_else(|e| e.into_inner()).push(asked.elapsed());
+        if shared.holders.fetch_add(1, Ordering::SeqCst) != 0 {
+            shared.violations.fetch_add(1, Ordering::Relaxed);
+        }
+        if !shared.hold.is_zero() {
+            tokio::time::sleep(shared.hold).await;
+        }
+        shared.holders.fetch_sub(1, Ordering::SeqCst);
+        let grants = shared.grants.fetch_add(1, Ordering::AcqRel) + 1;
+        let _ = held.release(&client).await;
+        if grants >= shared.target.load(Ordering::Acquire) {
+            shared.done.send_replace(true);
+        }
+    }
+}
+
+/// A held lock of any recipe.
+enum Held {
+    Guard(baton_client::LockGuard),
+    Node(String),
+}
+
+impl Held {
+    async fn release(self, client: &Client) -> Result<(), Error> {
+        match self {
+            Held::Guard(g) => g.release().await,
+            Held::Node(node) => client.delete(&node, None).await,
+        }
+    }
+}
+
+/// Records this attempt's arrival, and at its grant whether it was the
+/// longest-waiting attempt.
+struct Arrival<'a> {
+    shared: &'a Shared,
+    key: Option<(u64, usize)>,
+}
+
+impl<'a> Arrival<'a> {
+    fn new(shared: &'a Shared, order: u64, me: usize) -> Self {
+        let key = (order, me);
+        shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+        Arrival { shared, key: Some(key) }
+    }
+
+    fn granted(mut self) {
+        let key = self.key.take().expect("granted once");
+        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.first() == Some(&key) {
+            self.shared.fifo.fetch_add(1, Ordering::Relaxed);
+        }
+        waiting.remove(&key);
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        }
+    }
+}
+
+async fn acquire(client: &Client, me: usize, shared: &Shared) -> Result<Held, Error> {
+    match shared.recipe {
+        Recipe::Predecessor => {
+            let guard = Lock::new(client, &shared.path).acquire().await?;
+            // Arrival order is queue order (the token); grants are in
+            // arrival order while each grant's token exceeds the last one.
+            let token = guard.token().get();
+            if shared.last_token.fetch_max(token, Ordering::AcqRel) < token {
+                shared.fifo.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Held::Guard(guard))
+        }
+        Recipe::WatchAll => {
+            let created = client
+                .create(&format!("{}/n-", shared.path), "", CreateMode::EphemeralSequential)
+                .await?;
+            let token = created.sequence.unwrap_or(created.stat.czxid);
+            let arrival = Arrival::new(shared, token, me);
+            let name = baton_proto::path::name(&created.path).to_owned();
+            loop {
+                let (children, _, watcher) = client.get_children_watch(&shared.path).await?;
+                // Sequence suffixes of one prefix sort as their numbers.
+                if children.iter().min() == Some(&name) {
+                    arrival.granted();
+                    return Ok(Held::Node(created.path));
+                }
+                watcher.await?;
+            }
+        }
+        Recipe::Poll => {
+            let node = format!("{}/held", shared.path);
+            let order = shared.started.elapsed().as_nanos() as u64;
+            let arrival = Arrival::new(shared, order, me);
+            loop {
+                match client.create(&node, "", CreateMode::Ephemeral).await {
+                    Ok(_) => {
+                        arrival.granted();
+                        return Ok(Held::Node(node));
+                    }
+                    Err(Error::NodeExists(_)) => tokio::time::sleep(shared.poll).await,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
+    println!(
+        "floor: loopback round trip p50 {:.1} us; 4 KiB append + fdatasync p50 {:.1} us",
+        rtt.p50_us, fdatasync.p50_us
+    );
+    println!(
+        "{:>8} {:<12} {:>10} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>6} {:>5}",
+        "waiters", "recipe", "handovers", "handovers/s", "wait p50 us", "wait p99 us", "notif/h", "bytes/h", "cpu us/h", "fifo", "viol"
+    );
+    for r in runs {
+        println!(
+            "{:>8} {:<12} {:>10} {:>12.0} {:>12.0} {:>12.0} {:>10.2} {:>12.0} {:>12.1} {:>5.0}% {:>5}{}",
+            r.waiters,
+            r.recipe.name(),
+            r.handovers,
+            r.handovers_per_s,
+            r.wait_us_p50,
+            r.wait_us_p99,
+            r.notifications_per_handover,
+            r.server_bytes_per_handover,
+            r.server_cpu_us_per_handover,
+            r.fifo_fraction * 100.0,
+            r.violations,
+            if r.timed_out { "  (time limit)" } else { "" }
+        );
+    }
+}
