@@ -228,5 +228,6 @@ fn kind_name(kind: EventKind) -> &'static str {
         EventKind::Deleted => "deleted",
         EventKind::DataChanged => "data-changed",
         EventKind::ChildrenChanged => "children-changed",
+        EventKind::Head => "head",
     }
 }

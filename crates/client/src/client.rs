@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    path, ConnectRequest, CreateMode, Reply, Request, SessionId, Stat, PROTOCOL_VERSION,
+    path, ConnectRequest, CreateMode, PredecessorWatch, Reply, Request, SessionId, Stat,
+    PROTOCOL_VERSION,
 };
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::session::{open, Answer, Cmd, Liveness, SessionTask};
+use crate::queue::{QueueTable, QueueWatch};
+use crate::session::{open, Answer, Cmd, Liveness, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 
@@ -31,6 +33,18 @@ pub struct Created {
     /// creation, so it only ever grows under a given parent.
     pub sequence: Option<u64>,
     pub stat: Stat,
+}
+
+/// What [`Client::enqueue`] returns.
+#[derive(Debug)]
+pub struct Enqueued {
+    /// The node created in the queue.
+    pub node: Created,
+    /// The node just before it, if any: `None` means it heads the queue.
+    pub predecessor: Option<(String, Stat)>,
+    /// Tells when the node heads the queue, and whether someone else
+    /// deletes it.
+    pub watch: QueueWatch,
 }
 
 /// Settings for opening a session. Start with [`Client::builder`].
@@ -100,6 +114,8 @@ impl ClientBuilder {
             unregister: unreg_rx,
             state: state_tx,
             watches: WatchTable::default(),
+            queues: QueueTable::default(),
+            orphans: Vec::new(),
             last_revision: 0,
             next_xid: 0,
             deferred: VecDeque::new(),
@@ -502,7 +518,7 @@ impl Client {
         self.check(path, None)?;
         let request = Request::Predecessor {
             path: path.to_owned(),
-            watch: false,
+            watch: PredecessorWatch::None,
         };
         match self.call(request, None).await?.reply {
             Reply::Predecessor(found) => Ok(found),
@@ -521,7 +537,7 @@ impl Client {
         self.check(path, None)?;
         let request = Request::Predecessor {
             path: path.to_owned(),
-            watch: true,
+            watch: PredecessorWatch::Predecessor,
         };
         let (answer, watcher) = self.call_watch(path, request, true).await?;
         match answer.reply {
@@ -531,6 +547,79 @@ impl Client {
                 Ok(Some((pred, stat, watcher)))
             }
             Reply::Predecessor(None) => Ok(None),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Joins the queue of `path`'s siblings: creates an ephemeral sequential
+    /// node at `path` (plus the sequence suffix) holding `data`, and sets a
+    /// queue watch on it, in one round trip. Returns the node, the node just
+    /// before it (none: it heads the queue), and the [`QueueWatch`] that
+    /// tells when it heads the queue and whether someone else deletes it.
+    ///
+    /// This is the step a lock contender takes: a release wakes exactly the
+    /// next contender, and a contender leaving the middle wakes nobody.
+    ///
+    /// # Errors
+    /// Those of [`create`](Self::create).
+    ///
+    /// # Cancellation safety
+    /// If the future is dropped once the request was sent, the node is
+    /// deleted as soon as its creation is confirmed: a queue never keeps a
+    /// node nobody waits with. (A connection lost meanwhile leaves the
+    /// question open, as for any request: see [`Error::ConnectionLoss`].)
+    pub async fn enqueue(&self, path: &str, data: impl Into<Bytes>) -> Result<Enqueued> {
+        let data = data.into();
+        self.check(path, Some(&data))?;
+        let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
+        let (mut watch, registration) =
+            QueueWatch::new(path.to_owned(), id, self.inner.unregister.clone());
+        let request = Request::Enqueue {
+            path: path.to_owned(),
+            data,
+        };
+        let registration = Registration::Queue(path.to_owned(), registration);
+        match self.call(request, Some(registration)).await?.reply {
+            Reply::Enqueue {
+                path,
+                sequence,
+                stat,
+                predecessor,
+            } => {
+                watch.retarget(&path);
+                Ok(Enqueued {
+                    node: Created {
+                        path,
+                        sequence: Some(sequence),
+                        stat,
+                    },
+                    predecessor,
+                    watch,
+                })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sets a queue watch on `node`, one of this session's own ephemeral
+    /// nodes (as [`enqueue`](Self::enqueue) does for the node it creates),
+    /// and returns the node just before it, if any.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no such node, [`Error::BadArguments`] if
+    /// it is not this session's ephemeral node.
+    pub async fn queue_watch(&self, node: &str) -> Result<(Option<(String, Stat)>, QueueWatch)> {
+        self.check(node, None)?;
+        let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
+        let (watch, registration) =
+            QueueWatch::new(node.to_owned(), id, self.inner.unregister.clone());
+        let request = Request::Predecessor {
+            path: node.to_owned(),
+            watch: PredecessorWatch::Queue,
+        };
+        let registration = Registration::Queue(node.to_owned(), registration);
+        match self.call(request, Some(registration)).await?.reply {
+            Reply::Predecessor(found) => Ok((found, watch)),
             other => Err(unexpected(other)),
         }
     }
@@ -626,15 +715,12 @@ impl Client {
         let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
         let (watcher, registration) =
             Watcher::new(path.to_owned(), id, self.inner.unregister.clone());
+        let registration = Registration::Watch(path.to_owned(), registration);
         let answer = self.call(request, Some(registration)).await?;
         Ok((answer, Some(watcher)))
     }
 
-    async fn call(
-        &self,
-        request: Request,
-        watch: Option<crate::watcher::WatchRequest>,
-    ) -> Result<Answer> {
+    async fn call(&self, request: Request, watch: Option<Registration>) -> Result<Answer> {
         let (reply, rx) = oneshot::channel();
         let cmd = Cmd::Request {
             request,

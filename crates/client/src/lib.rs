@@ -19,6 +19,7 @@
 
 mod client;
 mod error;
+mod queue;
 pub mod recipes;
 mod session;
 mod state;
@@ -26,9 +27,10 @@ mod watcher;
 
 pub use baton_proto::{CreateMode, EventKind, SessionId, Stat, WatchEvent};
 pub use client::{
-    Client, ClientBuilder, Created, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
+    Client, ClientBuilder, Created, Enqueued, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
 pub use error::{Error, Result};
+pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;
 pub use watcher::Watcher;

@@ -25,6 +25,7 @@ use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
 use crate::watcher::{WatchKind, WatchRequest, WatchTable};
 
@@ -43,7 +44,7 @@ pub(crate) enum Cmd {
     Request {
         request: Request,
         reply: ReplySlot,
-        watch: Option<WatchRequest>,
+        watch: Option<Registration>,
     },
     Close {
         done: oneshot::Sender<()>,
@@ -56,7 +57,14 @@ struct Pending {
     /// When the request was queued: the server heard it no earlier.
     sent: Instant,
     reply: Option<ReplySlot>,
-    watch: Option<(String, WatchRequest)>,
+    watch: Option<Registration>,
+}
+
+/// A watch that a request sets, registered locally once the reply confirms
+/// it; each carries the request's path.
+pub(crate) enum Registration {
+    Watch(String, WatchRequest),
+    Queue(String, QueueRequest),
 }
 
 /// What the client knows, without a round trip, about how long its session
@@ -184,6 +192,9 @@ pub(crate) struct SessionTask {
     pub(crate) state: watch::Sender<SessionState>,
     pub(crate) liveness: Arc<Liveness>,
     pub(crate) watches: WatchTable,
+    pub(crate) queues: QueueTable,
+    /// Nodes enqueued for callers that gave up waiting: deleted unseen.
+    pub(crate) orphans: Vec<String>,
     /// Highest revision seen in any reply or event.
     pub(crate) last_revision: u64,
     pub(crate) next_xid: u32,
@@ -231,6 +242,7 @@ impl SessionTask {
         debug!(session = %self.session, %state, "session ended");
         self.state.send_replace(state);
         self.watches.fail_all(&error);
+        self.queues.fail_all(&error);
         let deferred: Vec<Cmd> = self.deferred.drain(..).collect();
         for cmd in deferred {
             answer_ended(cmd, &error);
@@ -267,7 +279,7 @@ impl SessionTask {
                         Some(cmd) => self.deferred.push_back(cmd),
                         None => return Err(End::Dropped),
                     },
-                    Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                    Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
                 }
             };
             match result {
@@ -292,10 +304,15 @@ impl SessionTask {
                         Some(cmd) => self.deferred.push_back(cmd),
                         None => return Err(End::Dropped),
                     },
-                    Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                    Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
                 }
             }
         }
+    }
+
+    fn unregister_watch(&mut self, path: &str, id: u64) {
+        self.watches.remove(path, id);
+        self.queues.remove(path, id);
     }
 
     fn next_xid(&mut self) -> u32 {
@@ -308,12 +325,11 @@ impl SessionTask {
         &mut self,
         request: Request,
         reply: Option<ReplySlot>,
-        watch: Option<WatchRequest>,
+        watch: Option<Registration>,
         wbuf: &mut BytesMut,
         pending: &mut VecDeque<Pending>,
     ) {
         let xid = self.next_xid();
-        let watch = watch.map(|w| (request.path().unwrap_or_default().to_owned(), w));
         RequestFrame { xid, request }.encode(wbuf);
         pending.push_back(Pending {
             xid,
@@ -339,12 +355,14 @@ impl SessionTask {
         // After a resume the server holds none of our watches: set them again
         // before anything else, relative to the last revision we saw.
         let [data, exist, child] = self.watches.paths();
-        if !(data.is_empty() && exist.is_empty() && child.is_empty()) {
+        let queue = self.queues.entries();
+        if !(data.is_empty() && exist.is_empty() && child.is_empty() && queue.is_empty()) {
             let request = Request::SetWatches {
                 revision: self.last_revision,
                 data,
                 exist,
                 child,
+                queue,
             };
             self.enqueue(request, None, None, &mut wbuf, &mut pending);
         }
@@ -374,6 +392,14 @@ impl SessionTask {
                     if let Some(end) = self.on_frame(frame, &mut pending, &mut closing) {
                         break end;
                     }
+                    for path in std::mem::take(&mut self.orphans) {
+                        let delete = Request::Delete {
+                            path,
+                            version: None,
+                            fence: None,
+                        };
+                        self.enqueue(delete, None, None, &mut wbuf, &mut pending);
+                    }
                 }
                 cmd = self.cmds.recv(), if closing.is_none() && wbuf.len() < WRITE_LIMIT => {
                     let Some(cmd) = cmd else { break End::Dropped };
@@ -386,7 +412,7 @@ impl SessionTask {
                         }
                     }
                 }
-                Some((path, id)) = self.unregister.recv() => self.watches.remove(&path, id),
+                Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
                 _ = sleep_until(tick) => {
                     let now = Instant::now();
                     if now >= last_heard + silence_limit {
@@ -509,8 +535,8 @@ impl SessionTask {
                 self.liveness.answered(p.sent);
                 let result = match reply.result {
                     Ok(r) => {
-                        if let Some((path, w)) = p.watch {
-                            match &r {
+                        match p.watch {
+                            Some(Registration::Watch(path, w)) => match &r {
                                 Reply::Exists(None) => self.watches.add(&path, WatchKind::Exist, w),
                                 Reply::GetChildren { .. } => {
                                     self.watches.add(&path, WatchKind::Child, w)
@@ -521,7 +547,17 @@ impl SessionTask {
                                 }
                                 Reply::Predecessor(None) => {}
                                 _ => self.watches.add(&path, WatchKind::Data, w),
-                            }
+                            },
+                            Some(Registration::Queue(path, q)) => match &r {
+                                Reply::Enqueue {
+                                    path, predecessor, ..
+                                } => self.queues.add(path, predecessor.is_none(), q),
+                                Reply::Predecessor(predecessor) => {
+                                    self.queues.add(&path, predecessor.is_none(), q)
+                                }
+                                _ => {}
+                            },
+                            None => {}
                         }
                         Ok(Answer {
                             reply: r,
@@ -531,13 +567,22 @@ impl SessionTask {
                     Err(e) => Err(Error::from_wire(e.code, e.message)),
                 };
                 if let Some(slot) = p.reply {
-                    let _ = slot.send(result);
+                    // A queue node whose caller is gone would block the
+                    // queue until the session ends: take it out again.
+                    if let Err(Ok(Answer {
+                        reply: Reply::Enqueue { path, .. },
+                        ..
+                    })) = slot.send(result)
+                    {
+                        self.orphans.push(path);
+                    }
                 }
                 None
             }
             ServerMessage::Event(event) => {
                 self.last_revision = self.last_revision.max(event.revision);
                 self.watches.fire(&event);
+                self.queues.fire(&event);
                 None
             }
             ServerMessage::Disconnect(d) => match d.code {

@@ -23,7 +23,9 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{frame_codec, MAX_RESPONSE_FRAME};
 pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret};
 pub use path::PathError;
-pub use request::{CreateMode, OpCode, Request, RequestDecodeError, RequestFrame};
+pub use request::{
+    CreateMode, OpCode, PredecessorWatch, Request, RequestDecodeError, RequestFrame,
+};
 pub use response::{
     Disconnect, ErrorReply, EventKind, Reply, ReplyFrame, ServerMessage, Stat, WatchEvent,
 };

@@ -16,12 +16,16 @@
 //! 7 ping          (empty)
 //! 8 close session (empty)
 //! 9 set watches   revision u64, data paths, exist paths, child paths
-//!                 (each list: count u32, then count str)
-//! 10 predecessor  path str, watch u8
+//!                 (each list: count u32, then count str), then queue
+//!                 watches: count u32, then count of (path str, head u8)
+//! 10 predecessor  path str, watch u8 (0 none, 1 data watch on the
+//!                 predecessor, 2 queue watch on the node)
 //! 11 check token  path str, token u64
 //! 12 stats        (empty)
 //! 13 remove watches path str, kinds u8 (bit 0: data watch, bit 1: child
 //!                 watch)
+//! 14 enqueue      path str (prefix of an ephemeral sequential node),
+//!                 data bytes
 //!
 //! str     = u16 length + UTF-8 bytes
 //! bytes   = u32 length + bytes
@@ -56,6 +60,7 @@ pub enum OpCode {
     CheckToken = 11,
     Stats = 12,
     RemoveWatches = 13,
+    Enqueue = 14,
 }
 
 impl OpCode {
@@ -75,6 +80,7 @@ impl OpCode {
             11 => OpCode::CheckToken,
             12 => OpCode::Stats,
             13 => OpCode::RemoveWatches,
+            14 => OpCode::Enqueue,
             _ => return None,
         })
     }
@@ -95,6 +101,7 @@ impl OpCode {
             OpCode::CheckToken => "check token",
             OpCode::Stats => "stats",
             OpCode::RemoveWatches => "remove watches",
+            OpCode::Enqueue => "enqueue",
         }
     }
 }
@@ -194,13 +201,15 @@ pub enum Request {
         exist: Vec<String>,
         /// Paths watched for changes to their children.
         child: Vec<String>,
+        /// Queue watches: the node, and whether it already heads its queue.
+        queue: Vec<(String, bool)>,
     },
     /// The sibling created just before the node at `path` (in creation
     /// order), optionally leaving a watch on it: the step a lock waiter takes
     /// to wait for its predecessor alone. Answered in O(log n) siblings.
     Predecessor {
         path: String,
-        watch: bool,
+        watch: PredecessorWatch,
     },
     /// Whether a child of `path` created at revision `token` still exists:
     /// whether the holder of that fencing token still holds its node.
@@ -218,6 +227,51 @@ pub enum Request {
         data: bool,
         child: bool,
     },
+    /// Joins a queue: creates an ephemeral sequential node at `path` (plus
+    /// the sequence suffix) holding `data`, and sets a queue watch on it, in
+    /// one step. The reply names the node just before it, if any.
+    ///
+    /// A queue watch fires *head* once the node has no predecessor left, and
+    /// then *deleted* if the node is deleted by anyone but its own session.
+    /// A predecessor that leaves while others remain before the node wakes
+    /// nobody: the server moves the watch on by itself.
+    Enqueue {
+        path: String,
+        data: Bytes,
+    },
+}
+
+/// What a predecessor request watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PredecessorWatch {
+    /// Nothing.
+    #[default]
+    None,
+    /// The predecessor itself, as a data watch (fires on its change or
+    /// deletion).
+    Predecessor,
+    /// The node's place in its queue, as a queue watch (see
+    /// [`Request::Enqueue`]).
+    Queue,
+}
+
+impl PredecessorWatch {
+    fn to_u8(self) -> u8 {
+        match self {
+            PredecessorWatch::None => 0,
+            PredecessorWatch::Predecessor => 1,
+            PredecessorWatch::Queue => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => PredecessorWatch::None,
+            1 => PredecessorWatch::Predecessor,
+            2 => PredecessorWatch::Queue,
+            _ => return None,
+        })
+    }
 }
 
 impl Request {
@@ -236,6 +290,7 @@ impl Request {
             Request::CheckToken { .. } => OpCode::CheckToken,
             Request::Stats => OpCode::Stats,
             Request::RemoveWatches { .. } => OpCode::RemoveWatches,
+            Request::Enqueue { .. } => OpCode::Enqueue,
         }
     }
 
@@ -250,7 +305,8 @@ impl Request {
             | Request::SetData { path, .. }
             | Request::Predecessor { path, .. }
             | Request::CheckToken { path, .. }
-            | Request::RemoveWatches { path, .. } => Some(path),
+            | Request::RemoveWatches { path, .. }
+            | Request::Enqueue { path, .. } => Some(path),
             Request::Ping | Request::CloseSession | Request::SetWatches { .. } | Request::Stats => {
                 None
             }
@@ -342,7 +398,11 @@ impl RequestFrame {
                 }
                 Request::Predecessor { path, watch } => {
                     put_str16(b, path);
-                    put_bool(b, *watch);
+                    b.put_u8(watch.to_u8());
+                }
+                Request::Enqueue { path, data } => {
+                    put_str16(b, path);
+                    put_bytes32(b, data);
                 }
                 Request::CheckToken { path, token } => {
                     put_str16(b, path);
@@ -358,6 +418,7 @@ impl RequestFrame {
                     data,
                     exist,
                     child,
+                    queue,
                 } => {
                     b.put_u64(*revision);
                     for list in [data, exist, child] {
@@ -365,6 +426,11 @@ impl RequestFrame {
                         for path in list {
                             put_str16(b, path);
                         }
+                    }
+                    b.put_u32(queue.len() as u32);
+                    for (path, head) in queue {
+                        put_str16(b, path);
+                        put_bool(b, *head);
                     }
                 }
             }
@@ -450,9 +516,18 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
             version: r.opt_u32("version")?,
             fence: r.opt_u64("fence")?,
         },
-        OpCode::Predecessor => Request::Predecessor {
+        OpCode::Predecessor => {
+            let path = read_path(r)?;
+            let raw = r.u8("watch")?;
+            let watch = PredecessorWatch::from_u8(raw).ok_or(DecodeError::BadValue {
+                what: "watch",
+                value: raw.into(),
+            })?;
+            Request::Predecessor { path, watch }
+        }
+        OpCode::Enqueue => Request::Enqueue {
             path: read_path(r)?,
-            watch: r.bool("watch")?,
+            data: r.bytes32("data")?,
         },
         OpCode::CheckToken => Request::CheckToken {
             path: read_path(r)?,
@@ -481,6 +556,14 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
             data: read_paths(r)?,
             exist: read_paths(r)?,
             child: read_paths(r)?,
+            queue: {
+                let count = r.u32("queue watch count")?;
+                let mut queue = Vec::new();
+                for _ in 0..count {
+                    queue.push((read_path(r)?, r.bool("head")?));
+                }
+                queue
+            },
         },
     })
 }

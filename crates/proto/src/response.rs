@@ -13,7 +13,8 @@
 //!                reflects has a revision at most this
 //! 2 event        event u8, revision u64, path str
 //!                  event: 1 created, 2 deleted, 3 data changed,
-//!                         4 children changed
+//!                         4 children changed, 5 head (a queue watch's
+//!                         node has no predecessor left)
 //! 3 disconnect   code u16, message str; the last frame before the server
 //!                closes the connection. The code says why: the session
 //!                expired (session expired), was resumed on another connection
@@ -38,6 +39,8 @@
 //!                 stat
 //! 12 stats        count u32, then count of: name str, value u64
 //! 13 remove watches (empty)
+//! 14 enqueue      path str (the created node), sequence u64, stat,
+//!                 present u8, then if 1: the predecessor's path str, stat
 //!
 //! stat, 64 bytes:
 //!   czxid u64  mzxid u64  pzxid u64  ctime u64  mtime u64
@@ -154,6 +157,14 @@ pub enum Reply {
     /// Named counters.
     Stats(Vec<(String, u64)>),
     RemoveWatches,
+    /// The node created in the queue, and the node just before it, if any
+    /// (none: the new node heads the queue).
+    Enqueue {
+        path: String,
+        sequence: u64,
+        stat: Stat,
+        predecessor: Option<(String, Stat)>,
+    },
 }
 
 impl Reply {
@@ -172,6 +183,7 @@ impl Reply {
             Reply::CheckToken(_) => OpCode::CheckToken,
             Reply::Stats(_) => OpCode::Stats,
             Reply::RemoveWatches => OpCode::RemoveWatches,
+            Reply::Enqueue { .. } => OpCode::Enqueue,
         }
     }
 
@@ -204,12 +216,17 @@ impl Reply {
                 }
             }
             Reply::SetData(stat) => stat.encode(b),
-            Reply::Predecessor(node) | Reply::CheckToken(node) => {
-                put_bool(b, node.is_some());
-                if let Some((path, stat)) = node {
-                    put_str16(b, path);
-                    stat.encode(b);
-                }
+            Reply::Predecessor(node) | Reply::CheckToken(node) => put_node(b, node),
+            Reply::Enqueue {
+                path,
+                sequence,
+                stat,
+                predecessor,
+            } => {
+                put_str16(b, path);
+                b.put_u64(*sequence);
+                stat.encode(b);
+                put_node(b, predecessor);
             }
             Reply::Stats(counters) => {
                 b.put_u32(counters.len() as u32);
@@ -269,6 +286,12 @@ impl Reply {
                 Reply::Stats(counters)
             }
             OpCode::RemoveWatches => Reply::RemoveWatches,
+            OpCode::Enqueue => Reply::Enqueue {
+                path: r.str16("path")?,
+                sequence: r.u64("sequence")?,
+                stat: Stat::decode(r)?,
+                predecessor: Self::decode_node(r)?,
+            },
         })
     }
 
@@ -278,6 +301,14 @@ impl Reply {
         } else {
             None
         })
+    }
+}
+
+fn put_node(b: &mut BytesMut, node: &Option<(String, Stat)>) {
+    put_bool(b, node.is_some());
+    if let Some((path, stat)) = node {
+        put_str16(b, path);
+        stat.encode(b);
     }
 }
 
@@ -321,6 +352,8 @@ pub enum EventKind {
     Deleted,
     DataChanged,
     ChildrenChanged,
+    /// A queue watch's node has no predecessor left: it heads its queue.
+    Head,
 }
 
 impl EventKind {
@@ -330,6 +363,7 @@ impl EventKind {
             EventKind::Deleted => 2,
             EventKind::DataChanged => 3,
             EventKind::ChildrenChanged => 4,
+            EventKind::Head => 5,
         }
     }
 
@@ -339,6 +373,7 @@ impl EventKind {
             2 => EventKind::Deleted,
             3 => EventKind::DataChanged,
             4 => EventKind::ChildrenChanged,
+            5 => EventKind::Head,
             _ => return None,
         })
     }

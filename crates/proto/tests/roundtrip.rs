@@ -57,7 +57,15 @@ fn request() -> impl Strategy<Value = Request> {
                 fence,
             }
         }),
-        (path(), any::<bool>()).prop_map(|(path, watch)| Request::Predecessor { path, watch }),
+        (path(), 0u8..3).prop_map(|(path, w)| Request::Predecessor {
+            path,
+            watch: [
+                PredecessorWatch::None,
+                PredecessorWatch::Predecessor,
+                PredecessorWatch::Queue
+            ][w as usize],
+        }),
+        (path(), data()).prop_map(|(path, data)| Request::Enqueue { path, data }),
         (path(), any::<u64>()).prop_map(|(path, token)| Request::CheckToken { path, token }),
         Just(Request::Stats),
         (path(), any::<bool>(), any::<bool>())
@@ -83,9 +91,10 @@ fn request() -> impl Strategy<Value = Request> {
         )
             .prop_map(|(revision, data, exist, child)| Request::SetWatches {
                 revision,
+                queue: data.iter().map(|p| (p.clone(), p.len() % 2 == 0)).collect(),
                 data,
                 exist,
-                child
+                child,
             }),
     ]
 }
@@ -126,6 +135,18 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         Just(Reply::CloseSession),
         Just(Reply::SetWatches),
         Just(Reply::RemoveWatches),
+        (
+            path(),
+            any::<u64>(),
+            stat(),
+            proptest::option::of((path(), stat()))
+        )
+            .prop_map(|(path, sequence, stat, predecessor)| Reply::Enqueue {
+                path,
+                sequence,
+                stat,
+                predecessor
+            }),
         proptest::option::of((path(), stat())).prop_map(Reply::Predecessor),
         proptest::option::of((path(), stat())).prop_map(Reply::CheckToken),
         prop::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..10).prop_map(Reply::Stats),
@@ -142,6 +163,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         Just(EventKind::Deleted),
         Just(EventKind::DataChanged),
         Just(EventKind::ChildrenChanged),
+        Just(EventKind::Head),
     ]
 }
 

@@ -13,14 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_proto::{
-    path, ConnectRequest, ErrorCode, ErrorReply, EventKind, Reply, Request, RequestFrame,
-    SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
+    path, ConnectRequest, CreateMode, ErrorCode, ErrorReply, EventKind, PredecessorWatch, Reply,
+    Request, RequestFrame, SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
 };
+use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
 use crate::persist::{DurableMark, Wal};
+use crate::queues::QueueWatches;
 use crate::state::{Command, Outcome, StateMachine, Trigger};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::{Kinds, Watches};
@@ -43,6 +45,9 @@ pub(crate) enum Flow {
 pub(crate) struct Core {
     sm: StateMachine,
     watches: Watches,
+    queues: QueueWatches,
+    /// Queue notifications of the change being dispatched (scratch).
+    queue_events: Vec<(SessionId, EventKind, Arc<str>)>,
     live: HashMap<SessionId, Live>,
     /// Candidate expiry times. An entry may be stale (the session was heard
     /// from since); it is checked and pushed back when it comes due.
@@ -106,6 +111,8 @@ impl Core {
         Core {
             sm,
             watches: Watches::default(),
+            queues: QueueWatches::default(),
+            queue_events: Vec::new(),
             live,
             deadlines,
             config,
@@ -240,6 +247,7 @@ impl Core {
                 // The client sets its watches again (set watches) on the new
                 // connection, relative to the last revision it saw.
                 self.watches.remove_session(id);
+                self.queues.remove_session(id);
                 Ok(Connected {
                     grant: SessionGrant {
                         timeout_ms,
@@ -261,6 +269,7 @@ impl Core {
             if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) {
                 live.conn = None;
                 self.watches.remove_session(id);
+                self.queues.remove_session(id);
             }
         }
     }
@@ -287,37 +296,47 @@ impl Core {
                 mode,
                 fence,
             } => self.check_size(&data).and_then(|()| {
-                self.write(Command::Create {
+                self.write(
                     session,
-                    path,
-                    data,
-                    mode,
-                    fence,
-                })
+                    Command::Create {
+                        session,
+                        path,
+                        data,
+                        mode,
+                        fence,
+                    },
+                )
             }),
             Request::Delete {
                 path,
                 version,
                 fence,
-            } => self.write(Command::Delete {
-                path,
-                version,
-                fence,
-            }),
+            } => self.write(
+                session,
+                Command::Delete {
+                    path,
+                    version,
+                    fence,
+                },
+            ),
             Request::SetData {
                 path,
                 data,
                 version,
                 fence,
             } => self.check_size(&data).and_then(|()| {
-                self.write(Command::SetData {
-                    path,
-                    data,
-                    version,
-                    fence,
-                })
+                self.write(
+                    session,
+                    Command::SetData {
+                        path,
+                        data,
+                        version,
+                        fence,
+                    },
+                )
             }),
             Request::Predecessor { path, watch } => self.predecessor(session, &path, watch),
+            Request::Enqueue { path, data } => self.enqueue(session, path, data),
             Request::CheckToken { path, token } => self
                 .sm
                 .child_created_at(&path, token)
@@ -353,8 +372,10 @@ impl Core {
                 data,
                 exist,
                 child,
+                queue,
             } => {
                 self.set_watches(session, outbox, revision, data, exist, child);
+                self.set_queue_watches(session, outbox, queue);
                 Ok(Reply::SetWatches)
             }
             Request::CloseSession => {
@@ -439,10 +460,10 @@ impl Core {
         Ok(())
     }
 
-    /// Applies a change and fires its watches.
-    fn write(&mut self, command: Command) -> Result<Reply, ErrorReply> {
+    /// Applies a change made by `actor` and fires its watches.
+    fn write(&mut self, actor: SessionId, command: Command) -> Result<Reply, ErrorReply> {
         let applied = self.apply(&command);
-        self.dispatch(&applied.triggers);
+        self.dispatch(&applied.triggers, Some(actor));
         applied.result.map(|outcome| match outcome {
             Outcome::Created {
                 path,
@@ -478,25 +499,86 @@ impl Core {
         Ok(reply)
     }
 
-    /// The node's predecessor among its siblings, with a watch on it if
-    /// asked: looked up and watched in one step, so that its deletion cannot
-    /// slip between the two.
+    /// The node's predecessor among its siblings, with a watch if asked:
+    /// looked up and watched in one step, so that its deletion cannot slip
+    /// between the two.
     fn predecessor(
         &mut self,
         session: SessionId,
         path: &str,
-        watch: bool,
+        watch: PredecessorWatch,
     ) -> Result<Reply, ErrorReply> {
         let found = self
             .sm
             .predecessor(path)?
             .map(|(p, n)| (p.clone(), n.stat()));
-        if let (Some((p, _)), true) = (&found, watch) {
-            self.watches.add(session, p, Kinds::DATA);
+        match watch {
+            PredecessorWatch::None => {}
+            PredecessorWatch::Predecessor => {
+                if let Some((p, _)) = &found {
+                    self.watches.add(session, p, Kinds::DATA);
+                }
+            }
+            PredecessorWatch::Queue => {
+                let (node, owner) = {
+                    let (k, n) = self.sm.node_entry(path).ok_or_else(|| no_node(path))?;
+                    (k.clone(), n.owner())
+                };
+                if owner != Some(session) {
+                    return Err(ErrorReply::new(
+                        ErrorCode::BadArguments,
+                        format!("{path} is not an ephemeral node of this session; a queue watch is set on one's own place in a queue"),
+                    ));
+                }
+                self.queues
+                    .set(session, node, found.as_ref().map(|(p, _)| p.clone()));
+            }
         }
         Ok(Reply::Predecessor(
             found.map(|(p, stat)| (p.to_string(), stat)),
         ))
+    }
+
+    /// Joins a queue: an ephemeral sequential node under a queue watch.
+    fn enqueue(
+        &mut self,
+        session: SessionId,
+        path: String,
+        data: Bytes,
+    ) -> Result<Reply, ErrorReply> {
+        self.check_size(&data)?;
+        let command = Command::Create {
+            session,
+            path,
+            data,
+            mode: CreateMode::EphemeralSequential,
+            fence: None,
+        };
+        let Reply::Create {
+            path,
+            sequence,
+            stat,
+        } = self.write(session, command)?
+        else {
+            unreachable!("a create answers with a create reply");
+        };
+        let (node, predecessor) = {
+            let (k, _) = self.sm.node_entry(&path).expect("just created");
+            let pred = self
+                .sm
+                .predecessor(&path)
+                .expect("just created")
+                .map(|(p, n)| (p.clone(), n.stat()));
+            (k.clone(), pred)
+        };
+        self.queues
+            .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));
+        Ok(Reply::Enqueue {
+            path,
+            sequence: sequence.expect("sequential"),
+            stat,
+            predecessor: predecessor.map(|(p, stat)| (p.to_string(), stat)),
+        })
     }
 
     /// The counters and current sizes of this server.
@@ -504,7 +586,7 @@ impl Core {
         let mut snap = self.stats.snapshot();
         snap.sessions = self.sm.session_count() as u64;
         snap.nodes = self.sm.node_count() as u64;
-        snap.watches = self.watches.len() as u64;
+        snap.watches = (self.watches.len() + self.queues.len()) as u64;
         snap.revision = self.sm.revision();
         snap
     }
@@ -590,10 +672,65 @@ impl Core {
         }
     }
 
-    /// Queues the events a change fired, one per watching session.
-    fn dispatch(&mut self, triggers: &[Trigger]) {
+    /// Sets again the queue watches a client held before it moved to this
+    /// connection: a node that is gone reports *deleted*, one that now heads
+    /// its queue (and did not before) reports *head*.
+    fn set_queue_watches(
+        &mut self,
+        session: SessionId,
+        outbox: &Arc<Outbox>,
+        queue: Vec<(String, bool)>,
+    ) {
+        let revision = self.sm.revision();
+        for (path, headed) in queue {
+            let owned = self
+                .sm
+                .node_entry(&path)
+                .filter(|(_, n)| n.owner() == Some(session))
+                .map(|(k, _)| k.clone());
+            let Some(node) = owned else {
+                self.notify(outbox, EventKind::Deleted, revision, Arc::from(path));
+                continue;
+            };
+            let predecessor = self
+                .sm
+                .predecessor(&node)
+                .expect("the node exists")
+                .map(|(p, _)| p.clone());
+            let heads = predecessor.is_none();
+            self.queues.set(session, node.clone(), predecessor);
+            if heads && !headed {
+                self.notify(outbox, EventKind::Head, revision, node);
+            }
+        }
+    }
+
+    /// Queues one event for a connection, counting it if it was queued.
+    fn notify(&self, conn: &Arc<Outbox>, kind: EventKind, revision: u64, path: Arc<str>) {
+        let event = Out::Event {
+            kind,
+            revision,
+            path,
+        };
+        if self.push(conn, event) {
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Queues the events a change made by `actor` fired, one per watching
+    /// session (`actor` is `None` for a session's expiry or close).
+    fn dispatch(&mut self, triggers: &[Trigger], actor: Option<SessionId>) {
         let revision = self.sm.revision();
         for trigger in triggers {
+            if trigger.kind == EventKind::Deleted {
+                self.queues
+                    .on_deleted(&trigger.path, actor, &self.sm, &mut self.queue_events);
+                for (session, kind, node) in std::mem::take(&mut self.queue_events) {
+                    if let Some(conn) = self.live.get(&session).and_then(|l| l.conn.as_ref()) {
+                        self.notify(conn, kind, revision, node);
+                    }
+                }
+            }
             self.fired.clear();
             self.watches
                 .fire(&trigger.path, trigger.kind, &mut self.fired);
@@ -601,17 +738,7 @@ impl Core {
                 let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
                     continue;
                 };
-                let pushed = self.push(
-                    conn,
-                    Out::Event {
-                        kind: trigger.kind,
-                        revision,
-                        path: trigger.path.clone(),
-                    },
-                );
-                if pushed {
-                    self.stats.events.fetch_add(1, Ordering::Relaxed);
-                }
+                self.notify(conn, trigger.kind, revision, trigger.path.clone());
             }
         }
     }
@@ -626,7 +753,8 @@ impl Core {
     ) {
         let applied = self.apply(&command);
         self.watches.remove_session(id);
-        self.dispatch(&applied.triggers);
+        self.queues.remove_session(id);
+        self.dispatch(&applied.triggers, None);
         if let Some(live) = self.live.remove(&id) {
             if let (Some(conn), Some(notice)) = (live.conn, notice) {
                 conn.close(Some(notice), applied.revision);

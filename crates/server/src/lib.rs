@@ -19,6 +19,7 @@ mod core;
 pub mod datadir;
 mod outbox;
 pub mod persist;
+mod queues;
 mod server;
 pub mod state;
 mod stats;

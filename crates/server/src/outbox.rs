@@ -51,6 +51,13 @@ impl Out {
                         }
                         Ok(Reply::Predecessor(Some((path, _))))
                         | Ok(Reply::CheckToken(Some((path, _)))) => path.len(),
+                        Ok(Reply::Enqueue {
+                            path, predecessor, ..
+                        }) => {
+                            baton_proto::Stat::LEN
+                                + path.len()
+                                + predecessor.as_ref().map_or(0, |(p, _)| p.len())
+                        }
                         Ok(Reply::Stats(counters)) => {
                             counters.iter().map(|(name, _)| name.len() + 10).sum()
                         }

@@ -25,6 +25,8 @@ impl Kinds {
             EventKind::Created | EventKind::DataChanged => Kinds::DATA,
             EventKind::ChildrenChanged => Kinds::CHILD,
             EventKind::Deleted => Kinds::DATA.union(Kinds::CHILD),
+            // Reported by queue watches only (see queues.rs).
+            EventKind::Head => Kinds::default(),
         }
     }
 

@@ -35,15 +35,21 @@ pub fn herd_svg(runs: &[Run]) -> String {
         H + 40.0
     );
     svg.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
-    panel(&mut svg, runs, 0.0, "watch notifications per handover", |r| {
-        r.notifications_per_handover
-    });
+    panel(
+        &mut svg,
+        runs,
+        0.0,
+        "watch notifications per handover",
+        |r| r.notifications_per_handover,
+    );
     let _ = write!(
         svg,
         r##"<text x="{}" y="40" text-anchor="middle" fill="#666">(zero, as for poll, is not drawn on a log axis)</text>"##,
         W / 2.0
     );
-    panel(&mut svg, runs, W, "handovers per second", |r| r.handovers_per_s);
+    panel(&mut svg, runs, W, "handovers per second", |r| {
+        r.handovers_per_s
+    });
     // Legend.
     let mut x = MARGIN;
     for recipe in [Recipe::Predecessor, Recipe::WatchAll, Recipe::Poll] {
@@ -109,7 +115,11 @@ fn panel(svg: &mut String, runs: &[Run], left: f64, title: &str, value: impl Fn(
     }
     for e in y_lo as i32..=y_hi as i32 {
         let y = y_of(10f64.powi(e));
-        let label = if e >= 0 { format!("{}", 10u64.pow(e as u32)) } else { format!("1e{e}") };
+        let label = if e >= 0 {
+            format!("{}", 10u64.pow(e as u32))
+        } else {
+            format!("1e{e}")
+        };
         let _ = write!(
             svg,
             r##"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{label}</text>"##,
@@ -135,7 +145,10 @@ fn panel(svg: &mut String, runs: &[Run], left: f64, title: &str, value: impl Fn(
             continue;
         }
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let path: Vec<String> = points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        let path: Vec<String> = points
+            .iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
+            .collect();
         let _ = write!(
             svg,
             r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
@@ -143,7 +156,11 @@ fn panel(svg: &mut String, runs: &[Run], left: f64, title: &str, value: impl Fn(
             color(recipe)
         );
         for (x, y) in points {
-            let _ = write!(svg, r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{}"/>"#, color(recipe));
+            let _ = write!(
+                svg,
+                r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{}"/>"#,
+                color(recipe)
+            );
         }
     }
 }

@@ -157,7 +157,10 @@ async fn measure(args: &DurabilityArgs, root: &std::path::Path) -> Result<Report
 }
 
 /// Latency of appending 4 KiB and syncing it, repeated for `duration`.
-pub(super) fn fdatasync_floor(path: &std::path::Path, duration: Duration) -> Result<Summary, CliError> {
+pub(super) fn fdatasync_floor(
+    path: &std::path::Path,
+    duration: Duration,
+) -> Result<Summary, CliError> {
     let io = |e: std::io::Error| CliError::msg(format!("fdatasync probe {}: {e}", path.display()));
     let mut file = OpenOptions::new()
         .create(true)

@@ -69,7 +69,11 @@ pub struct HerdArgs {
     #[arg(long, value_name = "US", default_value_t = 0)]
     hold_us: u64,
     /// Recipes to compare, as a comma-separated list.
-    #[arg(long, value_delimiter = ',', default_value = "predecessor,watch-all,poll")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "predecessor,watch-all,poll"
+    )]
     recipe: Vec<Recipe>,
     /// How often the poll recipe retries, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10)]
@@ -118,20 +122,28 @@ pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError>
     let child = match &target {
         Some(_) => None,
         None => {
-            progress(format!("starting a server (baton serve --fsync {fsync_name})"));
-            Some(ChildServer::start(&["--fsync", fsync_name, "--max-session-timeout", "120000"]).await?)
+            progress(format!(
+                "starting a server (baton serve --fsync {fsync_name})"
+            ));
+            Some(
+                ChildServer::start(&["--fsync", fsync_name, "--max-session-timeout", "120000"])
+                    .await?,
+            )
         }
     };
-    let addr = target.clone().unwrap_or_else(|| child.as_ref().expect("started").addr.clone());
+    let addr = target
+        .clone()
+        .unwrap_or_else(|| child.as_ref().expect("started").addr.clone());
 
     progress("floor: loopback round trip and 4 KiB append + fdatasync");
     let rtt = tokio::task::spawn_blocking(|| tcp_floor(10_000))
         .await
         .map_err(|e| CliError::msg(e.to_string()))??;
     let probe = std::env::temp_dir().join(format!("baton-herd-fdatasync-{}", std::process::id()));
-    let fdatasync = tokio::task::spawn_blocking(move || fdatasync_floor(&probe, Duration::from_secs(2)))
-        .await
-        .map_err(|e| CliError::msg(e.to_string()))??;
+    let fdatasync =
+        tokio::task::spawn_blocking(move || fdatasync_floor(&probe, Duration::from_secs(2)))
+            .await
+            .map_err(|e| CliError::msg(e.to_string()))??;
 
     let mut runs = Vec::new();
     for &waiters in &args.waiters {
@@ -149,15 +161,21 @@ pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError>
         print_table(&runs, &rtt, &fdatasync);
     }
     if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
         let json = serde_json::to_string_pretty(&runs).expect("runs serialize");
         let write = |name: &str, text: &str| {
-            std::fs::write(dir.join(name), text)
-                .map_err(|e| CliError::msg(format!("cannot write {}: {e}", dir.join(name).display())))
+            std::fs::write(dir.join(name), text).map_err(|e| {
+                CliError::msg(format!("cannot write {}: {e}", dir.join(name).display()))
+            })
         };
         write("results.json", &json)?;
         write("herd.svg", &super::chart::herd_svg(&runs))?;
-        progress(format!("wrote {} and {}", dir.join("results.json").display(), dir.join("herd.svg").display()));
+        progress(format!(
+            "wrote {} and {}",
+            dir.join("results.json").display(),
+            dir.join("herd.svg").display()
+        ));
     }
     drop(child);
     Ok(())
@@ -190,7 +208,12 @@ struct Shared {
     started: Instant,
 }
 
-async fn one_run(addr: &str, recipe: Recipe, waiters: usize, args: &HerdArgs) -> Result<Run, CliError> {
+async fn one_run(
+    addr: &str,
+    recipe: Recipe,
+    waiters: usize,
+    args: &HerdArgs,
+) -> Result<Run, CliError> {
     let label = format!("{} waiters, {}", waiters, recipe.name());
     progress(format!("{label}: opening {waiters} sessions"));
     let clients = open_sessions(addr, waiters).await?;
@@ -229,7 +252,12 @@ async fn one_run(addr: &str, recipe: Recipe, waiters: usize, args: &HerdArgs) ->
     let warm_until = Instant::now() + Duration::from_secs(args.max_seconds);
     if recipe != Recipe::Poll {
         loop {
-            let watches = control.server_stats().await?.get("watches").copied().unwrap_or(0);
+            let watches = control
+                .server_stats()
+                .await?
+                .get("watches")
+                .copied()
+                .unwrap_or(0);
             if watches + 1 >= waiters as u64 || Instant::now() >= warm_until {
                 break;
             }
@@ -238,7 +266,9 @@ async fn one_run(addr: &str, recipe: Recipe, waiters: usize, args: &HerdArgs) ->
     }
     let before = control.server_stats().await?;
     let grants_before = shared.grants.load(Ordering::Acquire);
-    shared.target.store(grants_before + args.handovers, Ordering::Release);
+    shared
+        .target
+        .store(grants_before + args.handovers, Ordering::Release);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.max_seconds);
     let mut last_report = Instant::now();
@@ -272,7 +302,13 @@ async fn one_run(addr: &str, recipe: Recipe, waiters: usize, args: &HerdArgs) ->
     let _ = control.close().await;
 
     let handovers = grants.max(1);
-    let delta = |name: &str| after.get(name).copied().unwrap_or(0).saturating_sub(before.get(name).copied().unwrap_or(0)) as f64;
+    let delta = |name: &str| {
+        after
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(before.get(name).copied().unwrap_or(0)) as f64
+    };
     let cpu = delta("cpu_user_us") + delta("cpu_system_us");
     let mut waits = std::mem::take(&mut *shared.waits.lock().unwrap_or_else(|e| e.into_inner()));
     let wait = Summary::of(&mut waits);
@@ -368,7 +404,11 @@ async fn contend(client: Client, me: usize, shared: Arc<Shared>) {
         let Ok(held) = granted else {
             return;
         };
-        shared.waits.lock().unwrap_or_else(|e| e.into_inner()).push(asked.elapsed());
+        shared
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(asked.elapsed());
         if shared.holders.fetch_add(1, Ordering::SeqCst) != 0 {
             shared.violations.fetch_add(1, Ordering::Relaxed);
         }
@@ -409,13 +449,24 @@ struct Arrival<'a> {
 impl<'a> Arrival<'a> {
     fn new(shared: &'a Shared, order: u64, me: usize) -> Self {
         let key = (order, me);
-        shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-        Arrival { shared, key: Some(key) }
+        shared
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+        Arrival {
+            shared,
+            key: Some(key),
+        }
     }
 
     fn granted(mut self) {
         let key = self.key.take().expect("granted once");
-        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting = self
+            .shared
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if waiting.first() == Some(&key) {
             self.shared.fifo.fetch_add(1, Ordering::Relaxed);
         }
@@ -426,7 +477,11 @@ impl<'a> Arrival<'a> {
 impl Drop for Arrival<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            self.shared
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
         }
     }
 }
@@ -445,7 +500,11 @@ async fn acquire(client: &Client, me: usize, shared: &Shared) -> Result<Held, Er
         }
         Recipe::WatchAll => {
             let created = client
-                .create(&format!("{}/n-", shared.path), "", CreateMode::EphemeralSequential)
+                .create(
+                    &format!("{}/n-", shared.path),
+                    "",
+                    CreateMode::EphemeralSequential,
+                )
                 .await?;
             let token = created.sequence.unwrap_or(created.stat.czxid);
             let arrival = Arrival::new(shared, token, me);
@@ -485,7 +544,17 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
     );
     println!(
         "{:>8} {:<12} {:>10} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>6} {:>5}",
-        "waiters", "recipe", "handovers", "handovers/s", "wait p50 us", "wait p99 us", "notif/h", "bytes/h", "cpu us/h", "fifo", "viol"
+        "waiters",
+        "recipe",
+        "handovers",
+        "handovers/s",
+        "wait p50 us",
+        "wait p99 us",
+        "notif/h",
+        "bytes/h",
+        "cpu us/h",
+        "fifo",
+        "viol"
     );
     for r in runs {
         println!(

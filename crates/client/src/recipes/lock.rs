@@ -1,9 +1,12 @@
 //! A fair, herd-free lock with fencing tokens.
 //!
-//! Each contender creates an ephemeral sequential node under the lock's path
-//! and waits only for the contender created just before it (its
-//! predecessor), so a release wakes exactly one waiter and the lock is
-//! granted in arrival order. The holder's node's creation revision is its
+//! Each contender joins the lock's queue with one request
+//! ([`Client::enqueue`]): an ephemeral sequential node under the lock's path,
+//! with a queue watch that fires when no contender created before it is
+//! left. The server moves that watch from predecessor to predecessor by
+//! itself, so a release wakes exactly the next waiter, a waiter leaving the
+//! middle of the queue wakes nobody, and the lock is granted in arrival
+//! order. The holder's node's creation revision is its
 //! [`FencingToken`](super::FencingToken): strictly greater than that of every
 //! earlier grant of the lock, also after the lock's node is deleted and
 //! created again.
@@ -11,8 +14,8 @@
 //! # Orphans
 //!
 //! A contender node is named `lock-<session>-<n>-` plus the server's sequence
-//! suffix, unique to this client. If the connection breaks while its create
-//! is in flight, the create may or may not have happened; after the session
+//! suffix, unique to this client. If the connection breaks while its enqueue
+//! is in flight, the enqueue may or may not have happened; after the session
 //! is resumed the contender lists the lock's children and adopts its node if
 //! it is there (the server applies nothing from the old connection after the
 //! resume), so no forgotten node can block the queue. An `acquire` that is
@@ -22,11 +25,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::time::{sleep_until, Instant};
 
 use super::{ensure_path, FencingToken};
-use crate::{Client, CreateMode, Error, EventKind, Result, SessionId, SessionState};
+use crate::{Client, Error, QueueWatch, Result, SessionId, SessionState};
 
 /// Distinguishes the contender nodes one process creates.
 static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
@@ -132,11 +135,21 @@ impl Lock {
     /// Dropping the future withdraws the contender: its node is deleted.
     pub async fn acquire(&self) -> Result<LockGuard> {
         let mut entry = self.enter().await?;
-        loop {
-            if let Some(guard) = self.step(&mut entry, true).await? {
-                return Ok(guard);
-            }
+        if !entry.heads {
+            let waited = tokio::select! {
+                r = entry.watch.as_mut().expect("held until granted").head() => r,
+                state = self.client.ended() => Err(ended_error(state)),
+            };
+            waited.map_err(|e| match e {
+                Error::NoNode(_) => Error::NoNode(format!(
+                    "contender node {} was deleted while waiting for the lock {}",
+                    entry.node.as_deref().unwrap_or_default(),
+                    self.path
+                )),
+                other => other,
+            })?;
         }
+        Ok(entry.grant())
     }
 
     /// Takes the lock if nobody holds or waits for it; never waits.
@@ -145,8 +158,8 @@ impl Lock {
     /// Errors of the underlying requests.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         let mut entry = self.enter().await?;
-        self.step(&mut entry, false).await
         // If not granted, dropping `entry` withdraws the node.
+        Ok(entry.heads.then(|| entry.grant()))
     }
 
     /// Like [`acquire`](Self::acquire), giving up after `timeout`: `None`
@@ -195,61 +208,56 @@ impl Lock {
         Ok(queue)
     }
 
-    /// Joins the queue: creates this contender's node.
+    /// Joins the queue: this contender's node and its queue watch.
     async fn enter(&self) -> Result<Entry> {
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
-        let (tx, rx) = oneshot::channel();
-        let (client, lock, identity) = (
-            self.client.clone(),
-            self.path.clone(),
-            self.identity.clone(),
-        );
-        // The create runs in its own task, so that if this future is dropped
-        // while the answer is on its way, the node is still deleted.
-        tokio::spawn(async move {
-            let created = create_contender(&client, &lock, &prefix, identity).await;
-            if let Err(Ok((node, _))) = tx.send(created) {
-                let _ = client.delete(&node, None).await;
+        let path = format!("{}/{prefix}", self.path);
+        let joined = loop {
+            // If this future is dropped meanwhile, the client deletes the
+            // node once the enqueue is confirmed (see Client::enqueue).
+            match self.client.enqueue(&path, self.identity.clone()).await {
+                Ok(joined) => {
+                    let token = joined.node.sequence.expect("queue nodes are sequential");
+                    break Joined {
+                        node: joined.node.path,
+                        token: FencingToken(token),
+                        heads: joined.predecessor.is_none(),
+                        watch: joined.watch,
+                    };
+                }
+                Err(Error::NoNode(_)) => ensure_path(&self.client, &self.path).await?,
+                Err(Error::ConnectionLoss(_)) => break self.recover(&prefix).await?,
+                Err(e) => return Err(e),
             }
-        });
-        let (node, token) = rx.await.map_err(|_| Error::Closed)??;
+        };
         Ok(Entry {
             client: self.client.clone(),
-            node: Some(node),
-            token,
+            node: Some(joined.node),
+            token: joined.token,
+            heads: joined.heads,
+            watch: Some(joined.watch),
         })
     }
 
-    /// One look at the queue: the guard if this contender is first; else,
-    /// if `wait`, waits until its predecessor goes away or changes.
-    async fn step(&self, entry: &mut Entry, wait: bool) -> Result<Option<LockGuard>> {
-        let node = entry
-            .node
-            .clone()
-            .expect("an entry holds its node until granted");
-        if !wait {
-            return match self.client.predecessor(&node).await? {
-                None => Ok(Some(entry.grant(self.client.clone()))),
-                Some(_) => Ok(None),
-            };
-        }
-        match self.client.predecessor_watch(&node).await {
-            Ok(None) => Ok(Some(entry.grant(self.client.clone()))),
-            Ok(Some((_, _, watcher))) => {
-                tokio::select! {
-                    // The predecessor left or changed: look again.
-                    fired = watcher => fired.map(|_| None),
-                    state = self.client.ended() => Err(ended_error(state)),
-                }
+    /// After a connection loss during the enqueue: finds this contender's
+    /// node if the enqueue happened, else joins afresh. Runs in its own task,
+    /// so that a node found after the caller gave up is still deleted.
+    async fn recover(&self, prefix: &str) -> Result<Joined> {
+        let (tx, rx) = oneshot::channel();
+        let (client, lock, prefix, identity) = (
+            self.client.clone(),
+            self.path.clone(),
+            prefix.to_owned(),
+            self.identity.clone(),
+        );
+        tokio::spawn(async move {
+            let joined = recover_contender(&client, &lock, &prefix, identity).await;
+            if let Err(Ok(joined)) = tx.send(joined) {
+                let _ = client.delete(&joined.node, None).await;
             }
-            Err(Error::ConnectionLoss(_)) => Ok(None), // look again once resumed
-            Err(Error::NoNode(_)) => Err(Error::NoNode(format!(
-                "contender node {node} was deleted while waiting for the lock {}",
-                self.path
-            ))),
-            Err(e) => Err(e),
-        }
+        });
+        rx.await.map_err(|_| Error::Closed)?
     }
 }
 
@@ -262,32 +270,55 @@ fn ended_error(state: SessionState) -> Error {
     }
 }
 
-/// Creates the contender node, recovering it if the connection broke while
-/// the create was in flight.
-async fn create_contender(
+/// A contender's place in the queue.
+struct Joined {
+    node: String,
+    token: FencingToken,
+    /// True if it heads the queue already.
+    heads: bool,
+    watch: QueueWatch,
+}
+
+/// Finds the contender's node after a connection loss (the server applies
+/// nothing from the old connection once the session is resumed, so the
+/// enqueue either happened before this list or never), or joins afresh.
+async fn recover_contender(
     client: &Client,
     lock: &str,
     prefix: &str,
     identity: Bytes,
-) -> Result<(String, FencingToken)> {
+) -> Result<Joined> {
     let path = format!("{lock}/{prefix}");
     loop {
-        match client
-            .create(&path, identity.clone(), CreateMode::EphemeralSequential)
-            .await
-        {
-            Ok(created) => {
-                let token = created.sequence.expect("sequential nodes have a sequence");
-                return Ok((created.path, FencingToken(token)));
+        if let Some((node, token)) = find_own(client, lock, prefix).await? {
+            match client.queue_watch(&node).await {
+                Ok((predecessor, watch)) => {
+                    return Ok(Joined {
+                        node,
+                        token,
+                        heads: predecessor.is_none(),
+                        watch,
+                    })
+                }
+                // Gone meanwhile, or the connection broke again: join afresh.
+                Err(Error::NoNode(_) | Error::ConnectionLoss(_)) => {
+                    let _ = client.delete(&node, None).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match client.enqueue(&path, identity.clone()).await {
+            Ok(joined) => {
+                let token = joined.node.sequence.expect("queue nodes are sequential");
+                return Ok(Joined {
+                    node: joined.node.path,
+                    token: FencingToken(token),
+                    heads: joined.predecessor.is_none(),
+                    watch: joined.watch,
+                });
             }
             Err(Error::NoNode(_)) => ensure_path(client, lock).await?,
-            Err(Error::ConnectionLoss(_)) => {
-                // Resumed by the time this list is answered; the old
-                // connection's create either happened before that or never.
-                if let Some(found) = find_own(client, lock, prefix).await? {
-                    return Ok(found);
-                }
-            }
+            Err(Error::ConnectionLoss(_)) => {}
             Err(e) => return Err(e),
         }
     }
@@ -324,12 +355,15 @@ struct Entry {
     client: Client,
     node: Option<String>,
     token: FencingToken,
+    heads: bool,
+    watch: Option<QueueWatch>,
 }
 
 impl Entry {
-    fn grant(&mut self, client: Client) -> LockGuard {
+    fn grant(&mut self) -> LockGuard {
         let node = self.node.take().expect("granted once");
-        LockGuard::new(client, node, self.token)
+        let watch = self.watch.take().expect("granted once");
+        LockGuard::new(self.client.clone(), node, self.token, watch)
     }
 }
 
@@ -341,26 +375,14 @@ impl Drop for Entry {
     }
 }
 
+/// Deletes a contender's node in the background. The server tells nobody
+/// but, if it headed the queue, the next contender.
 fn delete_in_background(client: &Client, node: String) {
     let client = client.clone();
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(async move {
-            let _ = withdraw(&client, &node).await;
+            let _ = client.delete(&node, None).await;
         });
-    }
-}
-
-/// Deletes a contender's node. Its own watch on the node is removed first
-/// (in the same round trip), so that a release notifies only the successor.
-async fn withdraw(client: &Client, node: &str) -> Result<()> {
-    let (_, deleted) = tokio::join!(
-        client.remove_watches(node, true, false),
-        client.delete(node, None)
-    );
-    match deleted {
-        Ok(()) | Err(Error::NoNode(_)) => Ok(()),
-        Err(e) if e.is_session_gone() => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
@@ -378,22 +400,18 @@ pub struct LockGuard {
     client: Client,
     node: String,
     token: FencingToken,
-    lost: watch::Receiver<Option<LostReason>>,
-    /// The task watching the lease; taken when the guard is released.
-    monitor: Option<tokio::task::JoinHandle<()>>,
+    /// The node's queue watch: tells if anyone else deletes it.
+    queue: QueueWatch,
     released: bool,
 }
 
 impl LockGuard {
-    fn new(client: Client, node: String, token: FencingToken) -> Self {
-        let (tx, lost) = watch::channel(None);
-        let monitor = tokio::spawn(monitor(client.clone(), node.clone(), tx));
+    fn new(client: Client, node: String, token: FencingToken, queue: QueueWatch) -> Self {
         LockGuard {
             client,
             node,
             token,
-            lost,
-            monitor: Some(monitor),
+            queue,
             released: false,
         }
     }
@@ -414,19 +432,16 @@ impl LockGuard {
     /// # Cancellation safety
     /// Safe.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.lost.clone();
         loop {
             if let Some(reason) = self.lost_now() {
                 return reason;
             }
+            // The deadline moves on with every answered request; only a
+            // deadline that stays passed ends the lease.
             let deadline = self.client.session_deadline();
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        // The monitor ended without a reason: the session task is gone.
-                        return LostReason::SessionClosed;
-                    }
-                }
+                _ = self.queue.deleted() => {}
+                _ = self.client.ended() => {}
                 _ = sleep_until(deadline) => {}
             }
         }
@@ -448,8 +463,11 @@ impl LockGuard {
     }
 
     fn lost_now(&self) -> Option<LostReason> {
-        if let Some(reason) = *self.lost.borrow() {
-            return Some(reason);
+        match self.queue.deleted_now() {
+            Some(Ok(_)) => return Some(LostReason::NodeDeleted),
+            Some(Err(Error::SessionExpired(_))) => return Some(LostReason::SessionExpired),
+            Some(Err(_)) => return Some(LostReason::SessionClosed),
+            None => {}
         }
         match self.client.state() {
             SessionState::Expired => return Some(LostReason::SessionExpired),
@@ -460,80 +478,25 @@ impl LockGuard {
     }
 
     /// Releases the lock: deletes the holder's node, which wakes the next
-    /// waiter.
+    /// waiter (and nobody else).
     ///
     /// # Errors
     /// Errors of the delete; a node already gone (the lock was lost) is not
     /// an error.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        stop_monitor(self.monitor.take()).await;
-        withdraw(&self.client, &self.node).await
+        match self.client.delete(&self.node, None).await {
+            Ok(()) | Err(Error::NoNode(_)) => Ok(()),
+            Err(e) if e.is_session_gone() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        let (client, node, monitor) = (
-            self.client.clone(),
-            std::mem::take(&mut self.node),
-            self.monitor.take(),
-        );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                stop_monitor(monitor).await;
-                let _ = withdraw(&client, &node).await;
-            });
+        if !self.released {
+            delete_in_background(&self.client, std::mem::take(&mut self.node));
         }
     }
-}
-
-/// Stops the lease monitor and waits until it has: a watch request it is in
-/// the middle of sending must not reach the server after the withdrawal's
-/// removal of that watch, or the release would notify its own session too.
-async fn stop_monitor(monitor: Option<tokio::task::JoinHandle<()>>) {
-    if let Some(monitor) = monitor {
-        monitor.abort();
-        let _ = monitor.await;
-    }
-}
-
-/// Watches a held lock's node and session, and publishes the first reason
-/// the lock is lost.
-async fn monitor(client: Client, node: String, lost: watch::Sender<Option<LostReason>>) {
-    let reason = 'arm: loop {
-        let mut watcher = match client.exists_watch(&node).await {
-            Ok((Some(_), watcher)) => watcher,
-            Ok((None, _)) => break LostReason::NodeDeleted,
-            Err(Error::ConnectionLoss(_)) => continue,
-            Err(Error::SessionExpired(_)) => break LostReason::SessionExpired,
-            Err(_) => break LostReason::SessionClosed,
-        };
-        loop {
-            let deadline = client.session_deadline();
-            tokio::select! {
-                fired = &mut watcher => match fired {
-                    Ok(event) if event.kind == EventKind::Deleted => break 'arm LostReason::NodeDeleted,
-                    Ok(_) => continue 'arm, // its data changed: watch again
-                    Err(Error::SessionExpired(_)) => break 'arm LostReason::SessionExpired,
-                    Err(_) => break 'arm LostReason::SessionClosed,
-                },
-                state = client.ended() => break 'arm match state {
-                    SessionState::Expired => LostReason::SessionExpired,
-                    _ => LostReason::SessionClosed,
-                },
-                // The deadline moves on with every answered request; only a
-                // deadline that stays passed ends the lease.
-                _ = sleep_until(deadline) => {
-                    if Instant::now() >= client.session_deadline() {
-                        break 'arm LostReason::DeadlinePassed;
-                    }
-                }
-            }
-        }
-    };
-    let _ = lost.send(Some(reason));
 }

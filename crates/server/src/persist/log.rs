@@ -3,7 +3,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -207,6 +207,11 @@ struct WalShared {
     /// Set (with the reason) when the log can no longer be written.
     failed: watch::Sender<Option<String>>,
     snapshot_running: AtomicBool,
+    /// The segment being appended to: written by the committer under
+    /// `--fsync always`, directly by `append` under `--fsync never`.
+    segment: Mutex<Segment>,
+    /// Bytes appended since the last snapshot was started.
+    since_snapshot: AtomicU64,
 }
 
 #[derive(Default)]
@@ -219,8 +224,6 @@ struct Queue {
     /// A snapshot at this revision is durable: older files can go.
     cleanup: Option<u64>,
     stop: bool,
-    /// Bytes appended since the last snapshot was started.
-    since_snapshot: u64,
 }
 
 impl Wal {
@@ -246,12 +249,14 @@ impl Wal {
             mark,
             failed,
             snapshot_running: AtomicBool::new(false),
+            segment: Mutex::new(segment),
+            since_snapshot: AtomicU64::new(0),
         });
         let committer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("baton-wal".into())
-                .spawn(move || commit_loop(&shared, segment))
+                .spawn(move || commit_loop(&shared))
                 .map_err(|e| PersistError::io(dir, "starting the log writer thread", e))?
         };
         Ok(Wal {
@@ -264,12 +269,34 @@ impl Wal {
         self.shared.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues the record of an applied command.
+    /// Logs the record of an applied command. Under `--fsync always` it is
+    /// queued for the committer, which syncs it; under `--fsync never` it is
+    /// written to the operating system at once (so a crash of the server
+    /// loses nothing) and is as durable as it will get.
     pub(crate) fn append(&self, revision: u64, now_ms: u64, command: &Command) {
+        if self.shared.fsync == FsyncPolicy::Never {
+            let mut segment = lock(&self.shared.segment);
+            let mut record = std::mem::take(&mut segment.scratch);
+            record.clear();
+            record::encode(&mut record, revision, now_ms, command);
+            let written = segment.write(&record);
+            self.shared
+                .since_snapshot
+                .fetch_add(record.len() as u64, Ordering::Relaxed);
+            segment.scratch = record;
+            drop(segment);
+            match written {
+                Ok(()) => self.shared.mark.advance(revision),
+                Err(e) => fail(&self.shared, e),
+            }
+            return;
+        }
         let mut q = self.queue();
         let before = q.bytes.len();
         record::encode(&mut q.bytes, revision, now_ms, command);
-        q.since_snapshot += (q.bytes.len() - before) as u64;
+        self.shared
+            .since_snapshot
+            .fetch_add((q.bytes.len() - before) as u64, Ordering::Relaxed);
         q.last_revision = revision;
         drop(q);
         self.shared.ready.notify_one();
@@ -277,7 +304,7 @@ impl Wal {
 
     /// Bytes logged since the last snapshot began.
     pub(crate) fn since_snapshot(&self) -> u64 {
-        self.queue().since_snapshot
+        self.shared.since_snapshot.load(Ordering::Relaxed)
     }
 
     /// Starts a snapshot of `sm` (a copy taken under the core lock) in the
@@ -289,13 +316,26 @@ impl Wal {
             return;
         }
         let revision = sm.revision();
-        {
+        self.shared.since_snapshot.store(0, Ordering::Relaxed);
+        if self.shared.fsync == FsyncPolicy::Never {
+            // Everything up to the snapshot's revision is written already.
+            let mut segment = lock(&self.shared.segment);
+            match Segment::create(&self.shared.dir, revision + 1, self.shared.fsync) {
+                Ok(next) => *segment = next,
+                Err(e) => {
+                    drop(segment);
+                    fail(&self.shared, e);
+                    self.shared.snapshot_running.store(false, Ordering::Release);
+                    return;
+                }
+            }
+        } else {
             let mut q = self.queue();
             let at = q.bytes.len();
             q.rotate = Some((at, revision + 1));
-            q.since_snapshot = 0;
+            drop(q);
+            self.shared.ready.notify_one();
         }
-        self.shared.ready.notify_one();
         let shared = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("baton-snapshot".into())
@@ -340,6 +380,20 @@ struct Segment {
     file: File,
     path: PathBuf,
     first_revision: u64,
+    /// A reusable buffer for records written directly.
+    scratch: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The log can no longer be written: nothing after this point can be made
+/// durable, and what was applied in memory but not logged must never be
+/// acknowledged. The mark stays where it is and the server stops.
+fn fail(shared: &WalShared, e: PersistError) {
+    error!("{e}; stopping the server");
+    shared.failed.send_replace(Some(e.to_string()));
 }
 
 impl Segment {
@@ -361,6 +415,7 @@ impl Segment {
             file,
             path,
             first_revision,
+            scratch: Vec::new(),
         })
     }
 
@@ -373,6 +428,7 @@ impl Segment {
             file,
             path: path.to_owned(),
             first_revision,
+            scratch: Vec::new(),
         })
     }
 
@@ -391,7 +447,7 @@ impl Segment {
 
 /// Writes queued records, syncs them, advances the durable mark; rotates
 /// segments and removes files a snapshot made obsolete.
-fn commit_loop(shared: &WalShared, mut segment: Segment) {
+fn commit_loop(shared: &WalShared) {
     let always = shared.fsync == FsyncPolicy::Always;
     let mut spare = Vec::new();
     loop {
@@ -409,27 +465,26 @@ fn commit_loop(shared: &WalShared, mut segment: Segment) {
                 q.stop,
             )
         };
+        let mut segment = lock(&shared.segment);
         let result = (|| {
             let split = rotate.map_or(bytes.len(), |(at, _)| at);
             segment.write(&bytes[..split])?;
-            if always {
+            if always && split > 0 {
                 segment.sync()?;
             }
             if let Some((_, first)) = rotate {
-                segment = Segment::create(&shared.dir, first, shared.fsync)?;
+                *segment = Segment::create(&shared.dir, first, shared.fsync)?;
                 segment.write(&bytes[split..])?;
-                if always {
+                if always && split < bytes.len() {
                     segment.sync()?;
                 }
             }
             Ok::<(), PersistError>(())
         })();
+        let current = segment.first_revision;
+        drop(segment);
         if let Err(e) = result {
-            // Nothing after this point can be made durable, and what was
-            // applied in memory but not logged must never be acknowledged:
-            // the mark stays where it is and the server stops.
-            error!("{e}; stopping the server");
-            shared.failed.send_replace(Some(e.to_string()));
+            fail(shared, e);
             return;
         }
         if !bytes.is_empty() {
@@ -438,7 +493,7 @@ fn commit_loop(shared: &WalShared, mut segment: Segment) {
         bytes.clear();
         spare = bytes;
         if let Some(revision) = cleanup {
-            remove_obsolete(&shared.dir, revision, segment.first_revision);
+            remove_obsolete(&shared.dir, revision, current);
         }
         if stop
             && shared

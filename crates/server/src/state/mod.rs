@@ -237,6 +237,11 @@ impl StateMachine {
         self.nodes.get(path)
     }
 
+    /// The node at `path` with its shared path.
+    pub fn node_entry(&self, path: &str) -> Option<(&Arc<str>, &Node)> {
+        self.nodes.get_key_value(path)
+    }
+
     /// The sibling created just before the node at `path`, with its node.
     ///
     /// # Errors
