@@ -33,7 +33,7 @@
 //! opt64   = u8 0 (absent) | u8 1 + u64
 //! mode    = 0 persistent, 1 ephemeral, 2 persistent sequential,
 //!           3 ephemeral sequential (bit 0: ephemeral, bit 1: sequential)
-//! watch   = 0 or 1
+//! watch   = 0 or 1 (for predecessor: 0, 1 or 2)
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};

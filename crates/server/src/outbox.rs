@@ -54,9 +54,11 @@ impl Out {
                         Ok(Reply::Enqueue {
                             path, predecessor, ..
                         }) => {
-                            baton_proto::Stat::LEN
-                                + path.len()
-                                + predecessor.as_ref().map_or(0, |(p, _)| p.len())
+                            // FIXED covers one stat; a predecessor brings another.
+                            path.len()
+                                + predecessor
+                                    .as_ref()
+                                    .map_or(0, |(p, _)| baton_proto::Stat::LEN + p.len())
                         }
                         Ok(Reply::Stats(counters)) => {
                             counters.iter().map(|(name, _)| name.len() + 10).sum()

@@ -96,14 +96,16 @@ impl Server {
         addr: impl ToSocketAddrs + std::fmt::Display,
         config: Config,
     ) -> Result<Self, ServerError> {
-        config.validate()?;
+        // Recover first, listen after: a client that connects while a long
+        // log is replayed is refused at once rather than left waiting.
+        let parts = Parts::prepare(config)?;
         let listener = TcpListener::bind(&addr)
             .await
             .map_err(|source| ServerError::Bind {
                 addr: addr.to_string(),
                 source,
             })?;
-        Self::new(listener, config)
+        Ok(parts.assemble(listener))
     }
 
     /// Prepares a server on an already bound listener.
@@ -111,66 +113,7 @@ impl Server {
     /// # Errors
     /// An invalid configuration, or a data directory that cannot be used.
     pub fn new(listener: TcpListener, config: Config) -> Result<Self, ServerError> {
-        config.validate()?;
-        let data_dir = config.data_dir.as_deref().map(DataDir::open).transpose()?;
-        let (failed_tx, log_failed) = watch::channel(None);
-        let mut failed_tx = Some(failed_tx);
-        let (sm, wal, mark) = match &data_dir {
-            Some(dir) => {
-                let started = std::time::Instant::now();
-                let (sm, recovery) = persist::recover(dir.path())?;
-                info!(
-                    revision = recovery.revision,
-                    snapshot = recovery.snapshot_revision,
-                    records = recovery.records_replayed,
-                    torn_bytes = recovery.torn_bytes_dropped,
-                    sessions = sm.session_count(),
-                    nodes = sm.node_count(),
-                    ms = started.elapsed().as_millis() as u64,
-                    "recovered"
-                );
-                let mark = Arc::new(DurableMark::new(sm.revision()));
-                let failed = failed_tx.take().expect("taken once");
-                let wal = Wal::start(
-                    dir.path(),
-                    sm.revision(),
-                    config.fsync,
-                    mark.clone(),
-                    failed,
-                )?;
-                (sm, Some(wal), mark)
-            }
-            None => (
-                StateMachine::new(),
-                None,
-                Arc::new(DurableMark::new(u64::MAX)),
-            ),
-        };
-        let config = Arc::new(config);
-        let stats = Arc::new(Stats::default());
-        let connection_slots = Semaphore::new(config.max_connections);
-        let core = Core::new(
-            sm,
-            config.clone(),
-            stats.clone(),
-            wal,
-            mark.clone(),
-            Instant::now(),
-        );
-        Ok(Server {
-            listener,
-            shared: Arc::new(Shared {
-                core: Mutex::new(core),
-                config,
-                stats,
-                expiry_wake: Notify::new(),
-                mark,
-                connection_slots,
-            }),
-            data_dir,
-            log_failed,
-            _no_log: failed_tx,
-        })
+        Ok(Parts::prepare(config)?.assemble(listener))
     }
 
     #[cfg(test)]
@@ -270,6 +213,90 @@ impl Server {
         match failure {
             Some(reason) => Err(ServerError::LogFailed(reason)),
             None => Ok(()),
+        }
+    }
+}
+
+/// A server's state, recovered and ready, before it has a listener.
+struct Parts {
+    shared: Arc<Shared>,
+    data_dir: Option<DataDir>,
+    log_failed: watch::Receiver<Option<String>>,
+    _no_log: Option<watch::Sender<Option<String>>>,
+}
+
+impl Parts {
+    /// Checks the configuration, takes the data directory and recovers it.
+    fn prepare(config: Config) -> Result<Parts, ServerError> {
+        config.validate()?;
+
+        let data_dir = config.data_dir.as_deref().map(DataDir::open).transpose()?;
+        let (failed_tx, log_failed) = watch::channel(None);
+        let mut failed_tx = Some(failed_tx);
+        let (sm, wal, mark) = match &data_dir {
+            Some(dir) => {
+                let started = std::time::Instant::now();
+                let (sm, recovery) = persist::recover(dir.path())?;
+                info!(
+                    revision = recovery.revision,
+                    snapshot = recovery.snapshot_revision,
+                    records = recovery.records_replayed,
+                    torn_bytes = recovery.torn_bytes_dropped,
+                    sessions = sm.session_count(),
+                    nodes = sm.node_count(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "recovered"
+                );
+                let mark = Arc::new(DurableMark::new(sm.revision()));
+                let failed = failed_tx.take().expect("taken once");
+                let wal = Wal::start(
+                    dir.path(),
+                    sm.revision(),
+                    config.fsync,
+                    mark.clone(),
+                    failed,
+                )?;
+                (sm, Some(wal), mark)
+            }
+            None => (
+                StateMachine::new(),
+                None,
+                Arc::new(DurableMark::new(u64::MAX)),
+            ),
+        };
+        let config = Arc::new(config);
+        let stats = Arc::new(Stats::default());
+        let connection_slots = Semaphore::new(config.max_connections);
+        let core = Core::new(
+            sm,
+            config.clone(),
+            stats.clone(),
+            wal,
+            mark.clone(),
+            Instant::now(),
+        );
+        Ok(Parts {
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                config,
+                stats,
+                expiry_wake: Notify::new(),
+                mark,
+                connection_slots,
+            }),
+            data_dir,
+            log_failed,
+            _no_log: failed_tx,
+        })
+    }
+
+    fn assemble(self, listener: TcpListener) -> Server {
+        Server {
+            listener,
+            shared: self.shared,
+            data_dir: self.data_dir,
+            log_failed: self.log_failed,
+            _no_log: self._no_log,
         }
     }
 }

@@ -110,6 +110,9 @@ pub struct Run {
     pub violations: u64,
     /// The run ended at --max-seconds before reaching --handovers.
     pub timed_out: bool,
+    /// Why the run could not be measured, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
     pub floor_rtt_us: f64,
     pub floor_fdatasync_us: f64,
 }
@@ -148,7 +151,18 @@ pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError>
     let mut runs = Vec::new();
     for &waiters in &args.waiters {
         for &recipe in &args.recipe {
-            let mut run = one_run(&addr, recipe, waiters, &args).await?;
+            let mut run = match one_run(&addr, recipe, waiters, &args).await {
+                Ok(run) => run,
+                Err(e) => {
+                    // A herd can swamp the server past any timeout: report
+                    // the run as failed and go on with the others.
+                    progress(format!(
+                        "{waiters} waiters, {}: run failed: {e}",
+                        recipe.name()
+                    ));
+                    Run::failed(recipe, waiters, e.to_string())
+                }
+            };
             run.floor_rtt_us = rtt.p50_us;
             run.floor_fdatasync_us = fdatasync.p50_us;
             if args.json {
@@ -179,6 +193,41 @@ pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError>
     }
     drop(child);
     Ok(())
+}
+
+impl Run {
+    fn failed(recipe: Recipe, waiters: usize, why: String) -> Run {
+        Run {
+            recipe,
+            waiters,
+            handovers: 0,
+            seconds: 0.0,
+            handovers_per_s: 0.0,
+            wait_us_p50: 0.0,
+            wait_us_p99: 0.0,
+            wait_us_max: 0.0,
+            notifications_per_handover: 0.0,
+            server_bytes_per_handover: 0.0,
+            server_cpu_us_per_handover: 0.0,
+            fifo_fraction: 0.0,
+            violations: 0,
+            timed_out: true,
+            failed: Some(why),
+            floor_rtt_us: 0.0,
+            floor_fdatasync_us: 0.0,
+        }
+    }
+}
+
+/// The server's counters, waiting at most a minute: a herd can keep the
+/// server busy for long.
+async fn counters(control: &Client) -> Result<std::collections::BTreeMap<String, u64>, CliError> {
+    match tokio::time::timeout(Duration::from_secs(60), control.server_stats()).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(CliError::msg(
+            "the server did not answer a stats request within 60 s",
+        )),
+    }
 }
 
 /// Shared by a run's contenders.
@@ -217,7 +266,10 @@ async fn one_run(
     let label = format!("{} waiters, {}", waiters, recipe.name());
     progress(format!("{label}: opening {waiters} sessions"));
     let clients = open_sessions(addr, waiters).await?;
-    let control = Client::connect(addr).await?;
+    let control = Client::builder(addr)
+        .session_timeout(Duration::from_secs(120))
+        .connect()
+        .await?;
     let path = format!("/herd/{}-{waiters}-{}", recipe.name(), std::process::id());
     ensure_path(&control, &path).await?;
 
@@ -247,52 +299,9 @@ async fn one_run(
         .map(|(i, c)| tokio::spawn(contend(c.clone(), i, shared.clone())))
         .collect();
 
-    // Warm up: measure the steady state, once every contender has joined the
-    // queue (each waiter then holds one watch), not the joining itself.
-    let warm_until = Instant::now() + Duration::from_secs(args.max_seconds);
-    if recipe != Recipe::Poll {
-        loop {
-            let watches = control
-                .server_stats()
-                .await?
-                .get("watches")
-                .copied()
-                .unwrap_or(0);
-            if watches + 1 >= waiters as u64 || Instant::now() >= warm_until {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let before = control.server_stats().await?;
-    let grants_before = shared.grants.load(Ordering::Acquire);
-    shared
-        .target
-        .store(grants_before + args.handovers, Ordering::Release);
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.max_seconds);
-    let mut last_report = Instant::now();
-    let mut done_rx = shared.done.subscribe();
-    loop {
-        if *done_rx.borrow() || Instant::now() >= deadline {
-            break;
-        }
-        if last_report.elapsed() >= Duration::from_secs(2) {
-            progress(format!(
-                "{label}: {}/{} handovers, {:.1} s",
-                shared.grants.load(Ordering::Relaxed) - grants_before,
-                args.handovers,
-                started.elapsed().as_secs_f64()
-            ));
-            last_report = Instant::now();
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(200), done_rx.changed()).await;
-    }
-    // Counters first, so that withdrawing the waiters is not counted; the
-    // grants are counted at the same moment.
-    let after = control.server_stats().await?;
-    let grants = shared.grants.load(Ordering::Acquire) - grants_before;
-    let seconds = started.elapsed().as_secs_f64();
+    let measured = measure(&control, &shared, recipe, waiters, args, &label).await;
+    // Whatever happened, stop the contenders and close their sessions, so
+    // that the next run starts on a quiet server.
     shared.stopping.store(true, Ordering::Release);
     shared.stop.send_replace(true);
     for t in tasks {
@@ -300,6 +309,12 @@ async fn one_run(
     }
     close_all(clients).await;
     let _ = control.close().await;
+    let Measured {
+        before,
+        after,
+        grants,
+        seconds,
+    } = measured?;
 
     let handovers = grants.max(1);
     let delta = |name: &str| {
@@ -329,6 +344,7 @@ async fn one_run(
             / shared.grants.load(Ordering::Relaxed).max(1) as f64,
         violations: shared.violations.load(Ordering::Relaxed),
         timed_out: grants < args.handovers,
+        failed: None,
         floor_rtt_us: 0.0,
         floor_fdatasync_us: 0.0,
     };
@@ -351,6 +367,73 @@ async fn ensure_path(client: &Client, path: &str) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// The counters around the steady state of a run, and its grants.
+struct Measured {
+    before: std::collections::BTreeMap<String, u64>,
+    after: std::collections::BTreeMap<String, u64>,
+    grants: u64,
+    seconds: f64,
+}
+
+async fn measure(
+    control: &Client,
+    shared: &Shared,
+    recipe: Recipe,
+    waiters: usize,
+    args: &HerdArgs,
+    label: &str,
+) -> Result<Measured, CliError> {
+    // Warm up: measure the steady state, once every contender has joined the
+    // queue (each waiter then holds one watch), not the joining itself.
+    let warm_until = Instant::now() + Duration::from_secs(args.max_seconds);
+    if recipe != Recipe::Poll {
+        loop {
+            let watches = counters(control)
+                .await?
+                .get("watches")
+                .copied()
+                .unwrap_or(0);
+            if watches + 1 >= waiters as u64 || Instant::now() >= warm_until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let before = counters(control).await?;
+    let grants_before = shared.grants.load(Ordering::Acquire);
+    shared
+        .target
+        .store(grants_before + args.handovers, Ordering::Release);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.max_seconds);
+    let mut last_report = Instant::now();
+    let mut done_rx = shared.done.subscribe();
+    loop {
+        if *done_rx.borrow() || Instant::now() >= deadline {
+            break;
+        }
+        if last_report.elapsed() >= Duration::from_secs(2) {
+            progress(format!(
+                "{label}: {}/{} handovers, {:.1} s",
+                shared.grants.load(Ordering::Relaxed) - grants_before,
+                args.handovers,
+                started.elapsed().as_secs_f64()
+            ));
+            last_report = Instant::now();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), done_rx.changed()).await;
+    }
+    // Counters first, so that withdrawing the waiters is not counted; the
+    // grants are counted at the same moment.
+    let after = counters(control).await?;
+    Ok(Measured {
+        before,
+        after,
+        grants: shared.grants.load(Ordering::Acquire) - grants_before,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// Opens `n` sessions, a few hundred handshakes at a time.
@@ -570,7 +653,11 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
             r.server_cpu_us_per_handover,
             r.fifo_fraction * 100.0,
             r.violations,
-            if r.timed_out { "  (time limit)" } else { "" }
+            match (&r.failed, r.timed_out) {
+                (Some(_), _) => "  (failed)",
+                (None, true) => "  (time limit)",
+                (None, false) => "",
+            }
         );
     }
 }

@@ -276,6 +276,10 @@ impl Wal {
     pub(crate) fn append(&self, revision: u64, now_ms: u64, command: &Command) {
         if self.shared.fsync == FsyncPolicy::Never {
             let mut segment = lock(&self.shared.segment);
+            if segment.broken {
+                // Nothing may follow a record that could not be written.
+                return;
+            }
             let mut record = std::mem::take(&mut segment.scratch);
             record.clear();
             record::encode(&mut record, revision, now_ms, command);
@@ -284,10 +288,16 @@ impl Wal {
                 .since_snapshot
                 .fetch_add(record.len() as u64, Ordering::Relaxed);
             segment.scratch = record;
-            drop(segment);
             match written {
-                Ok(()) => self.shared.mark.advance(revision),
-                Err(e) => fail(&self.shared, e),
+                Ok(()) => {
+                    drop(segment);
+                    self.shared.mark.advance(revision);
+                }
+                Err(e) => {
+                    segment.broken = true;
+                    drop(segment);
+                    fail(&self.shared, e);
+                }
             }
             return;
         }
@@ -382,6 +392,8 @@ struct Segment {
     first_revision: u64,
     /// A reusable buffer for records written directly.
     scratch: Vec<u8>,
+    /// A write failed: nothing more is written to this log.
+    broken: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -416,6 +428,7 @@ impl Segment {
             path,
             first_revision,
             scratch: Vec::new(),
+            broken: false,
         })
     }
 
@@ -429,6 +442,7 @@ impl Segment {
             path: path.to_owned(),
             first_revision,
             scratch: Vec::new(),
+            broken: false,
         })
     }
 
