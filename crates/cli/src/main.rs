@@ -138,5 +138,14 @@ mod tests {
     }
 }
 
+/// jemalloc: less memory per idle session than the system allocator (see
+/// docs/benchmarks.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings: a background thread gives memory freed after a
+/// burst (a thundering herd, a flood of sessions) back to the system, so a
+/// long-running server's footprint follows its steady state.
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8] = b"background_thread:true\0";

@@ -437,7 +437,6 @@ async fn create_delete_run(
 /// state of `total` sessions held by one server.
 async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory, CliError> {
     let pid = pid.ok_or_else(|| CliError::msg("the benchmark server has no pid"))?;
-    let rss = || rss_bytes(pid).ok_or_else(|| CliError::msg("cannot read the server's RSS"));
     let setup = Client::connect(addr).await?;
     for p in ["/bench", "/bench/mem"] {
         match setup.create(p, "", CreateMode::Persistent).await {
@@ -458,7 +457,7 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
             total - connected
         ));
     }
-    let rss_base = rss()?;
+    let rss_base = settled_rss(pid).await?;
 
     let (phase_tx, phase_rx) = watch::channel(Phase::Open);
     let counters = Arc::new(Counters::default());
@@ -485,13 +484,13 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
     ));
     let mut tasks = spawn_sessions(0..connected, true);
     wait_for(&counters, |c| &c.opened, connected, "opened").await?;
-    let rss_sessions = rss()?;
+    let rss_sessions = settled_rss(pid).await?;
     progress(format!(
         "creating one ephemeral node per session ({connected})"
     ));
     let _ = phase_tx.send(Phase::Create);
     wait_for(&counters, |c| &c.created, connected, "created their node").await?;
-    let rss_nodes = rss()?;
+    let rss_nodes = settled_rss(pid).await?;
 
     let held = total - connected;
     let mut rss_held = rss_nodes;
@@ -501,7 +500,7 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
         ));
         tasks.extend(spawn_sessions(connected..total, false));
         wait_for(&counters, |c| &c.created, total, "created their node").await?;
-        rss_held = rss()?;
+        rss_held = settled_rss(pid).await?;
     }
     let _ = phase_tx.send(Phase::Stop);
     for t in tasks {
@@ -521,6 +520,32 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
         bytes_per_disconnected_session_with_node: (held > 0)
             .then(|| per(rss_held, rss_nodes, held)),
     })
+}
+
+/// The server's RSS once memory freed by a burst (buffers of the requests
+/// just handled) has gone back to the system: the allocator returns it
+/// after about ten seconds, so this waits for RSS to stop falling, up to
+/// 30 s.
+async fn settled_rss(pid: u32) -> Result<u64, CliError> {
+    let read = || rss_bytes(pid).ok_or_else(|| CliError::msg("cannot read the server's RSS"));
+    let started = Instant::now();
+    let mut last = read()?;
+    let mut steady = 0;
+    progress("letting the server's memory settle after the burst");
+    while started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = read()?;
+        steady = if now.abs_diff(last) < 64 * 1024 {
+            steady + 1
+        } else {
+            0
+        };
+        last = now;
+        if steady >= 4 && started.elapsed() >= Duration::from_secs(12) {
+            break;
+        }
+    }
+    Ok(last)
 }
 
 #[derive(Default)]
