@@ -29,12 +29,16 @@ fn named_revision(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
 struct Listing {
     snapshots: Vec<(u64, PathBuf)>,
     segments: Vec<(u64, PathBuf)>,
+    /// Snapshots whose writing was cut short: never renamed into place, so
+    /// never relied upon (or being written right now, outside recovery).
+    temporary: Vec<PathBuf>,
 }
 
 fn list(dir: &Path) -> Result<Listing, PersistError> {
     let mut listing = Listing {
         snapshots: Vec::new(),
         segments: Vec::new(),
+        temporary: Vec::new(),
     };
     let entries = std::fs::read_dir(dir)
         .map_err(|e| PersistError::io(dir, "listing the data directory", e))?;
@@ -46,9 +50,7 @@ fn list(dir: &Path) -> Result<Listing, PersistError> {
         } else if let Some(rev) = named_revision(&name, "wal-", ".log") {
             listing.segments.push((rev, entry.path()));
         } else if name.ends_with(".tmp") {
-            // A snapshot whose writing was cut short: never renamed into
-            // place, so never relied upon.
-            let _ = std::fs::remove_file(entry.path());
+            listing.temporary.push(entry.path());
         }
     }
     listing.snapshots.sort();
@@ -79,6 +81,9 @@ pub struct Recovery {
 pub fn recover(dir: &Path) -> Result<(StateMachine, Recovery), PersistError> {
     let listing = list(dir)?;
     let (sm, torn) = replay(dir, &listing)?;
+    for tmp in &listing.temporary {
+        let _ = std::fs::remove_file(tmp);
+    }
     if let Some((path, offset, len)) = &torn {
         // Only now that everything else checked out.
         warn!(file = %path.display(), offset, "dropping a torn last record of {len} bytes");
@@ -354,14 +359,19 @@ impl Wal {
                 match snapshot::write(&shared.dir, &sm, shared.fsync == FsyncPolicy::Always) {
                     Ok(path) => {
                         info!(revision, file = %path.display(), ms = started.elapsed().as_millis() as u64, "snapshot written");
+                        // The committer removes what the snapshot replaced,
+                        // after the rotation queued before it, and only then
+                        // lets the next snapshot start.
                         shared.queue.lock().unwrap_or_else(|e| e.into_inner()).cleanup = Some(revision);
                         shared.ready.notify_one();
                     }
                     // The log still holds everything: a failed snapshot costs
                     // only disk space and recovery time.
-                    Err(e) => error!("snapshot at revision {revision} failed: {e}"),
+                    Err(e) => {
+                        error!("snapshot at revision {revision} failed: {e}");
+                        shared.snapshot_running.store(false, Ordering::Release);
+                    }
                 }
-                shared.snapshot_running.store(false, Ordering::Release);
             });
         if let Err(e) = spawned {
             error!("cannot start a snapshot thread: {e}");
@@ -508,6 +518,7 @@ fn commit_loop(shared: &WalShared) {
         spare = bytes;
         if let Some(revision) = cleanup {
             remove_obsolete(&shared.dir, revision, current);
+            shared.snapshot_running.store(false, Ordering::Release);
         }
         if stop
             && shared
@@ -526,14 +537,48 @@ fn commit_loop(shared: &WalShared) {
 /// before the current one (all their records are in that snapshot).
 fn remove_obsolete(dir: &Path, snapshot: u64, current_segment: u64) {
     let Ok(listing) = list(dir) else { return };
-    for (rev, path) in listing.snapshots {
-        if rev < snapshot {
+    for (rev, path) in &listing.snapshots {
+        if *rev < snapshot {
             let _ = std::fs::remove_file(path);
         }
     }
-    for (first, path) in listing.segments {
-        if first < current_segment && first <= snapshot {
+    // A segment holds the records from its first revision up to the next
+    // segment's first: it can go only when all of those are in the snapshot.
+    for pair in listing.segments.windows(2) {
+        let ((first, path), (next, _)) = (&pair[0], &pair[1]);
+        if *first < current_segment && *next <= snapshot + 1 {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_segments_wholly_inside_the_snapshot_are_removed() {
+        let dir = std::env::temp_dir().join(format!("baton-obsolete-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for first in [1u64, 50, 101] {
+            std::fs::write(dir.join(segment_name(first)), b"").unwrap();
+        }
+        std::fs::write(dir.join("snapshot-00000000000000000010.snap.tmp"), b"").unwrap();
+        // Records 50..=100 are not all in a snapshot at 60: that segment stays.
+        remove_obsolete(&dir, 60, 101);
+        let left = list(&dir).unwrap();
+        let firsts: Vec<u64> = left.segments.iter().map(|(f, _)| *f).collect();
+        assert_eq!(firsts, [50, 101]);
+        // A snapshot being written is not touched outside recovery.
+        assert_eq!(left.temporary.len(), 1);
+        remove_obsolete(&dir, 100, 101);
+        let firsts: Vec<u64> = list(&dir)
+            .unwrap()
+            .segments
+            .iter()
+            .map(|(f, _)| *f)
+            .collect();
+        assert_eq!(firsts, [101]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
