@@ -395,7 +395,7 @@ fn print_markdown(r: &Report) {
         println!("| log records | {} |", rec.records);
         println!("| log size | {:.1} MiB |", rec.log_bytes as f64 / 1048576.0);
         println!(
-            "| `baton serve` start to accepting connections | {:.0} ms |",
+            "| `baton serve` start to first session opened | {:.0} ms |",
             rec.startup_ms
         );
     }
