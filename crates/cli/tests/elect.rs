@@ -93,7 +93,9 @@ fn a_standby_takes_over_from_a_killed_leader_and_watchers_see_it() {
             "sh",
             "-c",
         ])
-        .arg("echo $BATON_FENCING_TOKEN")
+        // It leads until its stdin closes: long enough to be watched.
+        .arg("echo $BATON_FENCING_TOKEN; read line || true")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -103,17 +105,15 @@ fn a_standby_takes_over_from_a_killed_leader_and_watchers_see_it() {
     // SAFETY: kill has no memory effects.
     unsafe { libc::kill(active.id() as i32, libc::SIGKILL) };
     active.wait().unwrap();
-    assert!(standby.wait().unwrap().success());
     let mut printed = String::new();
-    standby
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut printed)
+    BufReader::new(standby.stdout.take().unwrap())
+        .read_line(&mut printed)
         .unwrap();
     let second: u64 = printed.trim().parse().unwrap();
     assert!(second > first);
     assert_eq!(seen.next().unwrap().unwrap(), format!("b {second}"));
+    drop(standby.stdin.take()); // the standby's command ends: it resigns
+    assert!(standby.wait().unwrap().success());
     assert_eq!(seen.next().unwrap().unwrap(), "none");
     unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
     assert!(watch.wait().unwrap().success());

@@ -143,9 +143,13 @@ impl Election {
         }
     }
 
-    /// Every change of leader, in order: the current leader (or `None`) first,
+    /// Changes of leader, in order: the current leader (or `None`) first,
     /// then each new one. Observers watch only the leader's node (or, while
-    /// there is none, the election's list of candidates).
+    /// there is none, the election's list of candidates), so they cost the
+    /// server nothing per candidate. Watches fire once and are set again on
+    /// each look, so a leadership that begins and ends between two looks
+    /// (within a round trip or so) can go unseen; what is seen is never out
+    /// of order, and a leader whose session ended is never reported.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
         let election = self.clone();
         futures::stream::unfold(
