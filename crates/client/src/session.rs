@@ -29,12 +29,10 @@ use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
 use crate::watcher::{WatchKind, WatchRequest, WatchTable};
 
-/// A successful reply and the server's revision when it answered.
+/// A successful reply.
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) reply: Reply,
-    #[allow(dead_code)]
-    pub(crate) revision: u64,
 }
 
 pub(crate) type ReplySlot = oneshot::Sender<Result<Answer>>;
@@ -559,10 +557,7 @@ impl SessionTask {
                             },
                             None => {}
                         }
-                        Ok(Answer {
-                            reply: r,
-                            revision: reply.revision,
-                        })
+                        Ok(Answer { reply: r })
                     }
                     Err(e) => Err(Error::from_wire(e.code, e.message)),
                 };
