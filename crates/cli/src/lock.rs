@@ -81,7 +81,7 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
         let owner = c.owner.map_or_else(|| "-".into(), |o| o.to_string());
         println!(
             "{role:<10} token {:<12} session {owner:<10} {}  {}",
-            c.token,
+            c.token.get(),
             c.node,
             String::from_utf8_lossy(&c.identity)
         );
