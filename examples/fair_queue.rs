@@ -30,18 +30,19 @@
 //! cargo run --example fair_queue -- 200     # or another number
 //! ```
 
-use std::fmt::Display;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton::server::{Config, Server, ServerHandle};
+use baton::server::Config;
 use baton::{Client, FencingToken, Lock};
 use futures::{StreamExt, TryStreamExt};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
+
+mod common;
+use common::{Embedded, Timeline};
 
 const LOCK: &str = "/locks/fair";
 const DEFAULT_CONTENDERS: usize = 1_000;
@@ -99,7 +100,7 @@ async fn run(n: usize) -> Result<(), String> {
     println!();
     raise_open_file_limit(2 * n + 256)?;
 
-    let server = Embedded::start().await?;
+    let server = Embedded::start(Config::default()).await?;
     t.say("server", format!("Baton listening on {}", server.addr));
 
     // The gate holds the lock while the queue forms.
@@ -376,65 +377,4 @@ fn raise_open_file_limit(wanted: usize) -> Result<(), String> {
 #[cfg(not(unix))]
 fn raise_open_file_limit(_wanted: usize) -> Result<(), String> {
     Ok(())
-}
-
-/// Prints steps as `elapsed ms | who | what`.
-struct Timeline {
-    start: Instant,
-}
-
-impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            start: Instant::now(),
-        }
-    }
-
-    fn say(&self, who: &str, what: impl Display) {
-        println!(
-            "{:>6} ms  {who:<8} {what}",
-            self.start.elapsed().as_millis()
-        );
-    }
-}
-
-/// A Baton server running in this process on a free local port.
-struct Embedded {
-    addr: String,
-    handle: ServerHandle,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
-}
-
-impl Embedded {
-    async fn start() -> Result<Self, String> {
-        let server = Server::bind("127.0.0.1:0", Config::default())
-            .await
-            .map_err(|e| format!("starting the server: {e}"))?;
-        let addr = server
-            .local_addr()
-            .map_err(|e| format!("reading the server's address: {e}"))?
-            .to_string();
-        let handle = server.handle();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            if let Err(e) = server.run(shutdown).await {
-                eprintln!("server failed: {e}");
-            }
-        });
-        Ok(Embedded {
-            addr,
-            handle,
-            stop,
-            task,
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = timeout(Duration::from_secs(5), self.task).await;
-    }
 }

@@ -41,18 +41,19 @@
 //! cargo run --example gc_pause
 //! ```
 
-use std::fmt::Display;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use baton::server::{Config, Server, ServerHandle};
+use baton::server::Config;
 use baton::{Client, CreateMode, Error, Lock, SessionId};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout, Command};
-use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout, Instant};
 
 /// The lock both workers take.
+mod common;
+use common::{report, signal, Embedded, Signal, Timeline};
+
 const LOCK: &str = "/locks/record";
 /// The record the lock protects.
 const RECORD: &str = "/store/record";
@@ -168,7 +169,12 @@ async fn story() -> Result<(), String> {
 /// One run of the story; returns its one-line summary.
 async fn run(mode: Mode) -> Result<String, String> {
     let t = Timeline::new();
-    let server = Embedded::start().await?;
+    let server = Embedded::start(Config {
+        // Sessions of one second, shorter than the server's default floor.
+        min_session_timeout: Duration::from_millis(100),
+        ..Config::default()
+    })
+    .await?;
     t.say(
         "server",
         format!(
@@ -451,26 +457,6 @@ fn worker_data(name: &str, token: u64) -> String {
     format!("written by {name} holding token {token}")
 }
 
-/// Prints steps as `elapsed ms | who | what`.
-struct Timeline {
-    start: Instant,
-}
-
-impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            start: Instant::now(),
-        }
-    }
-
-    fn say(&self, who: &str, what: impl Display) {
-        println!(
-            "{:>6} ms  {who:<9} {what}",
-            self.start.elapsed().as_millis()
-        );
-    }
-}
-
 /// The parent's end of the pipes to worker 1.
 struct WorkerLink {
     lines: Lines<BufReader<ChildStdout>>,
@@ -538,78 +524,6 @@ where
             return Err(format!("timed out after {STEP_LIMIT:?} waiting for {what}"));
         }
         sleep(Duration::from_millis(5)).await;
-    }
-}
-
-enum Signal {
-    Stop,
-    Continue,
-}
-
-#[cfg(unix)]
-fn signal(pid: u32, signal: Signal) -> Result<(), String> {
-    let (number, name) = match signal {
-        Signal::Stop => (libc::SIGSTOP, "SIGSTOP"),
-        Signal::Continue => (libc::SIGCONT, "SIGCONT"),
-    };
-    let pid = libc::pid_t::try_from(pid).map_err(|_| format!("process id {pid} out of range"))?;
-    // SAFETY: kill only sends a signal to the process we started.
-    if unsafe { libc::kill(pid, number) } != 0 {
-        return Err(format!(
-            "sending {name} to worker 1: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn signal(_pid: u32, _signal: Signal) -> Result<(), String> {
-    Err("freezing a process needs SIGSTOP: run this example on a Unix system".into())
-}
-
-/// A Baton server running in this process on a free local port.
-struct Embedded {
-    addr: String,
-    handle: ServerHandle,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Embedded {
-    async fn start() -> Result<Self, String> {
-        let config = Config {
-            min_session_timeout: Duration::from_millis(100),
-            ..Config::default()
-        };
-        let server = Server::bind("127.0.0.1:0", config)
-            .await
-            .map_err(|e| format!("starting the server: {e}"))?;
-        let addr = server
-            .local_addr()
-            .map_err(|e| format!("reading the server's address: {e}"))?
-            .to_string();
-        let handle = server.handle();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            if let Err(e) = server.run(shutdown).await {
-                eprintln!("server failed: {e}");
-            }
-        });
-        Ok(Embedded {
-            addr,
-            handle,
-            stop,
-            task,
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = timeout(Duration::from_secs(5), self.task).await;
     }
 }
 
@@ -698,12 +612,4 @@ async fn worker(addr: &str, name: &str, mode: Mode) -> Result<(), String> {
     store.close().await;
     lock_client.close().await;
     Ok(())
-}
-
-/// One report line to the parent.
-fn report(kind: &str, details: impl Display) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{kind} {details}");
-    let _ = out.flush();
 }

@@ -57,19 +57,21 @@
 //! ```
 
 use std::collections::HashSet;
-use std::fmt::Display;
 use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use baton::server::{Config, Server, ServerHandle};
+use baton::server::{Config, ServerHandle};
 use baton::{Client, CreateMode, Election, Error, Leadership, Lock, SessionId};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant, MissedTickBehavior};
 
 /// The election the masters campaign in.
+mod common;
+use common::{report, signal, Embedded, Signal, Timeline};
+
 const ELECTION: &str = "/election/master";
 /// The record the active master heartbeats to, fenced by its epoch.
 const RECORD: &str = "/hbase/master-record";
@@ -145,7 +147,12 @@ async fn story(masters: &mut Vec<Master>) -> Result<(), String> {
         "Master failover: three masters, one election, a fenced record, a frozen active master."
     );
     let t = Timeline::new();
-    let server = Embedded::start().await?;
+    let server = Embedded::start(Config {
+        // Sessions of one second, shorter than the server's default floor.
+        min_session_timeout: Duration::from_millis(100),
+        ..Config::default()
+    })
+    .await?;
     t.say("server", format!("Baton listening on {}", server.addr));
 
     // The operator's own connection: to set up and read the record, and to
@@ -639,26 +646,6 @@ impl Master {
     }
 }
 
-/// Prints steps as `elapsed ms | who | what`.
-struct Timeline {
-    start: Instant,
-}
-
-impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            start: Instant::now(),
-        }
-    }
-
-    fn say(&self, who: &str, what: impl Display) {
-        println!(
-            "{:>6} ms  {who:<9} {what}",
-            self.start.elapsed().as_millis()
-        );
-    }
-}
-
 fn parse<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     s.trim()
         .parse()
@@ -667,78 +654,6 @@ fn parse<T: std::str::FromStr>(s: &str) -> Result<T, String> {
 
 fn first_field(s: &str) -> &str {
     s.split(' ').next().unwrap_or(s)
-}
-
-enum Signal {
-    Stop,
-    Continue,
-}
-
-#[cfg(unix)]
-fn signal(pid: u32, signal: Signal) -> Result<(), String> {
-    let (number, name) = match signal {
-        Signal::Stop => (libc::SIGSTOP, "SIGSTOP"),
-        Signal::Continue => (libc::SIGCONT, "SIGCONT"),
-    };
-    let pid = libc::pid_t::try_from(pid).map_err(|_| format!("process id {pid} out of range"))?;
-    // SAFETY: kill only sends a signal to a process we started.
-    if unsafe { libc::kill(pid, number) } != 0 {
-        return Err(format!(
-            "sending {name} to process {pid}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn signal(_pid: u32, _signal: Signal) -> Result<(), String> {
-    Err("freezing a process needs SIGSTOP: run this example on a Unix system".into())
-}
-
-/// A Baton server running in this process on a free local port.
-struct Embedded {
-    addr: String,
-    handle: ServerHandle,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Embedded {
-    async fn start() -> Result<Self, String> {
-        let config = Config {
-            min_session_timeout: Duration::from_millis(100),
-            ..Config::default()
-        };
-        let server = Server::bind("127.0.0.1:0", config)
-            .await
-            .map_err(|e| format!("starting the server: {e}"))?;
-        let addr = server
-            .local_addr()
-            .map_err(|e| format!("reading the server's address: {e}"))?
-            .to_string();
-        let handle = server.handle();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            if let Err(e) = server.run(shutdown).await {
-                eprintln!("server failed: {e}");
-            }
-        });
-        Ok(Embedded {
-            addr,
-            handle,
-            stop,
-            task,
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = timeout(Duration::from_secs(5), self.task).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -908,12 +823,4 @@ fn read_commands() -> mpsc::UnboundedReceiver<String> {
         }
     });
     rx
-}
-
-/// One report line to the operator.
-fn report(kind: &str, details: impl Display) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{kind} {details}");
-    let _ = out.flush();
 }
