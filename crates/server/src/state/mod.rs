@@ -432,17 +432,23 @@ impl StateMachine {
 
         self.revision = revision;
         let full: Arc<str> = Arc::from(full);
+        let parent = self
+            .nodes
+            .get_mut(parent_path)
+            .expect("parent checked above");
+        accept_fence(parent, fence);
         let mut node = Node::new(data, revision, now_ms, owner);
-        // The new node starts out fenced by the token that created it, so a
-        // holder with an older token cannot change it either.
-        accept_fence(&mut node, fence);
+        // The new node starts out fenced as its parent now is (at least by
+        // the token that created it), so a holder with an older token can
+        // change neither it nor a node re-created where a newer holder
+        // deleted one.
+        node.fence = parent.fence;
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         let parent = self
             .nodes
             .get_mut(parent_path)
             .expect("parent checked above");
-        accept_fence(parent, fence);
         parent.add_child(revision, full.clone());
         parent.cversion = parent.cversion.wrapping_add(1);
         parent.pzxid = revision;
@@ -487,6 +493,12 @@ impl StateMachine {
             .ok_or_else(|| err(ErrorCode::NoNode, format!("{target} does not exist")))?;
         check_version(target, node, version)?;
         check_fence(target, node, fence)?;
+        // Deleting changes the parent's children as creating does: the
+        // parent's fence is checked, and raised, the same way, so that a
+        // stale holder cannot bring back what a newer one deleted.
+        let parent_path = path::parent(target).expect("the root is refused above");
+        let parent = self.nodes.get(parent_path).expect("a node's parent exists");
+        check_fence(parent_path, parent, fence)?;
         if node.child_count() > 0 {
             return Err(err(
                 ErrorCode::NotEmpty,
@@ -502,6 +514,10 @@ impl StateMachine {
             .get_key_value(target)
             .map(|(k, _)| k.clone())
             .expect("node checked above");
+        accept_fence(
+            self.nodes.get_mut(parent_path).expect("checked above"),
+            fence,
+        );
         self.unlink(&key, triggers);
         Ok(Outcome::Deleted)
     }

@@ -372,6 +372,63 @@ fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
     assert_eq!(sm.node("/r").unwrap().fence(), 10);
 }
 
+fn fenced(sm: &mut StateMachine, command: Command) -> Result<Outcome, ErrorCode> {
+    sm.apply(&command, 0).result.map_err(|e| e.code)
+}
+
+fn fenced_create(s: SessionId, path: &str, token: Option<u64>) -> Command {
+    Command::Create {
+        session: s,
+        path: path.into(),
+        data: Bytes::new(),
+        mode: CreateMode::Persistent,
+        fence: token,
+    }
+}
+
+/// A stale holder cannot undo a newer holder's fenced delete by creating
+/// the resource again, nor write to a copy someone else re-created.
+#[test]
+fn a_fenced_delete_raises_the_fence_so_a_stale_holder_cannot_recreate() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/res", CreateMode::Persistent)
+        .result
+        .unwrap();
+    fenced(&mut sm, fenced_create(s, "/res/n", Some(10))).unwrap();
+    let delete = |token| Command::Delete {
+        path: "/res/n".into(),
+        version: None,
+        fence: Some(token),
+    };
+    fenced(&mut sm, delete(20)).unwrap();
+    assert_eq!(sm.node("/res").unwrap().fence(), 20);
+    let before = sm.revision();
+    assert_eq!(
+        fenced(&mut sm, fenced_create(s, "/res/n", Some(15))),
+        Err(ErrorCode::StaleFence)
+    );
+    assert_eq!(sm.revision(), before);
+    assert!(sm.node("/res/n").is_none());
+    // Re-created without a token, the node still refuses the stale holder.
+    fenced(&mut sm, fenced_create(s, "/res/n", None)).unwrap();
+    assert_eq!(sm.node("/res/n").unwrap().fence(), 20);
+    assert_eq!(code(fenced_set(&mut sm, "/res/n", 15)), ErrorCode::StaleFence);
+    // A stale holder cannot delete it either, nor a sibling.
+    assert_eq!(fenced(&mut sm, delete(15)), Err(ErrorCode::StaleFence));
+    fenced(&mut sm, fenced_create(s, "/res/m", Some(20))).unwrap();
+    let delete_m = |token| Command::Delete {
+        path: "/res/m".into(),
+        version: None,
+        fence: Some(token),
+    };
+    assert_eq!(fenced(&mut sm, delete_m(19)), Err(ErrorCode::StaleFence));
+    // The current holder goes on.
+    fenced_set(&mut sm, "/res/n", 20).result.unwrap();
+    fenced(&mut sm, delete_m(21)).unwrap();
+    assert_eq!(sm.node("/res").unwrap().fence(), 21);
+}
+
 #[test]
 fn predecessor_is_the_sibling_created_just_before() {
     let mut sm = StateMachine::new();
