@@ -78,6 +78,51 @@ async fn sequence_numbers_and_lock_tokens_keep_growing_across_restarts() {
     }
 }
 
+/// A lock queue whose next names were taken by hand still grants the lock,
+/// and the log of those passed-over revisions recovers.
+#[tokio::test]
+async fn a_queue_with_squatted_names_still_grants_and_recovers() {
+    let dir = TempDir::new("squat");
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let addr = server.addr;
+    let c = server.client().await;
+    c.create("/locks", "", CreateMode::Persistent).await.unwrap();
+    c.create("/locks/l", "", CreateMode::Persistent).await.unwrap();
+    let next = c.exists("/locks/l").await.unwrap().unwrap().czxid + 1;
+    // The names the next revisions would give, with the prefix of the
+    // enqueue below, created by someone else.
+    let prefix = format!("lock-{:x}-squat-", c.session_id().0);
+    for k in 0..4 {
+        let name = format!("/locks/l/{prefix}{:010}", next + 4 + k);
+        c.create(&name, "", CreateMode::Persistent).await.unwrap();
+    }
+    let joined = tokio::time::timeout(
+        Duration::from_secs(5),
+        c.enqueue(&format!("/locks/l/{prefix}"), "me"),
+    )
+    .await
+    .expect("the enqueue answered")
+    .expect("the enqueue passed over the taken names");
+    let token = joined.node.sequence.unwrap();
+    assert!(token >= next + 8, "token {token}");
+    c.close().await;
+    server.stop().await;
+
+    let server = restart(addr, durable_config(dir.path())).await;
+    let c = server.client().await;
+    assert!(
+        c.exists(&joined.node.path).await.unwrap().is_none(),
+        "the ephemeral went with its session"
+    );
+    let created = c
+        .create("/locks/l/after-", "", CreateMode::PersistentSequential)
+        .await
+        .unwrap();
+    assert!(created.sequence.unwrap() > token);
+    c.close().await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_resume_after_a_restart_and_keep_their_ephemerals() {
     let dir = TempDir::new("sessions");

@@ -10,6 +10,9 @@
 //! Every successful change takes the next *revision*. A sequential node's
 //! sequence number is the revision of its creation, so sequence numbers under
 //! any parent only grow, even after the parent is deleted and created again.
+//! (A sequential create whose name is already taken by a node someone named
+//! so passes over revisions until the name is free: revisions then grow by
+//! more than one, still deterministically.)
 
 mod node;
 
@@ -384,19 +387,31 @@ impl StateMachine {
                 "the root node / always exists".into(),
             ));
         };
-        let revision = self.revision + 1;
+        let mut revision = self.revision + 1;
         let (full, sequence) = if mode.is_sequential() {
+            // The sequence number is the create's revision. If someone
+            // already chose the name that revision gives, the create passes
+            // over that revision to the next free name rather than fail:
+            // each step passes an existing node, so this ends, and sequence
+            // numbers still only grow.
             let mut full = String::with_capacity(requested.len() + 10);
-            full.push_str(requested);
-            full.push_str(&path::sequence_suffix(revision));
-            if full.len() > baton_proto::MAX_PATH_LEN {
-                return Err(err(
-                    ErrorCode::InvalidPath,
-                    format!(
-                        "{requested} with its sequence suffix exceeds {} bytes",
-                        baton_proto::MAX_PATH_LEN
-                    ),
-                ));
+            loop {
+                full.clear();
+                full.push_str(requested);
+                full.push_str(&path::sequence_suffix(revision));
+                if full.len() > baton_proto::MAX_PATH_LEN {
+                    return Err(err(
+                        ErrorCode::InvalidPath,
+                        format!(
+                            "{requested} with its sequence suffix exceeds {} bytes",
+                            baton_proto::MAX_PATH_LEN
+                        ),
+                    ));
+                }
+                if !self.nodes.contains_key(full.as_str()) {
+                    break;
+                }
+                revision += 1;
             }
             (full, Some(revision))
         } else {

@@ -429,6 +429,37 @@ fn a_fenced_delete_raises_the_fence_so_a_stale_holder_cannot_recreate() {
     assert_eq!(sm.node("/res").unwrap().fence(), 21);
 }
 
+/// A node named like the next sequence number does not block sequential
+/// creates (nor a lock queue): they pass over the taken names.
+#[test]
+fn a_sequential_create_passes_over_names_someone_else_chose() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/q", CreateMode::Persistent)
+        .result
+        .unwrap();
+    // Squat the names the next three revisions would give (each create
+    // takes a revision itself, so aim past them).
+    let next = sm.revision() + 1;
+    for k in 3..6 {
+        let name = format!("/q/lock-{}", path::sequence_suffix(next + k));
+        create(&mut sm, s, &name, CreateMode::Persistent)
+            .result
+            .unwrap();
+    }
+    let before = sm.revision();
+    assert_eq!(before, next + 2);
+    for mode in [CreateMode::PersistentSequential, CreateMode::EphemeralSequential] {
+        let (path, sequence) = created_path(create(&mut sm, s, "/q/lock-", mode));
+        let sequence = sequence.unwrap();
+        assert!(sequence > before, "{sequence} after {before}");
+        assert_eq!(path, format!("/q/lock-{}", path::sequence_suffix(sequence)));
+        assert_eq!(sm.node(&path).unwrap().czxid(), sequence);
+        assert_eq!(sm.revision(), sequence);
+    }
+    assert_eq!(sm.revision(), next + 7, "passed over the three squatted names");
+}
+
 #[test]
 fn predecessor_is_the_sibling_created_just_before() {
     let mut sm = StateMachine::new();
