@@ -570,7 +570,7 @@ mod size_tests {
             );
             let sizes = [
                 ("connection state", std::mem::size_of::<super::Conn>(), 80),
-                ("outbox", std::mem::size_of::<crate::outbox::Outbox>(), 72),
+                ("outbox", std::mem::size_of::<crate::outbox::Outbox>(), 80),
                 ("node", std::mem::size_of::<crate::state::Node>(), 88),
                 ("session", std::mem::size_of::<crate::state::Session>(), 48),
             ];

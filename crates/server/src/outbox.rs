@@ -96,7 +96,7 @@ struct OutState {
     /// The waker of the connection's task while it waits.
     waker: Option<Waker>,
     /// Wire bytes queued, for the limit.
-    bytes: u32,
+    bytes: usize,
     woken: bool,
     overflowed: bool,
     /// Registered with the durable mark, to be woken when it moves.
@@ -139,7 +139,7 @@ impl Outbox {
         if st.closing.is_some() || st.overflowed {
             return false;
         }
-        let bytes = st.bytes as usize + out.wire_size();
+        let bytes = st.bytes.saturating_add(out.wire_size());
         if bytes > limit {
             st.overflowed = true;
             st.queue = VecDeque::new();
@@ -147,7 +147,7 @@ impl Outbox {
             wake(st);
             return false;
         }
-        st.bytes = bytes as u32;
+        st.bytes = bytes;
         st.queue.push_back(out);
         wake(st);
         true
@@ -208,7 +208,7 @@ impl Outbox {
                 return Drained::Waiting(out.revision());
             }
             let out = st.queue.pop_front().expect("a front exists");
-            st.bytes = st.bytes.saturating_sub(out.wire_size() as u32);
+            st.bytes = st.bytes.saturating_sub(out.wire_size());
             out.encode(buf);
         }
         if !st.queue.is_empty() {
@@ -249,7 +249,7 @@ impl Outbox {
 
     /// Bytes queued but not yet drained.
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.lock().bytes as usize
+        self.lock().bytes
     }
 }
 
@@ -286,4 +286,40 @@ pub(crate) enum Drained {
     Waiting(u64),
     /// The client fell too far behind: close without sending more.
     Overflowed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// The byte count must not wrap past 4 GiB under a large outbound limit
+    /// (a large `--max-data` allows one): a wrapped count lets the queue grow
+    /// without bound.
+    #[test]
+    fn the_queued_byte_count_does_not_wrap_past_4_gib() {
+        let outbox = Outbox::new();
+        // One shared MiB, counted once per reply that refers to it.
+        let data = Bytes::from(vec![0u8; 1 << 20]);
+        let limit = 6usize << 30;
+        let reply = |data: Bytes| Out::Reply {
+            xid: 1,
+            op: 4,
+            revision: 0,
+            result: Ok(Reply::GetData {
+                stat: baton_proto::Stat::default(),
+                data,
+            }),
+        };
+        let mut pushed = 0usize;
+        while outbox.push(reply(data.clone()), limit) {
+            pushed += 1;
+            assert!(pushed <= 6 * 1024, "the limit never stopped the queue");
+        }
+        assert!(
+            outbox.queued_bytes() == 0 && outbox.status() == Status::Overflowed,
+            "passing the limit overflows the connection"
+        );
+        assert!(pushed > 4 * 1024, "{pushed} MiB queued before the limit");
+    }
 }
