@@ -810,3 +810,46 @@ async fn client_not_reading_a_stream_of_events_is_disconnected() {
     drop(raw);
     server.stop().await;
 }
+
+/// A reply too large for the connection's outbox (a child list past the
+/// outbound limit, but within the response frame limit) gets a typed
+/// `response-too-large` error; the connection and session go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_too_large_for_the_outbox_is_an_error_not_a_disconnect() {
+    let config = Config {
+        max_data: 1024,
+        max_outbound_bytes: 64 * 1024,
+        ..fast_config()
+    };
+    let server = TestServer::with_config(config).await;
+    let c = server.client().await;
+    let mut states = c.state_changes();
+    c.create("/big", "", CreateMode::Persistent).await.unwrap();
+    let name = "n".repeat(100);
+    let creates = (0..1000).map(|i| {
+        let c = c.clone();
+        let path = format!("/big/{name}{i:04}");
+        async move { c.create(&path, "", CreateMode::Persistent).await }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.unwrap();
+    }
+    let listed = c.get_children("/big").await;
+    match listed {
+        Err(Error::Server { code, ref message }) if code == ErrorCode::ResponseTooLarge => {
+            assert!(message.contains("1000 children"), "{message}");
+        }
+        other => panic!("expected response-too-large, got {other:?}"),
+    }
+    // The same connection goes on: nothing was lost, nothing reconnected.
+    c.ping().await.unwrap();
+    assert_eq!(c.exists("/big").await.unwrap().unwrap().num_children, 1000);
+    assert!(
+        !states.has_changed().unwrap(),
+        "the session's connection was not cut: {:?}",
+        *states.borrow()
+    );
+    assert_eq!(server.handle.stats().slow_client_disconnects, 0);
+    c.close().await;
+    server.stop().await;
+}

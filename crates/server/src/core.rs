@@ -434,16 +434,41 @@ impl Core {
         }
     }
 
+    /// Queues a reply. A reply too large to send becomes a
+    /// `response-too-large` error of that request: the connection and the
+    /// session go on.
     fn reply(&self, outbox: &Arc<Outbox>, xid: u32, op: u8, result: Result<Reply, ErrorReply>) {
-        self.push(
-            outbox,
-            Out::Reply {
-                xid,
-                op,
-                revision: self.sm.revision(),
-                result,
-            },
-        );
+        let mut out = Out::Reply {
+            xid,
+            op,
+            revision: self.sm.revision(),
+            result,
+        };
+        let size = out.wire_size();
+        if size > self.max_reply() {
+            if let Out::Reply { result, .. } = &mut out {
+                *result = Err(self.too_large(size));
+            }
+        }
+        self.push(outbox, out);
+    }
+
+    /// The largest reply a request may get: one that fits in a response
+    /// frame and in half the connection's outbox. A connection reads no
+    /// requests while half its outbox is full, so a reply this size always
+    /// has room.
+    fn max_reply(&self) -> usize {
+        baton_proto::MAX_RESPONSE_FRAME.min(self.config.max_outbound_bytes / 2)
+    }
+
+    fn too_large(&self, size: usize) -> ErrorReply {
+        ErrorReply::new(
+            ErrorCode::ResponseTooLarge,
+            format!(
+                "the reply would take {size} bytes, over the server's {} byte limit for one reply",
+                self.max_reply()
+            ),
+        )
     }
 
     fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {
@@ -598,14 +623,15 @@ impl Core {
         watch: bool,
     ) -> Result<Reply, ErrorReply> {
         let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
+        // Checked before the list is built (and before a watch is set).
         let size: usize = node.children().map(|p| path::name(p).len() + 2).sum();
-        if size + 1024 > baton_proto::MAX_RESPONSE_FRAME {
+        if size + 1024 > self.max_reply() {
             return Err(ErrorReply::new(
                 ErrorCode::ResponseTooLarge,
                 format!(
-                    "{path} has {} children; listing them takes {size} bytes, over the {} byte reply limit",
+                    "{path} has {} children; listing them takes {size} bytes, over the server's {} byte limit for one reply",
                     node.child_count(),
-                    baton_proto::MAX_RESPONSE_FRAME
+                    self.max_reply()
                 ),
             ));
         }

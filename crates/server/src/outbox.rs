@@ -38,7 +38,7 @@ impl Out {
     }
 
     /// Bytes this frame takes on the wire, closely enough for accounting.
-    fn wire_size(&self) -> usize {
+    pub(crate) fn wire_size(&self) -> usize {
         const FIXED: usize = 16 + baton_proto::Stat::LEN;
         match self {
             Out::Reply { result, .. } => {
