@@ -557,6 +557,8 @@ fn slow_client_config() -> Config {
         max_outbound_bytes: 2 * (max_data + baton::proto::REQUEST_OVERHEAD),
         // A client that takes no bytes for this long is disconnected.
         write_stall_timeout: std::time::Duration::from_millis(500),
+        // Room for the thousands of watches on long paths these tests set.
+        max_watch_bytes: 64 << 20,
         ..fast_config()
     }
 }
@@ -823,7 +825,7 @@ async fn a_reply_too_large_for_the_outbox_is_an_error_not_a_disconnect() {
     };
     let server = TestServer::with_config(config).await;
     let c = server.client().await;
-    let mut states = c.state_changes();
+    let states = c.state_changes();
     c.create("/big", "", CreateMode::Persistent).await.unwrap();
     let name = "n".repeat(100);
     let creates = (0..1000).map(|i| {
@@ -836,7 +838,10 @@ async fn a_reply_too_large_for_the_outbox_is_an_error_not_a_disconnect() {
     }
     let listed = c.get_children("/big").await;
     match listed {
-        Err(Error::Server { code, ref message }) if code == ErrorCode::ResponseTooLarge => {
+        Err(Error::Server {
+            code: ErrorCode::ResponseTooLarge,
+            ref message,
+        }) => {
             assert!(message.contains("1000 children"), "{message}");
         }
         other => panic!("expected response-too-large, got {other:?}"),
@@ -851,5 +856,62 @@ async fn a_reply_too_large_for_the_outbox_is_an_error_not_a_disconnect() {
     );
     assert_eq!(server.handle.stats().slow_client_disconnects, 0);
     c.close().await;
+    server.stop().await;
+}
+
+/// One session cannot grow the server without bound by watching paths that
+/// do not exist: past its watch budget a watch is refused with a typed
+/// error, the read is not answered with a watch it does not hold, and
+/// watches that fire give their room back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_past_the_per_session_budget_are_refused() {
+    let budget = 100 * (4000 + 64);
+    let config = Config {
+        max_watch_bytes: budget,
+        ..fast_config()
+    };
+    let server = TestServer::with_config(config).await;
+    let c = server.client().await;
+    let long = |i: usize| format!("/{}{i:05}", "w".repeat(3994));
+    let mut watchers = Vec::new();
+    for i in 0..100 {
+        let (stat, w) = c.exists_watch(&long(i)).await.unwrap();
+        assert!(stat.is_none());
+        watchers.push(w);
+    }
+    let refused = c.exists_watch(&long(100)).await;
+    match refused {
+        Err(Error::Server { code, message }) => {
+            assert_eq!(code, ErrorCode::TooManyWatches, "{message}");
+            assert!(message.contains("--max-watch-bytes"), "{message}");
+        }
+        other => panic!("expected too-many-watches, got {other:?}"),
+    }
+    assert!(matches!(
+        c.get_data_watch("/").await,
+        Err(Error::Server {
+            code: ErrorCode::TooManyWatches,
+            ..
+        })
+    ));
+    // A read without a watch still works, and another session has its own
+    // budget.
+    c.get_data("/").await.unwrap();
+    let other = server.client().await;
+    let (_, _others) = other.exists_watch(&long(100)).await.unwrap();
+    assert_eq!(server.handle.stats().watches, 101);
+    // A watch that fires gives its room back.
+    other
+        .create(&long(0), "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let fired = tokio::time::timeout(Duration::from_secs(5), watchers.swap_remove(0))
+        .await
+        .expect("the watch fired")
+        .unwrap();
+    assert_eq!(fired.kind, EventKind::Created);
+    let (_, _again) = c.exists_watch(&long(101)).await.unwrap();
+    c.close().await;
+    other.close().await;
     server.stop().await;
 }

@@ -53,6 +53,12 @@ pub struct ServeArgs {
     /// Most client connections served at once; more are refused.
     #[arg(long, value_name = "N", default_value_t = 200_000)]
     max_connections: usize,
+
+    /// Bytes the watches of one session may count for: each watched path
+    /// counts its length plus 64 bytes. A watch past the limit is refused
+    /// with a `too many watches` error.
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
+    max_watch_bytes: usize,
 }
 
 pub async fn run(args: ServeArgs) -> CliResult {
@@ -61,6 +67,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
         max_session_timeout: Duration::from_millis(args.max_session_timeout),
         max_data: args.max_data,
         max_connections: args.max_connections,
+        max_watch_bytes: args.max_watch_bytes,
         data_dir: Some(args.data_dir),
         fsync: args.fsync,
         snapshot_every_bytes: args.snapshot_every,

@@ -49,6 +49,9 @@ pub enum ErrorCode {
     /// A fenced write carried a token lower than the highest the node has
     /// accepted: its sender's lease ran out. The message names both tokens.
     StaleFence,
+    /// Setting the watch would take the session past the server's limit on
+    /// the watches one session may hold.
+    TooManyWatches,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -76,6 +79,7 @@ impl ErrorCode {
             ErrorCode::Internal => 17,
             ErrorCode::FrameTooLarge => 18,
             ErrorCode::StaleFence => 19,
+            ErrorCode::TooManyWatches => 20,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -103,6 +107,7 @@ impl ErrorCode {
             17 => ErrorCode::Internal,
             18 => ErrorCode::FrameTooLarge,
             19 => ErrorCode::StaleFence,
+            20 => ErrorCode::TooManyWatches,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -129,6 +134,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal error",
             ErrorCode::FrameTooLarge => "frame too large",
             ErrorCode::StaleFence => "stale fencing token",
+            ErrorCode::TooManyWatches => "too many watches",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

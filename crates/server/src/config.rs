@@ -26,6 +26,10 @@ pub struct Config {
     /// events keep coming to a client that does not read) the connection is
     /// closed. Default 16 MiB.
     pub max_outbound_bytes: usize,
+    /// Bytes the watches of one session may count for (default 8 MiB): each
+    /// watched path counts its length plus 64 bytes. A watch past it is
+    /// refused with `too-many-watches`.
+    pub max_watch_bytes: usize,
     /// How long a new connection may take to send its handshake (default 10 s).
     pub handshake_timeout: Duration,
     /// How long output may wait on a client that takes no bytes at all before
@@ -50,6 +54,7 @@ impl Default for Config {
             max_data: DEFAULT_MAX_DATA,
             max_connections: 200_000,
             max_outbound_bytes: 16 << 20,
+            max_watch_bytes: 8 << 20,
             handshake_timeout: Duration::from_secs(10),
             write_stall_timeout: Duration::from_secs(15),
             data_dir: None,
@@ -103,6 +108,13 @@ impl Config {
                 "max outbound bytes {} must hold at least two of the largest replies ({} bytes each)",
                 self.max_outbound_bytes,
                 self.max_data + baton_proto::REQUEST_OVERHEAD
+            )));
+        }
+        let one_watch = baton_proto::MAX_PATH_LEN + crate::watches::WATCH_OVERHEAD;
+        if self.max_watch_bytes < one_watch {
+            return Err(ConfigError(format!(
+                "max watch bytes {} must allow at least one watch on the longest path ({one_watch} bytes)",
+                self.max_watch_bytes
             )));
         }
         Ok(())

@@ -358,12 +358,12 @@ impl Core {
                     .map(|(name, value)| (name.to_owned(), value))
                     .collect(),
             )),
-            Request::Exists { path, watch } => {
-                if watch {
-                    self.watches.add(session, &path, Kinds::DATA);
-                }
-                Ok(Reply::Exists(self.sm.node(&path).map(|n| n.stat())))
-            }
+            Request::Exists { path, watch } => (if watch {
+                self.watch(session, &path, Kinds::DATA)
+            } else {
+                Ok(())
+            })
+            .map(|()| Reply::Exists(self.sm.node(&path).map(|n| n.stat()))),
             Request::GetData { path, watch } => self.get_data(session, &path, watch),
             Request::GetChildren { path, watch } => self.get_children(session, &path, watch),
             Request::Ping => Ok(Reply::Ping),
@@ -374,9 +374,11 @@ impl Core {
                 child,
                 queue,
             } => {
-                self.set_watches(session, outbox, revision, data, exist, child);
-                self.set_queue_watches(session, outbox, queue);
-                Ok(Reply::SetWatches)
+                self.set_watches(session, outbox, revision, data, exist, child)
+                    .map(|()| {
+                        self.set_queue_watches(session, outbox, queue);
+                        Reply::SetWatches
+                    })
             }
             Request::CloseSession => {
                 self.end_session(session, Command::CloseSession { session }, None);
@@ -519,7 +521,7 @@ impl Core {
             data: node.data(),
         };
         if watch {
-            self.watches.add(session, path, Kinds::DATA);
+            self.watch(session, path, Kinds::DATA)?;
         }
         Ok(reply)
     }
@@ -541,7 +543,7 @@ impl Core {
             PredecessorWatch::None => {}
             PredecessorWatch::Predecessor => {
                 if let Some((p, _)) = &found {
-                    self.watches.add(session, p, Kinds::DATA);
+                    self.watch(session, p, Kinds::DATA)?;
                 }
             }
             PredecessorWatch::Queue => {
@@ -640,13 +642,23 @@ impl Core {
             children: node.child_names().into_iter().map(str::to_owned).collect(),
         };
         if watch {
-            self.watches.add(session, path, Kinds::CHILD);
+            self.watch(session, path, Kinds::CHILD)?;
         }
         Ok(reply)
     }
 
+    /// Sets a watch for `session`, within its budget of watch bytes.
+    fn watch(&mut self, session: SessionId, path: &str, kind: Kinds) -> Result<(), ErrorReply> {
+        let budget = self.config.max_watch_bytes;
+        self.watches
+            .add(session, path, kind, budget)
+            .map_err(|over| too_many_watches(session, over.held, over.wanted, budget))
+    }
+
     /// Sets again the watches a client held before it moved to this
     /// connection; a watch whose node changed after `since` fires at once.
+    /// If all of them could take the session past its watch budget, none is
+    /// set and the request fails.
     fn set_watches(
         &mut self,
         session: SessionId,
@@ -655,7 +667,20 @@ impl Core {
         data: Vec<String>,
         exist: Vec<String>,
         child: Vec<String>,
-    ) {
+    ) -> Result<(), ErrorReply> {
+        let budget = self.config.max_watch_bytes;
+        let held = self.watches.bytes(session);
+        let mut paths: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let wanted: usize = data
+            .iter()
+            .chain(&exist)
+            .chain(&child)
+            .filter(|p| !self.watches.watches(session, p) && paths.insert(p.as_str()))
+            .map(|p| crate::watches::watch_cost(p))
+            .sum();
+        if held + wanted > budget {
+            return Err(too_many_watches(session, held, wanted, budget));
+        }
         let now_rev = self.sm.revision();
         let (limit, mark, stats) = (self.config.max_outbound_bytes, &self.mark, &self.stats);
         let fire = |kind: EventKind, revision: u64, path: String| {
@@ -677,13 +702,15 @@ impl Core {
                     fire(EventKind::Deleted, now_rev, path);
                 }
                 Some(n) if n.mzxid() > since => fire(EventKind::DataChanged, n.mzxid(), path),
-                Some(_) => self.watches.add(session, &path, Kinds::DATA),
+                Some(_) => self.watches.add(session, &path, Kinds::DATA, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }
         for path in exist {
             match self.sm.node(&path) {
                 Some(n) => fire(EventKind::Created, n.czxid(), path),
-                None => self.watches.add(session, &path, Kinds::DATA),
+                None => self.watches.add(session, &path, Kinds::DATA, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }
         for path in child {
@@ -693,9 +720,11 @@ impl Core {
                 None if deleted.contains(&path) => {}
                 None => fire(EventKind::Deleted, now_rev, path),
                 Some(n) if n.pzxid() > since => fire(EventKind::ChildrenChanged, n.pzxid(), path),
-                Some(_) => self.watches.add(session, &path, Kinds::CHILD),
+                Some(_) => self.watches.add(session, &path, Kinds::CHILD, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }
+        Ok(())
     }
 
     /// Sets again the queue watches a client held before it moved to this
@@ -843,6 +872,15 @@ fn out_revision(out: &Out) -> u64 {
     match out {
         Out::Reply { revision, .. } | Out::Event { revision, .. } => *revision,
     }
+}
+
+fn too_many_watches(session: SessionId, held: usize, wanted: usize, budget: usize) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::TooManyWatches,
+        format!(
+            "session {session} holds watches counting {held} bytes; {wanted} more would pass the server's limit of {budget} bytes per session (--max-watch-bytes); remove watches or let them fire first"
+        ),
+    )
 }
 
 fn no_node(path: &str) -> ErrorReply {
