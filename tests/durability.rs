@@ -86,8 +86,12 @@ async fn a_queue_with_squatted_names_still_grants_and_recovers() {
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let addr = server.addr;
     let c = server.client().await;
-    c.create("/locks", "", CreateMode::Persistent).await.unwrap();
-    c.create("/locks/l", "", CreateMode::Persistent).await.unwrap();
+    c.create("/locks", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    c.create("/locks/l", "", CreateMode::Persistent)
+        .await
+        .unwrap();
     let next = c.exists("/locks/l").await.unwrap().unwrap().czxid + 1;
     // The names the next revisions would give, with the prefix of the
     // enqueue below, created by someone else.
@@ -329,4 +333,91 @@ async fn a_damaged_snapshot_stops_the_server() {
         Err(PersistError::Corrupt { file, .. }) => assert_eq!(file, snap),
         other => panic!("{other:?}"),
     }
+}
+
+/// The data files whose names start with `prefix`, sorted.
+fn files(dir: &std::path::Path, prefix: &str) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Damage in a log segment whose every record a snapshot already holds (a
+/// short record in an old segment, say) loses nothing: the server starts
+/// and holds everything.
+#[tokio::test]
+async fn damage_in_a_segment_the_snapshot_covers_is_passed_over() {
+    let dir = TempDir::new("covered");
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let addr = server.addr;
+    let c = server.client().await;
+    for i in 0..20 {
+        c.create(&format!("/old{i}"), "x", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    c.close().await;
+    server.stop().await;
+    let old = files(dir.path(), "wal-").pop().expect("a segment");
+    let old_bytes = std::fs::read(&old).unwrap();
+
+    // A second run snapshots past everything the first segment holds.
+    let config = Config {
+        snapshot_every_bytes: 4 * 1024,
+        ..durable_config(dir.path())
+    };
+    let server = restart(addr, config.clone()).await;
+    let c = server.client().await;
+    for i in 0..200 {
+        c.create(&format!("/new{i}"), "y", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    eventually_async(10, "a snapshot", || async { server.stats().snapshots > 0 }).await;
+    c.close().await;
+    server.stop().await;
+    // The old segment (removed once the snapshot was durable, or about to
+    // be) is there, cut inside its last record.
+    std::fs::write(&old, &old_bytes[..old_bytes.len() - 7]).unwrap();
+
+    let (_, recovery) = recover(dir.path()).unwrap();
+    assert_eq!(recovery.covered_damage, 1, "{recovery:?}");
+    let server = restart(addr, config).await;
+    let c = server.client().await;
+    for path in ["/old0", "/old19", "/new0", "/new199"] {
+        assert!(c.exists(path).await.unwrap().is_some(), "{path}");
+    }
+    c.close().await;
+    server.stop().await;
+}
+
+/// Under --fsync never a snapshot replaces older log segments and
+/// snapshots, so it is synced (file and directory) before they go.
+#[tokio::test]
+async fn snapshots_are_synced_under_fsync_never_too() {
+    let dir = TempDir::new("never-snap");
+    let config = Config {
+        fsync: baton::server::persist::FsyncPolicy::Never,
+        snapshot_every_bytes: 4 * 1024,
+        ..durable_config(dir.path())
+    };
+    let server = TestServer::with_config(config).await;
+    let c = server.client().await;
+    for i in 0..200 {
+        c.create(&format!("/n{i}"), "v", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    eventually_async(10, "a snapshot", || async { server.stats().snapshots > 0 }).await;
+    let stats = server.stats();
+    assert!(
+        stats.syncs >= 2 * stats.snapshots,
+        "each snapshot syncs its file and the directory: {stats:?}"
+    );
+    c.close().await;
+    server.stop().await;
 }

@@ -1559,6 +1559,105 @@ async fn a_full_disk_stops_the_server_and_corrupts_nothing() {
     }
 }
 
+/// Sets RLIMIT_FSIZE to `limit` bytes in the child (and ignores SIGXFSZ, so
+/// that writes past it fail with EFBIG, as on a full disk).
+fn limit_file_size(cmd: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit and signal are async-signal-safe, and touch no
+    // memory of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+}
+
+/// Pins: under `--fsync never`, once an append has failed the server
+/// acknowledges nothing applied after it, in particular not after the
+/// failed bytes started a snapshot and a fresh, writable segment (a failed
+/// write once let the next append move the durable mark past the lost
+/// change). The log then recovers with every acknowledged change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failed_append_under_fsync_never_nothing_later_is_acknowledged() {
+    const LIMIT: u64 = 1_000_000;
+    const BIG: usize = 900_000;
+    let scratch = Scratch::new("never-fail");
+    let data = scratch.data();
+    let addr = free_addr();
+    let mut cmd = baton();
+    cmd.args(["serve", "--listen", &addr, "--data-dir"])
+        .arg(&data)
+        .args(["--fsync", "never", "--snapshot-every", "950000"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    limit_file_size(&mut cmd, LIMIT);
+    let mut server = ServeProc::start(cmd, &addr, &scratch.file("limited.log"));
+    server.wait_listening("start with RLIMIT_FSIZE").await;
+    let c = connect(&addr).await;
+    c.create("/a", vec![b'a'; BIG], CreateMode::Persistent)
+        .await
+        .expect("the first large create fits in the file limit");
+    // The second large create cannot be written; small ones follow it on
+    // the same connection, in order.
+    let mut writes = vec![("/b".to_string(), vec![b'b'; BIG])];
+    for i in 0..20 {
+        writes.push((format!("/c{i}"), vec![b'c'; 10]));
+    }
+    let results = join_in_order(
+        writes
+            .iter()
+            .map(|(path, value)| {
+                let c = c.clone();
+                let value = Bytes::from(value.clone());
+                async move {
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        c.create(path, value, CreateMode::Persistent),
+                    )
+                    .await
+                }
+            })
+            .collect(),
+    )
+    .await;
+    let acked: Vec<&str> = writes
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| matches!(r, Ok(Ok(_))))
+        .map(|((p, _), _)| p.as_str())
+        .collect();
+    let status = wait_exit(&mut server.child, Duration::from_secs(20))
+        .expect("the server stops once its log cannot be written");
+    assert!(!status.success(), "{status}");
+    assert!(
+        acked.is_empty(),
+        "acknowledged after a failed append: {acked:?}; the server's log ends:\n{}",
+        server.log_tail()
+    );
+    drop(server);
+
+    let mut server = ServeProc::start(
+        serve_command(&addr, &data, &[]),
+        &addr,
+        &scratch.file("recovered.log"),
+    );
+    server.wait_listening("restart without the limit").await;
+    let c = connect(&addr).await;
+    assert_eq!(c.get_data("/a").await.unwrap().0.len(), BIG);
+    c.close().await;
+    let status = server.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+}
+
 // ---------------------------------------------------------------------------
 // 4. kill -9 while snapshots replace the log
 // ---------------------------------------------------------------------------

@@ -131,7 +131,9 @@ impl Core {
         if applied.result.is_ok() {
             if let Some(wal) = &self.wal {
                 wal.append(applied.revision, now_ms, command);
-                if wal.since_snapshot() >= self.config.snapshot_every_bytes {
+                // Checked before the state is copied: while a snapshot runs
+                // (or after the log failed) no copy is made.
+                if wal.snapshot_wanted(self.config.snapshot_every_bytes) {
                     wal.snapshot(self.sm.clone());
                 }
             }
@@ -373,13 +375,12 @@ impl Core {
                 exist,
                 child,
                 queue,
-            } => {
-                self.set_watches(session, outbox, revision, data, exist, child)
-                    .map(|()| {
-                        self.set_queue_watches(session, outbox, queue);
-                        Reply::SetWatches
-                    })
-            }
+            } => self
+                .set_watches(session, outbox, revision, data, exist, child)
+                .map(|()| {
+                    self.set_queue_watches(session, outbox, queue);
+                    Reply::SetWatches
+                }),
             Request::CloseSession => {
                 self.end_session(session, Command::CloseSession { session }, None);
                 self.reply(outbox, xid, op, Ok(Reply::CloseSession));
@@ -702,14 +703,18 @@ impl Core {
                     fire(EventKind::Deleted, now_rev, path);
                 }
                 Some(n) if n.mzxid() > since => fire(EventKind::DataChanged, n.mzxid(), path),
-                Some(_) => self.watches.add(session, &path, Kinds::DATA, budget)
+                Some(_) => self
+                    .watches
+                    .add(session, &path, Kinds::DATA, budget)
                     .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }
         for path in exist {
             match self.sm.node(&path) {
                 Some(n) => fire(EventKind::Created, n.czxid(), path),
-                None => self.watches.add(session, &path, Kinds::DATA, budget)
+                None => self
+                    .watches
+                    .add(session, &path, Kinds::DATA, budget)
                     .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }
@@ -720,7 +725,9 @@ impl Core {
                 None if deleted.contains(&path) => {}
                 None => fire(EventKind::Deleted, now_rev, path),
                 Some(n) if n.pzxid() > since => fire(EventKind::ChildrenChanged, n.pzxid(), path),
-                Some(_) => self.watches.add(session, &path, Kinds::CHILD, budget)
+                Some(_) => self
+                    .watches
+                    .add(session, &path, Kinds::CHILD, budget)
                     .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
             }
         }

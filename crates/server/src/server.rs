@@ -231,6 +231,7 @@ impl Parts {
         config.validate()?;
 
         let data_dir = config.data_dir.as_deref().map(DataDir::open).transpose()?;
+        let stats = Arc::new(Stats::default());
         let (failed_tx, log_failed) = watch::channel(None);
         let mut failed_tx = Some(failed_tx);
         let (sm, wal, mark) = match &data_dir {
@@ -255,6 +256,7 @@ impl Parts {
                     config.fsync,
                     mark.clone(),
                     failed,
+                    stats.clone(),
                 )?;
                 (sm, Some(wal), mark)
             }
@@ -265,7 +267,6 @@ impl Parts {
             ),
         };
         let config = Arc::new(config);
-        let stats = Arc::new(Stats::default());
         let connection_slots = Semaphore::new(config.max_connections);
         let core = Core::new(
             sm,

@@ -17,6 +17,10 @@ pub struct Stats {
     pub(crate) sessions_expired: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) slow_client_disconnects: AtomicU64,
+    /// fsync or fdatasync calls on the log, snapshots and the data directory.
+    pub(crate) syncs: AtomicU64,
+    /// Snapshots written.
+    pub(crate) snapshots: AtomicU64,
 }
 
 /// A copy of the counters plus sizes read from the state.
@@ -32,6 +36,8 @@ pub struct StatsSnapshot {
     pub sessions_expired: u64,
     pub protocol_errors: u64,
     pub slow_client_disconnects: u64,
+    pub syncs: u64,
+    pub snapshots: u64,
     pub sessions: u64,
     pub nodes: u64,
     pub watches: u64,
@@ -56,6 +62,8 @@ impl StatsSnapshot {
             ("sessions_expired", self.sessions_expired),
             ("protocol_errors", self.protocol_errors),
             ("slow_client_disconnects", self.slow_client_disconnects),
+            ("syncs", self.syncs),
+            ("snapshots", self.snapshots),
             ("sessions", self.sessions),
             ("nodes", self.nodes),
             ("watches", self.watches),
@@ -95,6 +103,8 @@ impl Stats {
             sessions_expired: get(&self.sessions_expired),
             protocol_errors: get(&self.protocol_errors),
             slow_client_disconnects: get(&self.slow_client_disconnects),
+            syncs: get(&self.syncs),
+            snapshots: get(&self.snapshots),
             cpu_user_us: process_cpu_us().0,
             cpu_system_us: process_cpu_us().1,
             ..StatsSnapshot::default()

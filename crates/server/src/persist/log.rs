@@ -11,9 +11,11 @@ use std::time::Instant;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::record::{self, Read as RecordRead};
+use super::record;
+use super::segment::{self, LayoutError};
 use super::{snapshot, sync_dir, DurableMark, FsyncPolicy, PersistError};
 use crate::state::{Command, StateMachine};
+use crate::stats::Stats;
 
 fn segment_name(first_revision: u64) -> String {
     format!("wal-{first_revision:020}.log")
@@ -65,49 +67,87 @@ pub struct Recovery {
     pub snapshot_revision: u64,
     /// Log records replayed on top of it.
     pub records_replayed: u64,
-    /// Bytes of a torn last record that were dropped.
+    /// Bytes of a torn last write that were dropped.
     pub torn_bytes_dropped: u64,
+    /// Damaged segments passed over because the snapshot (or the segment
+    /// after them) already holds every record they held.
+    pub covered_damage: u64,
     /// The recovered revision.
     pub revision: u64,
 }
 
 /// Recovers the state kept in `dir`: the newest snapshot, then every log
-/// record after it. A torn last record (a write cut short by a crash) is
-/// dropped; any other damage is an error that names the file and offset, and
-/// then nothing in the directory has been changed.
+/// record after it. What damage recovery accepts:
+///
+/// - damage in a segment whose every record the snapshot (or the next
+///   segment) already holds is passed over: nothing is lost;
+/// - damage in the last write of the last segment (a write that a crash cut
+///   short, whose pages may have reached the disk in any order) is dropped:
+///   under `--fsync always` nothing in it was acknowledged;
+/// - in a segment written under `--fsync never`, which is never synced, the
+///   log is cut at the first damage and later segments are set aside
+///   (renamed `*.dropped`): a power loss loses the last moments.
+///
+/// Any other damage is an error that names the file and offset, and then
+/// nothing in the directory has been changed.
 ///
 /// # Errors
 /// [`PersistError::Corrupt`] or an I/O error.
 pub fn recover(dir: &Path) -> Result<(StateMachine, Recovery), PersistError> {
     let listing = list(dir)?;
-    let (sm, torn) = replay(dir, &listing)?;
+    let replayed = replay(&listing)?;
     for tmp in &listing.temporary {
         let _ = std::fs::remove_file(tmp);
     }
-    if let Some((path, offset, len)) = &torn {
+    let mut torn_bytes = 0;
+    if let Some(torn) = &replayed.torn {
         // Only now that everything else checked out.
-        warn!(file = %path.display(), offset, "dropping a torn last record of {len} bytes");
+        torn_bytes = torn.len;
+        warn!(file = %torn.path.display(), offset = torn.offset, "dropping {} bytes of a torn last write: {}", torn.len, torn.why);
         let file = OpenOptions::new()
             .write(true)
-            .open(path)
-            .map_err(|e| PersistError::io(path, "opening the log to drop a torn record", e))?;
-        file.set_len(*offset)
+            .open(&torn.path)
+            .map_err(|e| PersistError::io(&torn.path, "opening the log to drop a torn write", e))?;
+        file.set_len(torn.offset)
             .and_then(|()| file.sync_all())
-            .map_err(|e| PersistError::io(path, "dropping a torn record", e))?;
+            .map_err(|e| PersistError::io(&torn.path, "dropping a torn write", e))?;
+        for later in &torn.set_aside {
+            let aside = later.with_extension("log.dropped");
+            warn!(file = %later.display(), "setting aside a log segment that follows lost records");
+            torn_bytes += std::fs::metadata(later).map_or(0, |m| m.len());
+            std::fs::rename(later, &aside)
+                .map_err(|e| PersistError::io(later, "setting aside a log segment", e))?;
+        }
     }
     let recovery = Recovery {
-        snapshot_revision: sm.1,
-        records_replayed: sm.2,
-        torn_bytes_dropped: torn.map_or(0, |(_, _, len)| len),
-        revision: sm.0.revision(),
+        snapshot_revision: replayed.snapshot_revision,
+        records_replayed: replayed.records,
+        torn_bytes_dropped: torn_bytes,
+        covered_damage: replayed.covered_damage,
+        revision: replayed.sm.revision(),
     };
-    Ok((sm.0, recovery))
+    Ok((replayed.sm, recovery))
 }
 
-type Replayed = ((StateMachine, u64, u64), Option<(PathBuf, u64, u64)>);
+struct Replayed {
+    sm: StateMachine,
+    snapshot_revision: u64,
+    records: u64,
+    covered_damage: u64,
+    torn: Option<Torn>,
+}
 
-fn replay(_dir: &Path, listing: &Listing) -> Result<Replayed, PersistError> {
-    let (mut sm, snapshot_revision) = match listing.snapshots.last() {
+/// A torn tail to cut off, and the segments after it to set aside.
+struct Torn {
+    path: PathBuf,
+    offset: u64,
+    len: u64,
+    why: String,
+    set_aside: Vec<PathBuf>,
+}
+
+fn replay(listing: &Listing) -> Result<Replayed, PersistError> {
+    let (sm, snapshot_revision) = match listing.snapshots.last() {
         Some((rev, path)) => (snapshot::read(path)?, *rev),
         None => (StateMachine::new(), 0),
     };
@@ -122,74 +162,117 @@ fn replay(_dir: &Path, listing: &Listing) -> Result<Replayed, PersistError> {
             ),
         });
     }
-    let mut replayed = 0u64;
-    let mut torn = None;
-    let last = listing.segments.len().saturating_sub(1);
+    let mut out = Replayed {
+        sm,
+        snapshot_revision,
+        records: 0,
+        covered_damage: 0,
+        torn: None,
+    };
     for (i, (_, path)) in listing.segments.iter().enumerate() {
+        let next_first = listing.segments.get(i + 1).map(|(first, _)| *first);
         let mut buf = Vec::new();
         File::open(path)
             .and_then(|mut f| f.read_to_end(&mut buf))
             .map_err(|e| PersistError::io(path, "reading the log", e))?;
-        let corrupt = |offset: usize, what: String| PersistError::Corrupt {
-            file: path.clone(),
-            offset: offset as u64,
-            what,
-        };
-        let mut at = 0usize;
-        while at < buf.len() {
-            match record::read(&buf[at..]) {
-                RecordRead::Record {
-                    revision,
-                    now_ms,
-                    command,
-                    size,
-                } => {
-                    if revision > sm.revision() {
-                        // A record takes the next revision, or more when a
-                        // sequential create passed over taken names: either
-                        // way applying it must give the revision it names.
-                        let before = sm.revision();
-                        let applied = sm.apply(&command, now_ms);
-                        if let Err(e) = applied.result {
-                            return Err(corrupt(
-                                at,
-                                format!("record for revision {revision} does not apply: {e}"),
-                            ));
-                        }
-                        if applied.revision != revision {
-                            return Err(corrupt(
-                                at,
-                                format!(
-                                    "the record for revision {revision} follows revision {before} but applies as {}: records are missing before it",
-                                    applied.revision
-                                ),
-                            ));
-                        }
-                        replayed += 1;
-                    }
-                    at += size;
-                }
-                found @ (RecordRead::Short | RecordRead::Invalid(_)) => {
-                    let why = match found {
-                        RecordRead::Invalid(why) => why,
-                        _ => "the file ends inside a record".to_string(),
-                    };
-                    if i != last || valid_record_after(&buf, at) {
-                        return Err(corrupt(at, why));
-                    }
-                    torn = Some((path.clone(), at as u64, (buf.len() - at) as u64));
-                    break;
-                }
+        let damage = match segment::layout(&buf) {
+            Ok(layout) => replay_segment(&mut out, path, &buf, layout)?
+                .map(|(at, why)| (at, why, Some(layout))),
+            Err(LayoutError::Short) => {
+                Some((0, "the file ends inside its header".to_string(), None))
             }
+            Err(LayoutError::Damaged(why)) => Some((0, why, None)),
+        };
+        let Some((at, why, layout)) = damage else {
+            continue;
+        };
+        let corrupt = |why: String| PersistError::Corrupt {
+            file: path.clone(),
+            offset: at as u64,
+            what: why,
+        };
+        let rest = || Torn {
+            path: path.clone(),
+            offset: at as u64,
+            len: (buf.len() - at) as u64,
+            why: why.clone(),
+            set_aside: listing.segments[i + 1..]
+                .iter()
+                .map(|(_, p)| p.clone())
+                .collect(),
+        };
+        if next_first.is_some_and(|next| out.sm.revision() + 1 >= next) {
+            // Every record this segment held is in the snapshot or the
+            // next segment: the damage loses nothing.
+            warn!(file = %path.display(), offset = at, "passing over damage in a log segment whose records are all held elsewhere: {why}");
+            out.covered_damage += 1;
+            continue;
+        }
+        match layout {
+            Some(l) if l.fsync == Some(FsyncPolicy::Never) => {
+                // Never synced: whatever follows the damage is as lost as
+                // what a power loss takes.
+                out.torn = Some(rest());
+                break;
+            }
+            Some(l) if next_first.is_none() && !segment::unit_after(&buf, at, l) => {
+                out.torn = Some(rest());
+                break;
+            }
+            None if next_first.is_none() && at == 0 && why.contains("ends inside") => {
+                out.torn = Some(rest());
+                break;
+            }
+            _ => return Err(corrupt(why)),
         }
     }
-    Ok(((sm, snapshot_revision, replayed), torn))
+    Ok(out)
 }
 
-/// Whether a whole valid record starts anywhere after `at`: if so, the bad
-/// record at `at` is damage in the middle of the log, not a torn tail.
-fn valid_record_after(buf: &[u8], at: usize) -> bool {
-    (at + 1..buf.len()).any(|p| matches!(record::read(&buf[p..]), RecordRead::Record { .. }))
+/// Applies a segment's records after the state's revision. Returns the
+/// offset of the first damage and what it is, if any.
+fn replay_segment(
+    out: &mut Replayed,
+    path: &Path,
+    buf: &[u8],
+    layout: segment::Layout,
+) -> Result<Option<(usize, String)>, PersistError> {
+    let mut at = layout.start;
+    while at < buf.len() {
+        let (records, end) = match segment::read_unit(buf, at, layout) {
+            Ok(unit) => unit,
+            Err(why) => return Ok(Some((at, why))),
+        };
+        for logged in records {
+            let revision = logged.revision;
+            if revision <= out.sm.revision() {
+                continue; // in the snapshot already
+            }
+            // A record takes the next revision, or more when a sequential
+            // create passed over taken names: either way applying it must
+            // give the revision it names.
+            let before = out.sm.revision();
+            let applied = out.sm.apply(&logged.command, logged.now_ms);
+            let wrong = match applied.result {
+                Err(e) => Some(format!("record for revision {revision} does not apply: {e}")),
+                Ok(_) if applied.revision != revision => Some(format!(
+                    "the record for revision {revision} follows revision {before} but applies as {}: records are missing before it",
+                    applied.revision
+                )),
+                Ok(_) => None,
+            };
+            if let Some(what) = wrong {
+                return Err(PersistError::Corrupt {
+                    file: path.to_owned(),
+                    offset: at as u64,
+                    what,
+                });
+            }
+            out.records += 1;
+        }
+        at = end;
+    }
+    Ok(None)
 }
 
 /// Appending side of the log, owned by the core.
@@ -204,8 +287,13 @@ struct WalShared {
     queue: Mutex<Queue>,
     ready: Condvar,
     mark: Arc<DurableMark>,
+    stats: Arc<Stats>,
     /// Set (with the reason) when the log can no longer be written.
     failed: watch::Sender<Option<String>>,
+    /// Set by the first failed write, before anything else happens: from
+    /// then on nothing is written and the durable mark never moves, so
+    /// nothing applied later is acknowledged, in either fsync mode.
+    broken: AtomicBool,
     snapshot_running: AtomicBool,
     /// The segment being appended to: written by the committer under
     /// `--fsync always`, directly by `append` under `--fsync never`.
@@ -216,6 +304,8 @@ struct WalShared {
 
 #[derive(Default)]
 struct Queue {
+    /// Batches of records: a batch header, then records. A second batch
+    /// starts at the rotation point, if there is one.
     bytes: Vec<u8>,
     last_revision: u64,
     /// Start a new segment, whose first revision is the second field, after
@@ -227,27 +317,36 @@ struct Queue {
 }
 
 impl Wal {
-    /// Opens the log of a recovered directory for appending and starts the
-    /// committer. `mark` must stand at the recovered revision.
+    /// Starts the log of a recovered directory: a new segment after the
+    /// recovered revision, and the committer. `mark` must stand at the
+    /// recovered revision.
     pub(crate) fn start(
         dir: &Path,
         recovered_revision: u64,
         fsync: FsyncPolicy,
         mark: Arc<DurableMark>,
         failed: watch::Sender<Option<String>>,
+        stats: Arc<Stats>,
     ) -> Result<Wal, PersistError> {
-        let listing = list(dir)?;
-        let segment = match listing.segments.last() {
-            Some((first, path)) => Segment::open(path, *first)?,
-            None => Segment::create(dir, recovered_revision + 1, fsync)?,
-        };
+        // Every run writes a segment of its own, whose header names its fsync
+        // policy. A segment already named for the next revision holds no
+        // record (recovery reached no further), so it is replaced.
+        let first = recovered_revision + 1;
+        let stale = dir.join(segment_name(first));
+        if stale.exists() {
+            std::fs::remove_file(&stale)
+                .map_err(|e| PersistError::io(&stale, "replacing an empty log segment", e))?;
+        }
+        let segment = Segment::create(dir, first, fsync, &stats)?;
         let shared = Arc::new(WalShared {
             dir: dir.to_owned(),
             fsync,
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             mark,
+            stats,
             failed,
+            broken: AtomicBool::new(false),
             snapshot_running: AtomicBool::new(false),
             segment: Mutex::new(segment),
             since_snapshot: AtomicU64::new(0),
@@ -266,43 +365,45 @@ impl Wal {
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.shared.queue.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.queue)
     }
 
     /// Logs the record of an applied command. Under `--fsync always` it is
     /// queued for the committer, which syncs it; under `--fsync never` it is
     /// written to the operating system at once (so a crash of the server
-    /// loses nothing) and is as durable as it will get.
+    /// loses nothing) and is as durable as it will get. After a failed
+    /// write it does nothing: the change is never acknowledged.
     pub(crate) fn append(&self, revision: u64, now_ms: u64, command: &Command) {
+        if self.shared.broken.load(Ordering::Acquire) {
+            return;
+        }
         if self.shared.fsync == FsyncPolicy::Never {
             let mut segment = lock(&self.shared.segment);
-            if segment.broken {
-                // Nothing may follow a record that could not be written.
-                return;
-            }
-            let mut record = std::mem::take(&mut segment.scratch);
-            record.clear();
-            record::encode(&mut record, revision, now_ms, command);
-            let written = segment.write(&record);
-            self.shared
-                .since_snapshot
-                .fetch_add(record.len() as u64, Ordering::Relaxed);
-            segment.scratch = record;
+            let mut batch = std::mem::take(&mut segment.scratch);
+            batch.clear();
+            let start = segment::begin_batch(&mut batch);
+            record::encode(&mut batch, revision, now_ms, command);
+            segment::end_batch(&mut batch, start);
+            let written = segment.write(&batch);
+            segment.scratch = batch;
+            drop(segment);
             match written {
-                Ok(()) => {
-                    drop(segment);
+                Ok(n) => {
+                    self.shared
+                        .since_snapshot
+                        .fetch_add(n as u64, Ordering::Relaxed);
                     self.shared.mark.advance(revision);
                 }
-                Err(e) => {
-                    segment.broken = true;
-                    drop(segment);
-                    fail(&self.shared, e);
-                }
+                Err(e) => fail(&self.shared, e),
             }
             return;
         }
         let mut q = self.queue();
         let before = q.bytes.len();
+        let batch_starts = before == 0 || q.rotate.is_some_and(|(at, _)| at == before);
+        if batch_starts {
+            segment::begin_batch(&mut q.bytes);
+        }
         record::encode(&mut q.bytes, revision, now_ms, command);
         self.shared
             .since_snapshot
@@ -317,12 +418,23 @@ impl Wal {
         self.shared.since_snapshot.load(Ordering::Relaxed)
     }
 
+    /// Whether a snapshot may start now: none is running and the log has
+    /// not failed. Checked before the state is copied for one.
+    pub(crate) fn snapshot_wanted(&self, every_bytes: u64) -> bool {
+        self.since_snapshot() >= every_bytes
+            && !self.shared.snapshot_running.load(Ordering::Acquire)
+            && !self.shared.broken.load(Ordering::Acquire)
+    }
+
     /// Starts a snapshot of `sm` (a copy taken under the core lock) in the
-    /// background, unless one is running. The log moves to a new segment at
-    /// the snapshot's revision; once the snapshot is durable the older
-    /// segments and snapshots are removed.
+    /// background, unless one is running or the log has failed. The log
+    /// moves to a new segment at the snapshot's revision; once the snapshot
+    /// is durable (synced, in either fsync mode) the older segments and
+    /// snapshots are removed.
     pub(crate) fn snapshot(&self, sm: StateMachine) {
-        if self.shared.snapshot_running.swap(true, Ordering::AcqRel) {
+        if self.shared.broken.load(Ordering::Acquire)
+            || self.shared.snapshot_running.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let revision = sm.revision();
@@ -330,7 +442,12 @@ impl Wal {
         if self.shared.fsync == FsyncPolicy::Never {
             // Everything up to the snapshot's revision is written already.
             let mut segment = lock(&self.shared.segment);
-            match Segment::create(&self.shared.dir, revision + 1, self.shared.fsync) {
+            match Segment::create(
+                &self.shared.dir,
+                revision + 1,
+                self.shared.fsync,
+                &self.shared.stats,
+            ) {
                 Ok(next) => *segment = next,
                 Err(e) => {
                     drop(segment);
@@ -351,13 +468,14 @@ impl Wal {
             .name("baton-snapshot".into())
             .spawn(move || {
                 let started = Instant::now();
-                match snapshot::write(&shared.dir, &sm, shared.fsync == FsyncPolicy::Always) {
+                match snapshot::write(&shared.dir, &sm, &shared.stats) {
                     Ok(path) => {
                         info!(revision, file = %path.display(), ms = started.elapsed().as_millis() as u64, "snapshot written");
+                        Stats::add(&shared.stats.snapshots, 1);
                         // The committer removes what the snapshot replaced,
                         // after the rotation queued before it, and only then
                         // lets the next snapshot start.
-                        shared.queue.lock().unwrap_or_else(|e| e.into_inner()).cleanup = Some(revision);
+                        lock(&shared.queue).cleanup = Some(revision);
                         shared.ready.notify_one();
                     }
                     // The log still holds everything: a failed snapshot costs
@@ -395,10 +513,8 @@ struct Segment {
     file: File,
     path: PathBuf,
     first_revision: u64,
-    /// A reusable buffer for records written directly.
+    /// A reusable buffer for batches written directly.
     scratch: Vec<u8>,
-    /// A write failed: nothing more is written to this log.
-    broken: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -407,71 +523,65 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The log can no longer be written: nothing after this point can be made
 /// durable, and what was applied in memory but not logged must never be
-/// acknowledged. The mark stays where it is and the server stops.
+/// acknowledged. The mark stays where it is, no later write or snapshot
+/// starts, and the server stops.
 fn fail(shared: &WalShared, e: PersistError) {
+    shared.broken.store(true, Ordering::Release);
     error!("{e}; stopping the server");
     shared.failed.send_replace(Some(e.to_string()));
 }
 
 impl Segment {
+    /// A new segment whose first record will be `first_revision`, with its
+    /// header written.
     fn create(
         dir: &Path,
         first_revision: u64,
         fsync: FsyncPolicy,
+        stats: &Stats,
     ) -> Result<Segment, PersistError> {
         let path = dir.join(segment_name(first_revision));
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create_new(true)
             .append(true)
             .open(&path)
             .map_err(|e| PersistError::io(&path, "creating a log segment", e))?;
+        file.write_all(&segment::header(fsync))
+            .map_err(|e| PersistError::io(&path, "writing a log segment's header", e))?;
         if fsync == FsyncPolicy::Always {
-            sync_dir(dir)?;
+            sync_dir(dir, stats)?;
         }
         Ok(Segment {
             file,
             path,
             first_revision,
             scratch: Vec::new(),
-            broken: false,
         })
     }
 
-    fn open(path: &Path, first_revision: u64) -> Result<Segment, PersistError> {
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| PersistError::io(path, "opening the log for appending", e))?;
-        Ok(Segment {
-            file,
-            path: path.to_owned(),
-            first_revision,
-            scratch: Vec::new(),
-            broken: false,
-        })
-    }
-
-    fn write(&mut self, bytes: &[u8]) -> Result<(), PersistError> {
+    fn write(&mut self, bytes: &[u8]) -> Result<usize, PersistError> {
         self.file
             .write_all(bytes)
+            .map(|()| bytes.len())
             .map_err(|e| PersistError::io(&self.path, "writing the log", e))
     }
 
-    fn sync(&mut self) -> Result<(), PersistError> {
+    fn sync(&mut self, stats: &Stats) -> Result<(), PersistError> {
+        Stats::add(&stats.syncs, 1);
         self.file
             .sync_data()
             .map_err(|e| PersistError::io(&self.path, "syncing the log", e))
     }
 }
 
-/// Writes queued records, syncs them, advances the durable mark; rotates
+/// Writes queued batches, syncs them, advances the durable mark; rotates
 /// segments and removes files a snapshot made obsolete.
 fn commit_loop(shared: &WalShared) {
     let always = shared.fsync == FsyncPolicy::Always;
     let mut spare = Vec::new();
     loop {
         let (mut bytes, last_revision, rotate, cleanup, stop) = {
-            let mut q = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = lock(&shared.queue);
             while q.bytes.is_empty() && q.rotate.is_none() && q.cleanup.is_none() && !q.stop {
                 q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
@@ -484,18 +594,28 @@ fn commit_loop(shared: &WalShared) {
                 q.stop,
             )
         };
+        if shared.broken.load(Ordering::Acquire) {
+            return;
+        }
+        let split = rotate.map_or(bytes.len(), |(at, _)| at);
+        let (before, after) = bytes.split_at_mut(split);
+        for part in [&mut *before, &mut *after] {
+            if !part.is_empty() {
+                segment::end_batch(part, 0);
+            }
+        }
         let mut segment = lock(&shared.segment);
         let result = (|| {
-            let split = rotate.map_or(bytes.len(), |(at, _)| at);
-            segment.write(&bytes[..split])?;
-            if always && split > 0 {
-                segment.sync()?;
-            }
-            if let Some((_, first)) = rotate {
-                *segment = Segment::create(&shared.dir, first, shared.fsync)?;
-                segment.write(&bytes[split..])?;
-                if always && split < bytes.len() {
-                    segment.sync()?;
+            for (i, part) in [&*before, &*after].into_iter().enumerate() {
+                if i == 1 {
+                    let Some((_, first)) = rotate else { break };
+                    *segment = Segment::create(&shared.dir, first, shared.fsync, &shared.stats)?;
+                }
+                if !part.is_empty() {
+                    segment.write(part)?;
+                    if always {
+                        segment.sync(&shared.stats)?;
+                    }
                 }
             }
             Ok::<(), PersistError>(())
@@ -515,14 +635,7 @@ fn commit_loop(shared: &WalShared) {
             remove_obsolete(&shared.dir, revision, current);
             shared.snapshot_running.store(false, Ordering::Release);
         }
-        if stop
-            && shared
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .bytes
-                .is_empty()
-        {
+        if stop && lock(&shared.queue).bytes.is_empty() {
             return;
         }
     }
@@ -574,6 +687,169 @@ mod tests {
             .map(|(f, _)| *f)
             .collect();
         assert_eq!(firsts, [101]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod recovery_tests {
+    use super::*;
+    use baton_proto::{CreateMode, SessionId};
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("baton-log-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn create(i: u64, len: usize) -> Command {
+        Command::Create {
+            session: SessionId(0),
+            path: format!("/n{i}"),
+            data: Bytes::from(vec![b'x'; len]),
+            mode: CreateMode::Persistent,
+            fence: None,
+        }
+    }
+
+    fn start(dir: &Path, fsync: FsyncPolicy, revision: u64) -> (Wal, Arc<DurableMark>) {
+        let mark = Arc::new(DurableMark::new(revision));
+        let (failed, _) = watch::channel(None);
+        let wal = Wal::start(
+            dir,
+            revision,
+            fsync,
+            mark.clone(),
+            failed,
+            Arc::new(Stats::default()),
+        )
+        .unwrap();
+        (wal, mark)
+    }
+
+    fn wait_for(mark: &DurableMark, revision: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while mark.get() < revision {
+            assert!(
+                Instant::now() < deadline,
+                "the log never reached {revision}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// The batches of a format-2 segment: (start, end) of each.
+    fn batches(buf: &[u8]) -> Vec<(usize, usize)> {
+        let layout = segment::layout(buf).unwrap();
+        let mut at = layout.start;
+        let mut out = Vec::new();
+        while at < buf.len() {
+            let (_, end) = segment::read_unit(buf, at, layout).unwrap();
+            out.push((at, end));
+            at = end;
+        }
+        out
+    }
+
+    fn only_segment(dir: &Path) -> PathBuf {
+        let listing = list(dir).unwrap();
+        assert_eq!(listing.segments.len(), 1);
+        listing.segments[0].1.clone()
+    }
+
+    /// A group commit that a crash cut short may reach the disk with a page
+    /// in its middle unwritten and its later records whole. None of it was
+    /// acknowledged (it was never synced), so recovery drops all of it and
+    /// keeps every batch before it.
+    #[test]
+    fn a_group_commit_torn_out_of_order_is_dropped_whole() {
+        let dir = scratch("torn-batch");
+        let (mut wal, mark) = start(&dir, FsyncPolicy::Always, 0);
+        wal.append(1, 0, &create(1, 100));
+        wait_for(&mark, 1);
+        // With the segment held, the committer takes what is queued and
+        // waits: everything appended meanwhile goes out as one batch.
+        let held = lock(&wal.shared.segment);
+        wal.append(2, 0, &create(2, 100));
+        for i in 3..=12 {
+            wal.append(i, 0, &create(i, 3000));
+        }
+        drop(held);
+        wait_for(&mark, 12);
+        wal.stop();
+        let path = only_segment(&dir);
+        let mut buf = std::fs::read(&path).unwrap();
+        let (start, end) = *batches(&buf).last().unwrap();
+        assert!(end - start > 20_000, "the last batch holds the ten records");
+        // The second page of the batch never reached the disk.
+        let page = (start / 4096 + 2) * 4096;
+        buf[page..page + 4096].fill(0);
+        std::fs::write(&path, &buf).unwrap();
+
+        let (sm, recovery) = recover(&dir).unwrap();
+        assert!(sm.node("/n1").is_some() && sm.node("/n2").is_some());
+        assert!(sm.node("/n3").is_none() && sm.node("/n12").is_none());
+        assert_eq!(recovery.torn_bytes_dropped, (end - start) as u64);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), start as u64);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Damage with a whole batch after it is damage to synced data: the
+    /// server refuses to guess, names the offset and changes nothing.
+    #[test]
+    fn damage_before_a_later_batch_stops_recovery() {
+        let dir = scratch("mid-damage");
+        let (mut wal, mark) = start(&dir, FsyncPolicy::Always, 0);
+        for i in 1..=3 {
+            wal.append(i, 0, &create(i, 100));
+            wait_for(&mark, i);
+        }
+        wal.stop();
+        let path = only_segment(&dir);
+        let mut buf = std::fs::read(&path).unwrap();
+        let (start, _) = batches(&buf)[1];
+        buf[start + 40] ^= 1;
+        std::fs::write(&path, &buf).unwrap();
+        match recover(&dir) {
+            Err(PersistError::Corrupt { offset, .. }) => assert_eq!(offset, start as u64),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), buf, "nothing was changed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A segment written under --fsync never is never synced: after a power
+    /// loss its damage is lost tail, wherever it is. Recovery cuts the log at
+    /// the damage and sets aside the segments after it.
+    #[test]
+    fn damage_in_an_unsynced_segment_cuts_the_log_there() {
+        let dir = scratch("never");
+        let (mut wal, mark) = start(&dir, FsyncPolicy::Never, 0);
+        for i in 1..=3 {
+            wal.append(i, 0, &create(i, 100));
+        }
+        wait_for(&mark, 3);
+        wal.stop();
+        let first = only_segment(&dir);
+        // A later run's segment.
+        let (mut wal, mark) = start(&dir, FsyncPolicy::Never, 3);
+        wal.append(4, 0, &create(4, 100));
+        wait_for(&mark, 4);
+        wal.stop();
+        let mut buf = std::fs::read(&first).unwrap();
+        let (start, _) = batches(&buf)[1];
+        buf[start + 40] ^= 1;
+        std::fs::write(&first, &buf).unwrap();
+
+        let (sm, recovery) = recover(&dir).unwrap();
+        assert_eq!(sm.revision(), 1);
+        assert!(recovery.torn_bytes_dropped > 0);
+        let listing = list(&dir).unwrap();
+        assert_eq!(listing.segments.len(), 1, "the later segment was set aside");
+        assert!(dir.join(format!("{}.dropped", segment_name(4))).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

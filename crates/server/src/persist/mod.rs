@@ -9,12 +9,14 @@
 //! only once the mark has reached it (invariant 9 of docs/design.md).
 //!
 //! Files in the data directory:
-//! - `wal-<first revision>.log`: log segments (see [`record`] for the format);
+//! - `wal-<first revision>.log`: log segments (see `segment` and [`record`]
+//!   for the format);
 //! - `snapshot-<revision>.snap`: snapshots (see [`snapshot`]);
 //! - `LOCK`: held by the running server.
 
 mod log;
 pub(crate) mod record;
+mod segment;
 pub(crate) mod snapshot;
 
 use std::io;
@@ -26,6 +28,7 @@ pub(crate) use log::Wal;
 pub use log::{recover, Recovery};
 
 use crate::outbox::Outbox;
+use crate::stats::Stats;
 
 /// When the log is synced to disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -83,7 +86,8 @@ impl PersistError {
 }
 
 /// Syncs a directory, so that files created or renamed in it stay.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), PersistError> {
+pub(crate) fn sync_dir(dir: &Path, stats: &Stats) -> Result<(), PersistError> {
+    Stats::add(&stats.syncs, 1);
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| PersistError::io(dir, "syncing the data directory", e))

@@ -27,6 +27,7 @@ use baton_proto::{SessionId, SessionSecret};
 use super::record::Cursor;
 use super::{sync_dir, PersistError};
 use crate::state::{NodeImage, StateMachine};
+use crate::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
 const FORMAT: u32 = 1;
@@ -37,11 +38,13 @@ pub(crate) fn file_name(revision: u64) -> String {
     format!("snapshot-{revision:020}.snap")
 }
 
-/// Writes `sm` as the snapshot of its revision into `dir`, durably.
+/// Writes `sm` as the snapshot of its revision into `dir`, durably: the
+/// file and the directory are synced (in either fsync mode, since what it
+/// replaces is removed once it is written).
 ///
 /// # Errors
 /// Any I/O failure, naming the file.
-pub(crate) fn write(dir: &Path, sm: &StateMachine, fsync: bool) -> Result<PathBuf, PersistError> {
+pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<PathBuf, PersistError> {
     let revision = sm.revision();
     let final_path = dir.join(file_name(revision));
     let tmp_path = dir.join(format!("{}.tmp", file_name(revision)));
@@ -89,15 +92,12 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, fsync: bool) -> Result<PathBu
     use std::io::{Seek, SeekFrom};
     file.seek(SeekFrom::Start(0)).map_err(io)?;
     file.write_all(&header).map_err(io)?;
-    if fsync {
-        file.sync_all().map_err(io)?;
-    }
+    Stats::add(&stats.syncs, 1);
+    file.sync_all().map_err(io)?;
     drop(file);
     std::fs::rename(&tmp_path, &final_path)
         .map_err(|e| PersistError::io(&final_path, "renaming a snapshot into place", e))?;
-    if fsync {
-        sync_dir(dir)?;
-    }
+    sync_dir(dir, stats)?;
     Ok(final_path)
 }
 
@@ -231,7 +231,7 @@ mod tests {
             );
             applied.result.unwrap();
         }
-        let path = write(&dir, &sm, false).unwrap();
+        let path = write(&dir, &sm, &Stats::default()).unwrap();
         let back = read(&path).unwrap();
         assert_eq!(back.revision(), sm.revision());
         assert_eq!(

@@ -413,7 +413,10 @@ fn a_fenced_delete_raises_the_fence_so_a_stale_holder_cannot_recreate() {
     // Re-created without a token, the node still refuses the stale holder.
     fenced(&mut sm, fenced_create(s, "/res/n", None)).unwrap();
     assert_eq!(sm.node("/res/n").unwrap().fence(), 20);
-    assert_eq!(code(fenced_set(&mut sm, "/res/n", 15)), ErrorCode::StaleFence);
+    assert_eq!(
+        code(fenced_set(&mut sm, "/res/n", 15)),
+        ErrorCode::StaleFence
+    );
     // A stale holder cannot delete it either, nor a sibling.
     assert_eq!(fenced(&mut sm, delete(15)), Err(ErrorCode::StaleFence));
     fenced(&mut sm, fenced_create(s, "/res/m", Some(20))).unwrap();
@@ -449,7 +452,10 @@ fn a_sequential_create_passes_over_names_someone_else_chose() {
     }
     let before = sm.revision();
     assert_eq!(before, next + 2);
-    for mode in [CreateMode::PersistentSequential, CreateMode::EphemeralSequential] {
+    for mode in [
+        CreateMode::PersistentSequential,
+        CreateMode::EphemeralSequential,
+    ] {
         let (path, sequence) = created_path(create(&mut sm, s, "/q/lock-", mode));
         let sequence = sequence.unwrap();
         assert!(sequence > before, "{sequence} after {before}");
@@ -457,7 +463,11 @@ fn a_sequential_create_passes_over_names_someone_else_chose() {
         assert_eq!(sm.node(&path).unwrap().czxid(), sequence);
         assert_eq!(sm.revision(), sequence);
     }
-    assert_eq!(sm.revision(), next + 7, "passed over the three squatted names");
+    assert_eq!(
+        sm.revision(),
+        next + 7,
+        "passed over the three squatted names"
+    );
 }
 
 #[test]

@@ -1,0 +1,292 @@
+//! Log segment files: a header naming the format and the fsync policy of the
+//! writer, then *batches* of records, one batch per write.
+//!
+//! # Format
+//! ```text
+//! segment header, 16 bytes:
+//!   magic       [8]  "BATNLOG\0"
+//!   format      u16  2
+//!   fsync       u8   0: written under --fsync always, 1: under --fsync never
+//!   reserved    u8   0
+//!   header_crc  u32  CRC32C of the 12 bytes before it
+//! batches, each written with one write call:
+//!   magic       u32  "BTCH"
+//!   len         u32  bytes of records that follow
+//!   header_crc  u32  CRC32C of the 8 bytes before it
+//!   records     [len] whole records (see `record`)
+//! ```
+//! A segment without the header is of format 1: records only, with no
+//! batches (what earlier servers wrote). Both are read; only format 2 is
+//! written.
+//!
+//! Batches tell recovery how far one write reached. Under `--fsync always`
+//! a batch is acknowledged only after it was synced, and the next one is
+//! written only after that, so damage inside the *last* batch of the last
+//! segment, with no whole batch header after it, is a write that a crash cut
+//! short (its pages may reach the disk in any order), none of which was
+//! acknowledged. Damage with a batch after it is damage to synced data.
+
+use super::record::{self, Read as RecordRead};
+use super::FsyncPolicy;
+use crate::state::Command;
+
+const MAGIC: &[u8; 8] = b"BATNLOG\0";
+const FORMAT: u16 = 2;
+/// Bytes of a format-2 segment header.
+pub(crate) const HEADER: usize = 16;
+const BATCH_MAGIC: [u8; 4] = *b"BTCH";
+/// Bytes of a batch header.
+pub(crate) const BATCH_HEADER: usize = 12;
+
+/// A format-2 segment header for a writer with `fsync`.
+pub(crate) fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..10].copy_from_slice(&FORMAT.to_be_bytes());
+    h[10] = match fsync {
+        FsyncPolicy::Always => 0,
+        FsyncPolicy::Never => 1,
+    };
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..].copy_from_slice(&crc.to_be_bytes());
+    h
+}
+
+/// How a segment's bytes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// 1 (records only) or 2 (header and batches).
+    pub(crate) format: u16,
+    /// The writer's fsync policy, if the segment says (format 2).
+    pub(crate) fsync: Option<FsyncPolicy>,
+    /// Offset of the first batch or record.
+    pub(crate) start: usize,
+}
+
+/// The layout of a segment that begins with `buf`.
+///
+/// # Errors
+/// A damaged or unknown header, saying what is wrong; or
+/// [`LayoutError::Short`] if the file ends inside its header (a segment
+/// whose creation a crash cut short).
+pub(crate) fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
+    // Format 1 starts with a record's length, whose first byte is never
+    // the magic's (it would be a length past any record).
+    if buf.first() != Some(&MAGIC[0]) {
+        return Ok(Layout {
+            format: 1,
+            fsync: None,
+            start: 0,
+        });
+    }
+    if buf.len() < HEADER {
+        let seen = buf.len().min(MAGIC.len());
+        return Err(if buf[..seen] == MAGIC[..seen] {
+            LayoutError::Short
+        } else {
+            LayoutError::Damaged("the segment header is damaged".into())
+        });
+    }
+    let crc = u32::from_be_bytes(buf[12..16].try_into().expect("4 bytes"));
+    if buf[..8] != *MAGIC || crc32c::crc32c(&buf[..12]) != crc {
+        return Err(LayoutError::Damaged(
+            "the segment header fails its checksum".into(),
+        ));
+    }
+    let format = u16::from_be_bytes([buf[8], buf[9]]);
+    if format != FORMAT {
+        return Err(LayoutError::Damaged(format!(
+            "log segment format {format}, this server reads 1 and {FORMAT}"
+        )));
+    }
+    let fsync = match buf[10] {
+        0 => FsyncPolicy::Always,
+        1 => FsyncPolicy::Never,
+        other => {
+            return Err(LayoutError::Damaged(format!(
+                "unknown fsync policy {other} in the segment header"
+            )))
+        }
+    };
+    Ok(Layout {
+        format: FORMAT,
+        fsync: Some(fsync),
+        start: HEADER,
+    })
+}
+
+/// Why a segment's header cannot be read.
+#[derive(Debug)]
+pub(crate) enum LayoutError {
+    /// The file ends inside the header.
+    Short,
+    /// The header is damaged or of an unknown format.
+    Damaged(String),
+}
+
+/// Reserves a batch header at the end of `out`; returns where it starts,
+/// for [`end_batch`].
+pub(crate) fn begin_batch(out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; BATCH_HEADER]);
+    start
+}
+
+/// Fills in the header of the batch begun at `start`: it holds everything
+/// after the header.
+pub(crate) fn end_batch(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - BATCH_HEADER) as u32;
+    out[start..start + 4].copy_from_slice(&BATCH_MAGIC);
+    out[start + 4..start + 8].copy_from_slice(&len.to_be_bytes());
+    let crc = crc32c::crc32c(&out[start..start + 8]);
+    out[start + 8..start + 12].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// One record as read back.
+pub(crate) struct Logged {
+    pub(crate) revision: u64,
+    pub(crate) now_ms: u64,
+    pub(crate) command: Command,
+}
+
+/// Reads the unit at `at`: a whole batch (format 2) or one record (format
+/// 1). Returns its records and where the next unit starts.
+///
+/// # Errors
+/// What is wrong with the unit; nothing of a damaged unit is returned.
+pub(crate) fn read_unit(
+    buf: &[u8],
+    at: usize,
+    layout: Layout,
+) -> Result<(Vec<Logged>, usize), String> {
+    let (body, end) = if layout.format == 1 {
+        (&buf[at..], None)
+    } else {
+        let len = batch_len(&buf[at..])?;
+        let end = at + BATCH_HEADER + len;
+        if end > buf.len() {
+            return Err("the file ends inside a batch".into());
+        }
+        (&buf[at + BATCH_HEADER..end], Some(end))
+    };
+    let mut records = Vec::new();
+    let mut pos = 0;
+    while pos < body.len() {
+        match record::read(&body[pos..]) {
+            RecordRead::Record {
+                revision,
+                now_ms,
+                command,
+                size,
+            } => {
+                records.push(Logged {
+                    revision,
+                    now_ms,
+                    command,
+                });
+                pos += size;
+                if end.is_none() {
+                    break; // format 1: one record per unit
+                }
+            }
+            RecordRead::Short if end.is_none() => {
+                return Err("the file ends inside a record".into())
+            }
+            RecordRead::Short => return Err("a record runs past the end of its batch".into()),
+            RecordRead::Invalid(why) => return Err(why),
+        }
+    }
+    Ok((records, end.unwrap_or(at + pos)))
+}
+
+/// The length of the batch whose header starts `buf`.
+fn batch_len(buf: &[u8]) -> Result<usize, String> {
+    if buf.len() < BATCH_HEADER {
+        return Err("the file ends inside a batch header".into());
+    }
+    let crc = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
+    if buf[..4] != BATCH_MAGIC || crc32c::crc32c(&buf[..8]) != crc {
+        return Err("a batch header fails its checksum".into());
+    }
+    let len = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
+    Ok(len)
+}
+
+/// Whether a whole unit header starts anywhere after `at`: then damage at
+/// `at` is followed by data written later, and is not a torn last write.
+pub(crate) fn unit_after(buf: &[u8], at: usize, layout: Layout) -> bool {
+    (at + 1..buf.len()).any(|p| {
+        if layout.format == 1 {
+            matches!(record::read(&buf[p..]), RecordRead::Record { .. })
+        } else {
+            buf[p] == BATCH_MAGIC[0] && batch_len(&buf[p..]).is_ok()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_proto::SessionId;
+
+    fn batch(revisions: std::ops::Range<u64>) -> Vec<u8> {
+        let mut out = Vec::new();
+        let start = begin_batch(&mut out);
+        for r in revisions {
+            record::encode(
+                &mut out,
+                r,
+                0,
+                &Command::CloseSession {
+                    session: SessionId(r),
+                },
+            );
+        }
+        end_batch(&mut out, start);
+        out
+    }
+
+    #[test]
+    fn batches_read_back_whole_and_damage_is_found() {
+        let mut seg = header(FsyncPolicy::Always).to_vec();
+        seg.extend(batch(1..4));
+        seg.extend(batch(4..5));
+        let layout = layout(&seg).unwrap();
+        assert_eq!(layout.fsync, Some(FsyncPolicy::Always));
+        let (records, next) = read_unit(&seg, layout.start, layout).unwrap();
+        assert_eq!(records.len(), 3);
+        let (records, end) = read_unit(&seg, next, layout).unwrap();
+        assert_eq!((records[0].revision, end), (4, seg.len()));
+        // A flip anywhere in the first batch damages all of it, and the
+        // second batch's header after it tells it from a torn tail.
+        for byte in layout.start..next {
+            let mut bad = seg.clone();
+            bad[byte] ^= 0x20;
+            assert!(read_unit(&bad, layout.start, layout).is_err(), "{byte}");
+            assert!(unit_after(&bad, layout.start, layout), "{byte}");
+        }
+        // A cut in the last batch: no header after it.
+        for cut in next + 1..seg.len() {
+            assert!(read_unit(&seg[..cut], next, layout).is_err());
+            assert!(!unit_after(&seg[..cut], next, layout));
+        }
+    }
+
+    #[test]
+    fn a_segment_without_a_header_is_format_1() {
+        let mut seg = Vec::new();
+        record::encode(
+            &mut seg,
+            1,
+            0,
+            &Command::CloseSession {
+                session: SessionId(1),
+            },
+        );
+        assert_eq!(layout(&seg).unwrap().format, 1);
+        assert_eq!(layout(&[]).unwrap().format, 1);
+        assert!(matches!(layout(&MAGIC[..5]), Err(LayoutError::Short)));
+        let (records, end) = read_unit(&seg, 0, layout(&seg).unwrap()).unwrap();
+        assert_eq!((records.len(), end), (1, seg.len()));
+    }
+}
