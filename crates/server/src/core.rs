@@ -134,7 +134,12 @@ impl Core {
                 // Checked before the state is copied: while a snapshot runs
                 // (or after the log failed) no copy is made.
                 if wal.snapshot_wanted(self.config.snapshot_every_bytes) {
+                    let started = std::time::Instant::now();
                     wal.snapshot(self.sm.clone());
+                    let pause = started.elapsed().as_micros() as u64;
+                    self.stats
+                        .snapshot_pause_max_us
+                        .fetch_max(pause, Ordering::Relaxed);
                 }
             }
         }

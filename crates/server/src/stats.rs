@@ -21,6 +21,8 @@ pub struct Stats {
     pub(crate) syncs: AtomicU64,
     /// Snapshots written.
     pub(crate) snapshots: AtomicU64,
+    /// The longest the core lock was held to start a snapshot, in µs.
+    pub(crate) snapshot_pause_max_us: AtomicU64,
 }
 
 /// A copy of the counters plus sizes read from the state.
@@ -38,6 +40,8 @@ pub struct StatsSnapshot {
     pub slow_client_disconnects: u64,
     pub syncs: u64,
     pub snapshots: u64,
+    /// The longest the core lock was held to start a snapshot, in µs.
+    pub snapshot_pause_max_us: u64,
     pub sessions: u64,
     pub nodes: u64,
     pub watches: u64,
@@ -64,6 +68,7 @@ impl StatsSnapshot {
             ("slow_client_disconnects", self.slow_client_disconnects),
             ("syncs", self.syncs),
             ("snapshots", self.snapshots),
+            ("snapshot_pause_max_us", self.snapshot_pause_max_us),
             ("sessions", self.sessions),
             ("nodes", self.nodes),
             ("watches", self.watches),
@@ -105,6 +110,7 @@ impl Stats {
             slow_client_disconnects: get(&self.slow_client_disconnects),
             syncs: get(&self.syncs),
             snapshots: get(&self.snapshots),
+            snapshot_pause_max_us: get(&self.snapshot_pause_max_us),
             cpu_user_us: process_cpu_us().0,
             cpu_system_us: process_cpu_us().1,
             ..StatsSnapshot::default()

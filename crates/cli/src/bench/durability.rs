@@ -39,6 +39,10 @@ pub struct DurabilityArgs {
     /// Log records to write before timing recovery (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     recovery_records: u64,
+    /// Nodes in the tree when a snapshot starts, for the snapshot pause
+    /// measurement (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    snapshot_nodes: u64,
     /// Print one JSON object instead of a table.
     #[arg(long, conflicts_with = "markdown")]
     json: bool,
@@ -57,6 +61,21 @@ struct Report {
     handover_floor_per_s: f64,
     handovers: u64,
     recovery: Option<RecoveryTime>,
+    snapshot: Option<SnapshotPause>,
+}
+
+#[derive(Serialize)]
+struct SnapshotPause {
+    nodes: u64,
+    /// How long the server held its core lock to start the snapshot.
+    pause_us: u64,
+    /// Round trip of the first create under the big parent once the
+    /// snapshot began.
+    first_change_us: f64,
+    /// Round trips of pings sent while the snapshot started and was written.
+    ping: Summary,
+    /// From the write that started the snapshot to the snapshot on disk.
+    written_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -144,7 +163,13 @@ async fn measure(args: &DurabilityArgs, root: &std::path::Path) -> Result<Report
     } else {
         None
     };
+    let snapshot = if args.snapshot_nodes > 0 {
+        Some(snapshot_run(&root.join("snapshot"), args.snapshot_nodes).await?)
+    } else {
+        None
+    };
     Ok(Report {
+        snapshot,
         fdatasync,
         fdatasync_per_s,
         tcp_rtt,
@@ -315,6 +340,128 @@ async fn recovery_run(dir: &std::path::Path, records: u64) -> Result<RecoveryTim
     })
 }
 
+/// Creates `nodes` nodes, restarts the server so that a large write starts
+/// a snapshot, and measures what that costs the clients: how long the core
+/// lock was held (the server's own figure) and the round trips of pings sent
+/// meanwhile.
+async fn snapshot_run(dir: &std::path::Path, nodes: u64) -> Result<SnapshotPause, CliError> {
+    progress(format!("creating {nodes} nodes"));
+    let huge = (u64::MAX / 2).to_string();
+    let server =
+        ChildServer::start_in(dir, &["--fsync", "never", "--snapshot-every", &huge]).await?;
+    let setup = Client::connect(&server.addr).await?;
+    setup.create("/s", "", CreateMode::Persistent).await?;
+    let writers = 64u64;
+    let per_writer = nodes.div_ceil(writers);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let c = Client::connect(&server.addr).await?;
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while n < per_writer {
+                let batch = (per_writer - n).min(256);
+                let creates = (n..n + batch).map(|i| {
+                    let c = &c;
+                    async move {
+                        let path = format!("/s/n{w}-{i}");
+                        c.create(&path, "", CreateMode::Persistent).await
+                    }
+                });
+                futures::future::try_join_all(creates).await?;
+                n += batch;
+            }
+            c.close().await;
+            Ok::<_, baton_client::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| CliError::msg(e.to_string()))??;
+    }
+    setup.close().await;
+    server.kill().await;
+
+    // Writeback of the nodes just written would stall the server's writes
+    // (and so every client) for reasons of the page cache, not of the
+    // snapshot: flush it first.
+    progress("syncing the page cache");
+    tokio::task::spawn_blocking(|| {
+        // SAFETY: sync has no preconditions.
+        unsafe { libc::sync() }
+    })
+    .await
+    .map_err(|e| CliError::msg(e.to_string()))?;
+    progress("restarting it so that a large write starts a snapshot");
+    // Sessions opening log less than this; the trigger's data more.
+    let every = "32768";
+    let server =
+        ChildServer::start_in(dir, &["--fsync", "never", "--snapshot-every", every]).await?;
+    let pinger = Client::connect(&server.addr).await?;
+    let writer = Client::connect(&server.addr).await?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent_pings = Arc::new(AtomicU64::new(0));
+    let pings = {
+        let (pinger, stop, sent) = (pinger.clone(), stop.clone(), sent_pings.clone());
+        tokio::spawn(async move {
+            let mut rtts = Vec::new();
+            while !stop.load(Ordering::Relaxed) && rtts.len() < 10_000_000 {
+                let at = Instant::now();
+                pinger.ping().await?;
+                rtts.push((at, at.elapsed()));
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, baton_client::Error>(rtts)
+        })
+    };
+    // The pinger is under way before the snapshot starts.
+    while sent_pings.load(Ordering::Relaxed) < 1000 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let started = Instant::now();
+    writer
+        .create("/s/trigger", vec![0u8; 65536], CreateMode::Persistent)
+        .await?;
+    // The first change under the parent of a million children after the
+    // snapshot began.
+    let after = Instant::now();
+    writer
+        .create("/s/after", "", CreateMode::Persistent)
+        .await?;
+    let first_change_us = after.elapsed().as_secs_f64() * 1e6;
+    let deadline = started + Duration::from_secs(600);
+    let stats = loop {
+        let stats = writer.server_stats().await?;
+        if stats.get("snapshots").copied().unwrap_or(0) > 0 {
+            break stats;
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::msg("no snapshot was written within 600 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let written_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let done = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    // The pings that were in flight while the snapshot started and was
+    // written (one sent just before the trigger may have waited on it).
+    let mut rtts: Vec<Duration> = pings
+        .await
+        .map_err(|e| CliError::msg(e.to_string()))??
+        .into_iter()
+        .filter(|(at, rtt)| *at + *rtt >= started && *at <= done)
+        .map(|(_, rtt)| rtt)
+        .collect();
+    pinger.close().await;
+    writer.close().await;
+    server.kill().await;
+    Ok(SnapshotPause {
+        nodes: nodes + 3,
+        first_change_us,
+        pause_us: stats.get("snapshot_pause_max_us").copied().unwrap_or(0),
+        ping: Summary::of(&mut rtts),
+        written_ms,
+    })
+}
+
 fn print_table(r: &Report) {
     println!("floor (same run)");
     println!(
@@ -348,6 +495,13 @@ fn print_table(r: &Report) {
             rec.records,
             rec.log_bytes as f64 / 1048576.0,
             rec.startup_ms
+        );
+    }
+    if let Some(s) = &r.snapshot {
+        println!();
+        println!(
+            "snapshot of {} nodes: core lock held {} us to start it; next create under the parent {:.0} us; pings meanwhile p50 {:.1} us, max {:.1} us; on disk after {:.0} ms",
+            s.nodes, s.pause_us, s.first_change_us, s.ping.p50_us, s.ping.max_us, s.written_ms
         );
     }
 }
@@ -398,5 +552,24 @@ fn print_markdown(r: &Report) {
             "| `baton serve` start to first session opened | {:.0} ms |",
             rec.startup_ms
         );
+    }
+    if let Some(s) = &r.snapshot {
+        println!();
+        println!("| snapshot of {} nodes (`--fsync never`) | |", s.nodes);
+        println!("| --- | ---: |");
+        println!("| core lock held to start it | {} µs |", s.pause_us);
+        println!(
+            "| next create under the parent, round trip | {:.0} µs |",
+            s.first_change_us
+        );
+        println!(
+            "| ping round trip meanwhile, p50 | {:.1} µs |",
+            s.ping.p50_us
+        );
+        println!(
+            "| ping round trip meanwhile, max | {:.1} µs |",
+            s.ping.max_us
+        );
+        println!("| write to snapshot on disk | {:.0} ms |", s.written_ms);
     }
 }

@@ -16,7 +16,6 @@
 
 mod node;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use baton_proto::path;
@@ -121,11 +120,19 @@ pub struct NodeImage {
     pub fence: u64,
 }
 
+/// A persistent (structurally shared) map: a clone costs O(1), and a
+/// change after a clone copies only the path to what it changes.
+type Map<K, V> = rpds::HashTrieMapSync<K, V>;
+
 /// The tree and the sessions, changed only by [`apply`](Self::apply).
+///
+/// Cloning is O(1) whatever the size of the tree: the maps are persistent,
+/// so a snapshot copies the state under the core lock in constant time and
+/// writes it out while the original goes on changing.
 #[derive(Clone, Debug)]
 pub struct StateMachine {
-    nodes: HashMap<Arc<str>, Node>,
-    sessions: HashMap<SessionId, Session>,
+    nodes: Map<Arc<str>, Node>,
+    sessions: Map<SessionId, Session>,
     revision: u64,
 }
 
@@ -142,11 +149,11 @@ fn err(code: ErrorCode, message: String) -> ErrorReply {
 impl StateMachine {
     /// An empty tree holding only the root `/`, at revision 0.
     pub fn new() -> Self {
-        let mut nodes = HashMap::new();
-        nodes.insert(Arc::from("/"), Node::new(&[], 0, 0, None));
+        let mut nodes = Map::new_sync();
+        nodes.insert_mut(Arc::from("/"), Node::new(&[], 0, 0, None));
         StateMachine {
             nodes,
-            sessions: HashMap::new(),
+            sessions: Map::new_sync(),
             revision: 0,
         }
     }
@@ -162,7 +169,7 @@ impl StateMachine {
         let mut queue: std::collections::VecDeque<&str> = std::collections::VecDeque::from(["/"]);
         std::iter::from_fn(move || {
             let path = queue.pop_front()?;
-            let node = &self.nodes[path];
+            let node = self.nodes.get(path).expect("children exist");
             queue.extend(node.children().map(|c| &**c));
             let stat = node.stat();
             Some(NodeImage {
@@ -193,8 +200,8 @@ impl StateMachine {
         nodes: impl IntoIterator<Item = NodeImage>,
     ) -> Result<StateMachine, String> {
         let mut sm = StateMachine {
-            nodes: HashMap::new(),
-            sessions: HashMap::new(),
+            nodes: Map::new_sync(),
+            sessions: Map::new_sync(),
             revision,
         };
         for (id, timeout_ms, secret) in sessions {
@@ -203,9 +210,10 @@ impl StateMachine {
                 secret,
                 ephemerals: Ephemerals::default(),
             };
-            if sm.sessions.insert(id, session).is_some() {
+            if sm.sessions.contains_key(&id) {
                 return Err(format!("session {id} appears twice"));
             }
+            sm.sessions.insert_mut(id, session);
         }
         for image in nodes {
             let node = Node::restore(&image);
@@ -226,9 +234,10 @@ impl StateMachine {
                     .ephemerals
                     .insert(path.clone());
             }
-            if sm.nodes.insert(path.clone(), node).is_some() {
+            if sm.nodes.contains_key(&path) {
                 return Err(format!("{path} appears twice"));
             }
+            sm.nodes.insert_mut(path.clone(), node);
         }
         if !sm.nodes.contains_key("/") {
             return Err("the root node is missing".into());
@@ -282,7 +291,7 @@ impl StateMachine {
     }
 
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.nodes.size()
     }
 
     pub fn session(&self, id: SessionId) -> Option<&Session> {
@@ -294,7 +303,7 @@ impl StateMachine {
     }
 
     pub fn session_count(&self) -> usize {
-        self.sessions.len()
+        self.sessions.size()
     }
 
     /// Applies one command, stamping changes with `now_ms` (milliseconds since
@@ -337,7 +346,7 @@ impl StateMachine {
     fn open_session(&mut self, timeout_ms: u32, secret: SessionSecret) -> Outcome {
         self.revision += 1;
         let id = SessionId(self.revision);
-        self.sessions.insert(
+        self.sessions.insert_mut(
             id,
             Session {
                 timeout_ms,
@@ -353,14 +362,15 @@ impl StateMachine {
         id: SessionId,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
-        let Some(session) = self.sessions.remove(&id) else {
+        let Some(session) = self.sessions.get_mut(&id) else {
             return Err(err(
                 ErrorCode::SessionExpired,
                 format!("session {id} has expired or was closed"),
             ));
         };
+        let mut deleted = std::mem::take(&mut session.ephemerals).into_vec();
+        self.sessions.remove_mut(&id);
         self.revision += 1;
-        let mut deleted = session.ephemerals.into_vec();
         // Sorted so that the order of the fired watches does not depend on
         // hashing: the same commands give the same events everywhere.
         deleted.sort_unstable();
@@ -459,7 +469,7 @@ impl StateMachine {
         // deleted one.
         node.fence = parent.fence;
         let stat = node.stat();
-        self.nodes.insert(full.clone(), node);
+        self.nodes.insert_mut(full.clone(), node);
         let parent = self
             .nodes
             .get_mut(parent_path)
@@ -540,17 +550,19 @@ impl StateMachine {
     /// Removes a childless node at the current revision: from the tree, from
     /// its parent, and from its owner's ephemerals.
     fn unlink(&mut self, target: &Arc<str>, triggers: &mut Vec<Trigger>) {
-        let Some(node) = self.nodes.remove(target) else {
+        let Some(node) = self.nodes.get(target) else {
             return;
         };
         debug_assert_eq!(node.child_count(), 0, "only childless nodes are unlinked");
+        let (czxid, owner) = (node.czxid, node.owner());
+        self.nodes.remove_mut(target);
         let parent_path = path::parent(target).expect("the root is never unlinked");
         if let Some(parent) = self.nodes.get_mut(parent_path) {
-            parent.remove_child(node.czxid);
+            parent.remove_child(czxid);
             parent.cversion = parent.cversion.wrapping_add(1);
             parent.pzxid = self.revision;
         }
-        if let Some(owner) = node.owner() {
+        if let Some(owner) = owner {
             if let Some(session) = self.sessions.get_mut(&owner) {
                 session.ephemerals.remove(target);
             }

@@ -1,12 +1,14 @@
 //! One node of the tree, laid out to be small: a server holds one per
 //! ephemeral lock contender, and there may be a hundred thousand.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use baton_proto::{SessionId, Stat};
 
 use super::NodeImage;
+
+/// A node's children by creation revision: a persistent ordered map.
+type Children = rpds::RedBlackTreeMapSync<u64, Arc<str>>;
 use bytes::Bytes;
 
 /// A node: its data, its metadata and the full paths of its children.
@@ -14,7 +16,10 @@ use bytes::Bytes;
 /// Children are kept in creation order (by their creation revision), as full
 /// paths sharing the allocation of the tree's keys: a lock waiter's
 /// predecessor is then one ordered lookup away, however many siblings it has.
-/// A node without children allocates nothing for them.
+/// The child map is persistent, like the tree's: a node copied for a snapshot
+/// shares it, and a change afterwards copies only the path to what changed,
+/// however many children there are. A node without children allocates
+/// nothing for them.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// Exactly the node's bytes, copied out of the request frame so that a
@@ -32,9 +37,8 @@ pub struct Node {
     /// Highest fencing token a fenced write to this node has carried.
     pub(super) fence: u64,
     // Boxed so that a leaf (the common case) pays 8 bytes for no children
-    // rather than the 24 of an empty map.
-    #[allow(clippy::box_collection)]
-    children: Option<Box<BTreeMap<u64, Arc<str>>>>,
+    // rather than the 16 of an empty map.
+    children: Option<Box<Children>>,
 }
 
 impl Node {
@@ -115,7 +119,7 @@ impl Node {
     }
 
     /// Full paths of the children, in creation order.
-    pub fn children(&self) -> impl DoubleEndedIterator<Item = &Arc<str>> {
+    pub fn children(&self) -> impl Iterator<Item = &Arc<str>> {
         self.children.iter().flat_map(|c| c.values())
     }
 
@@ -134,18 +138,18 @@ impl Node {
     }
 
     pub fn child_count(&self) -> usize {
-        self.children.as_ref().map_or(0, |c| c.len())
+        self.children.as_ref().map_or(0, |c| c.size())
     }
 
     pub(super) fn add_child(&mut self, czxid: u64, path: Arc<str>) {
         self.children
-            .get_or_insert_with(Default::default)
-            .insert(czxid, path);
+            .get_or_insert_with(|| Box::new(Children::new_sync()))
+            .insert_mut(czxid, path);
     }
 
     pub(super) fn remove_child(&mut self, czxid: u64) {
         if let Some(children) = &mut self.children {
-            children.remove(&czxid);
+            children.remove_mut(&czxid);
             if children.is_empty() {
                 self.children = None;
             }
