@@ -5,10 +5,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::recipes::LostReason;
+use baton::recipes::{LeaseState, LostReason};
 use baton::{CreateMode, Election, Error};
 use common::*;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_within_the_session_timeout_plus_one_second() {
@@ -63,6 +63,38 @@ async fn a_standby_takes_over_within_the_session_timeout_plus_one_second() {
 }
 
 /// Counts the candidates queued in an election.
+#[tokio::test]
+async fn a_lost_leadership_stays_lost_when_a_late_answer_moves_the_deadline() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_secs(2)).await;
+    let leadership = Election::new(&client, "/election/late")
+        .campaign("a")
+        .await
+        .unwrap();
+    proxy.hold_replies_everywhere();
+    let reason = within(10, "leadership to run out", leadership.lost()).await;
+    assert_eq!(reason, LostReason::DeadlinePassed);
+    assert!(leadership.is_lost());
+    proxy.release();
+    wait_state(&client, baton::SessionState::Reconnected).await;
+    assert!(
+        client.session_deadline() > tokio::time::Instant::now(),
+        "the late answer moved the deadline on"
+    );
+    assert!(leadership.is_lost(), "lost, then not lost");
+    assert_eq!(
+        leadership.state(),
+        LeaseState::Lost(LostReason::DeadlinePassed)
+    );
+    assert_eq!(
+        leadership.lost().now_or_never(),
+        Some(LostReason::DeadlinePassed)
+    );
+    client.close().await;
+    server.stop().await;
+}
+
 async fn queued(client: &baton::Client, path: &str) -> usize {
     baton::Lock::new(client, path)
         .contenders()

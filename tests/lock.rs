@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton::recipes::{LeaseState, LostReason};
-use baton::{Client, CreateMode, Error, FencingToken, Lock};
+use baton::{Client, CreateMode, Error, FencingToken, Lock, SessionState};
+use futures::FutureExt;
 use common::*;
 
 /// Opens `n` sessions on the server.
@@ -240,6 +241,37 @@ async fn lost_fires_when_the_session_expires_and_when_the_node_is_deleted() {
     assert!(next.token() > guard.token());
     short.close().await;
     admin.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_lock_stays_lost_when_a_late_answer_moves_the_deadline() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_secs(2)).await;
+    let guard = Lock::new(&client, "/locks/late").acquire().await.unwrap();
+    // The server hears every request, the resume's handshake included, so
+    // the session lives on; the client hears nothing back, so by its own
+    // clock the lease runs out.
+    proxy.hold_replies_everywhere();
+    let reason = within(10, "the lease to run out", guard.lost()).await;
+    assert_eq!(reason, LostReason::DeadlinePassed);
+    assert!(guard.is_lost());
+    // The held answers arrive late; the resume's answer moves the session
+    // deadline on, but what was lost stays lost.
+    proxy.release();
+    wait_state(&client, SessionState::Reconnected).await;
+    assert!(
+        client.session_deadline() > tokio::time::Instant::now(),
+        "the late answer moved the deadline on"
+    );
+    assert!(guard.is_lost(), "lost, then not lost");
+    assert_eq!(
+        guard.state(),
+        LeaseState::Lost(LostReason::DeadlinePassed)
+    );
+    assert_eq!(guard.lost().now_or_never(), Some(LostReason::DeadlinePassed));
+    client.close().await;
     server.stop().await;
 }
 

@@ -230,6 +230,8 @@ struct ProxyConn {
 #[derive(Default)]
 struct ProxyShared {
     blocked: AtomicBool,
+    /// New connections start with their replies held.
+    hold_new_replies: AtomicBool,
     conns: Mutex<Vec<ProxyConn>>,
 }
 
@@ -291,6 +293,25 @@ impl Proxy {
         }
     }
 
+    /// Like [`hold_replies`](Self::hold_replies), and new connections start
+    /// out the same way: the server hears every request (a resume's handshake
+    /// included) while its clients hear nothing, until
+    /// [`release`](Self::release).
+    pub fn hold_replies_everywhere(&self) {
+        self.shared.hold_new_replies.store(true, Ordering::SeqCst);
+        self.hold_replies();
+    }
+
+    /// Lets every held byte through, in both directions, and stops holding
+    /// new connections' replies.
+    pub fn release(&self) {
+        self.shared.hold_new_replies.store(false, Ordering::SeqCst);
+        for c in self.shared.conns.lock().unwrap().iter() {
+            c.hold_up.send_replace(false);
+            c.hold_down.send_replace(false);
+        }
+    }
+
     /// From now on new connections are accepted and closed at once.
     pub fn block(&self) {
         self.shared.blocked.store(true, Ordering::SeqCst);
@@ -319,7 +340,8 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Pr
         }
         let (cut_tx, cut_rx) = oneshot::channel();
         let (hold_up, hold_up_rx) = watch::channel(false);
-        let (hold_down, hold_down_rx) = watch::channel(false);
+        let (hold_down, hold_down_rx) =
+            watch::channel(shared.hold_new_replies.load(Ordering::SeqCst));
         shared.conns.lock().unwrap().push(ProxyConn {
             cut: Some(cut_tx),
             hold_up,

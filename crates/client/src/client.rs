@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::queue::{QueueTable, QueueWatch};
-use crate::session::{open, Answer, Cmd, Liveness, Registration, SessionTask};
+use crate::deadline::{DeadlineAlarm, Liveness};
+use crate::session::{open, Answer, Cmd, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 
@@ -231,6 +232,15 @@ impl Client {
     /// (and every lease tied to it) may be over.
     pub fn session_deadline(&self) -> Instant {
         self.inner.liveness.deadline()
+    }
+
+    /// An alarm that goes off the first time no more than `margin` is left
+    /// before [`session_deadline`](Self::session_deadline), and stays off
+    /// even if a late answer moves the deadline on afterwards. A lease holder
+    /// stops when it goes off, so that it has stopped before the server may
+    /// expire its session.
+    pub fn deadline_alarm(&self, margin: Duration) -> DeadlineAlarm {
+        self.inner.liveness.alarm(margin)
     }
 
     /// The session's state now.

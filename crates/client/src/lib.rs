@@ -18,6 +18,7 @@
 //! ```
 
 mod client;
+mod deadline;
 mod error;
 mod queue;
 pub mod recipes;
@@ -29,6 +30,7 @@ pub use baton_proto::{CreateMode, EventKind, SessionId, Stat, WatchEvent};
 pub use client::{
     Client, ClientBuilder, Created, Enqueued, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
+pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};
 pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};

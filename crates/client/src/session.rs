@@ -6,7 +6,6 @@
 //! on a new one, sets the watches again and carries on.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
+use crate::deadline::Liveness;
 use crate::error::{Error, Result};
 use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
@@ -63,40 +63,6 @@ struct Pending {
 pub(crate) enum Registration {
     Watch(String, WatchRequest),
     Queue(String, QueueRequest),
-}
-
-/// What the client knows, without a round trip, about how long its session
-/// can have lived on the server: shared by the session task and the handles.
-#[derive(Debug)]
-pub(crate) struct Liveness {
-    base: Instant,
-    /// Nanoseconds after `base` at which the latest request that got an
-    /// answer was sent. The server heard from the session then or later, so
-    /// it cannot expire the session before this plus the timeout.
-    heard: AtomicU64,
-    timeout: Duration,
-}
-
-impl Liveness {
-    pub(crate) fn new(sent: Instant, timeout: Duration) -> Self {
-        Liveness {
-            base: sent,
-            heard: AtomicU64::new(0),
-            timeout,
-        }
-    }
-
-    /// Records that a request sent at `sent` was answered.
-    fn answered(&self, sent: Instant) {
-        let nanos = sent.saturating_duration_since(self.base).as_nanos() as u64;
-        self.heard.fetch_max(nanos, Ordering::Release);
-    }
-
-    /// The earliest moment the server may expire the session, by this
-    /// client's own monotonic clock.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.base + Duration::from_nanos(self.heard.load(Ordering::Acquire)) + self.timeout
-    }
 }
 
 /// An open connection with its session granted.

@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use futures::Stream;
 
-use super::lock::{Lock, LockGuard, LostReason};
+use super::lock::{LeaseState, Lock, LockGuard, LostReason};
 use super::FencingToken;
 use crate::{Client, Error, Result, SessionId};
 
@@ -62,7 +62,8 @@ impl Leadership {
 
     /// Resolves when leadership is lost: the session expired or was closed,
     /// the node was deleted, or the session timeout passed on this process's
-    /// clock without word from the server.
+    /// clock without word from the server. The first reason seen sticks:
+    /// later calls give the same, at once.
     ///
     /// # Cancellation safety
     /// Safe.
@@ -70,9 +71,16 @@ impl Leadership {
         self.guard.lost().await
     }
 
-    /// True once leadership is lost; reads local state only.
+    /// True once leadership is lost, and from then on; reads local state
+    /// only.
     pub fn is_lost(&self) -> bool {
         self.guard.is_lost()
+    }
+
+    /// Held, uncertain (disconnected, deadline ahead) or lost, from local
+    /// state only. Once `Lost`, always `Lost`, with the same reason.
+    pub fn state(&self) -> LeaseState {
+        self.guard.state()
     }
 
     /// Steps down now: the next candidate leads at once.

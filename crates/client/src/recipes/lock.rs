@@ -23,13 +23,14 @@
 //! answer is still on its way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
-use tokio::time::{sleep_until, Instant};
 
 use super::{ensure_path, FencingToken};
-use crate::{Client, Error, QueueWatch, Result, SessionId, SessionState};
+use crate::{Client, DeadlineAlarm, Error, QueueWatch, Result, SessionId, SessionState};
 
 /// Distinguishes the contender nodes one process creates.
 static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
@@ -394,7 +395,8 @@ fn delete_in_background(client: &Client, node: String) {
 /// closed, when someone deletes the lock node, or when the session timeout
 /// has passed on this process's clock since the server last heard from it
 /// (the last case needs no round trip, so a process that wakes from a long
-/// pause knows at once).
+/// pause knows at once). Once lost, always lost: an answer that arrives
+/// late and shows the session alive after all does not give the lock back.
 #[derive(Debug)]
 pub struct LockGuard {
     client: Client,
@@ -402,16 +404,23 @@ pub struct LockGuard {
     token: FencingToken,
     /// The node's queue watch: tells if anyone else deletes it.
     queue: QueueWatch,
+    /// Goes off when the session deadline comes near.
+    alarm: DeadlineAlarm,
+    /// The first loss seen, kept for good.
+    lost: OnceLock<LostReason>,
     released: bool,
 }
 
 impl LockGuard {
     fn new(client: Client, node: String, token: FencingToken, queue: QueueWatch) -> Self {
+        let alarm = client.deadline_alarm(Duration::ZERO);
         LockGuard {
             client,
             node,
             token,
             queue,
+            alarm,
+            lost: OnceLock::new(),
             released: false,
         }
     }
@@ -427,7 +436,8 @@ impl LockGuard {
         &self.node
     }
 
-    /// Resolves when the lock is lost, with the reason.
+    /// Resolves when the lock is lost, with the reason (the first one seen:
+    /// later calls give the same).
     ///
     /// # Cancellation safety
     /// Safe.
@@ -436,24 +446,22 @@ impl LockGuard {
             if let Some(reason) = self.lost_now() {
                 return reason;
             }
-            // The deadline moves on with every answered request; only a
-            // deadline that stays passed ends the lease.
-            let deadline = self.client.session_deadline();
             tokio::select! {
                 _ = self.queue.deleted() => {}
                 _ = self.client.ended() => {}
-                _ = sleep_until(deadline) => {}
+                _ = self.alarm.fired() => {}
             }
         }
     }
 
-    /// True once the lock is lost. Reads only local state: no round trip.
+    /// True once the lock is lost, and from then on. Reads only local
+    /// state: no round trip.
     pub fn is_lost(&self) -> bool {
         self.lost_now().is_some()
     }
 
     /// Held, uncertain (disconnected, deadline ahead) or lost, from local
-    /// state only.
+    /// state only. Once `Lost`, always `Lost`, with the same reason.
     pub fn state(&self) -> LeaseState {
         match self.lost_now() {
             Some(reason) => LeaseState::Lost(reason),
@@ -462,7 +470,17 @@ impl LockGuard {
         }
     }
 
+    /// The loss, if there was one; the first one seen sticks.
     fn lost_now(&self) -> Option<LostReason> {
+        if let Some(reason) = self.lost.get() {
+            return Some(*reason);
+        }
+        let reason = self.loss()?;
+        Some(*self.lost.get_or_init(|| reason))
+    }
+
+    /// What ends the lease now, if anything.
+    fn loss(&self) -> Option<LostReason> {
         match self.queue.deleted_now() {
             Some(Ok(_)) => return Some(LostReason::NodeDeleted),
             Some(Err(Error::SessionExpired(_))) => return Some(LostReason::SessionExpired),
@@ -474,7 +492,9 @@ impl LockGuard {
             SessionState::Closed => return Some(LostReason::SessionClosed),
             _ => {}
         }
-        (Instant::now() >= self.client.session_deadline()).then_some(LostReason::DeadlinePassed)
+        self.alarm
+            .has_fired()
+            .then_some(LostReason::DeadlinePassed)
     }
 
     /// Releases the lock: deletes the holder's node, which wakes the next
