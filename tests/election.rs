@@ -95,6 +95,29 @@ async fn a_lost_leadership_stays_lost_when_a_late_answer_moves_the_deadline() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn leadership_is_lost_before_the_server_may_expire_the_session() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_millis(1000)).await;
+    let margin = Duration::from_millis(300);
+    let leadership = Election::new(&client, "/election/early")
+        .stop_before(margin)
+        .campaign("a")
+        .await
+        .unwrap();
+    proxy.hold();
+    proxy.block();
+    let reason = within(10, "leadership to run out", leadership.lost()).await;
+    let now = tokio::time::Instant::now();
+    assert_eq!(reason, LostReason::DeadlinePassed);
+    let deadline = client.session_deadline();
+    assert!(now < deadline, "told {:?} after the deadline", now - deadline);
+    assert!(deadline - now <= margin, "{:?} early", deadline - now);
+    client.close().await;
+    server.stop().await;
+}
+
 async fn queued(client: &baton::Client, path: &str) -> usize {
     baton::Lock::new(client, path)
         .contenders()

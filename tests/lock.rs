@@ -245,6 +245,75 @@ async fn lost_fires_when_the_session_expires_and_when_the_node_is_deleted() {
 }
 
 #[tokio::test]
+async fn lost_fires_before_the_server_may_expire_the_session() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let timeout = Duration::from_millis(1000);
+    let client = connect_with_timeout(&proxy.addr(), timeout).await;
+    let guard = Lock::new(&client, "/locks/early").acquire().await.unwrap();
+    proxy.hold();
+    proxy.block();
+    let reason = within(10, "the lease to run out", guard.lost()).await;
+    let now = tokio::time::Instant::now();
+    assert_eq!(reason, LostReason::DeadlinePassed);
+    // By default the holder is told a tenth of the session timeout before
+    // the server may expire its session.
+    let deadline = client.session_deadline();
+    assert!(now < deadline, "told {:?} after the deadline", now - deadline);
+    assert!(deadline - now <= timeout / 10, "{:?} early", deadline - now);
+    client.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lost_fires_the_chosen_margin_before_the_session_deadline() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_millis(1000)).await;
+    let margin = Duration::from_millis(400);
+    let guard = Lock::new(&client, "/locks/margin")
+        .stop_before(margin)
+        .acquire()
+        .await
+        .unwrap();
+    proxy.hold();
+    proxy.block();
+    let reason = within(10, "the lease to run out", guard.lost()).await;
+    let now = tokio::time::Instant::now();
+    assert_eq!(reason, LostReason::DeadlinePassed);
+    let left = client.session_deadline() - now;
+    // Told when the margin was left, give or take the wake-up.
+    assert!(left <= margin, "{left:?} left");
+    assert!(left >= margin - Duration::from_millis(100), "{left:?} left");
+    client.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_margin_over_half_the_session_timeout_is_refused() {
+    let server = TestServer::start().await;
+    let client = server.client_with_timeout(Duration::from_millis(1000)).await;
+    let refused = Lock::new(&client, "/locks/wide")
+        .stop_before(Duration::from_millis(600))
+        .acquire()
+        .await;
+    match refused {
+        Err(Error::BadArguments(message)) => {
+            assert!(message.contains("600 ms"), "{message}");
+            assert!(message.contains("1000 ms"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(Lock::new(&client, "/locks/wide")
+        .contenders()
+        .await
+        .unwrap()
+        .is_empty());
+    client.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_lost_lock_stays_lost_when_a_late_answer_moves_the_deadline() {
     let server = TestServer::start().await;
     let proxy = Proxy::start(server.addr).await;

@@ -21,6 +21,7 @@ use crate::{Client, Error, Result, SessionId};
 pub struct Election {
     client: Client,
     path: String,
+    stop_before: Option<std::time::Duration>,
 }
 
 /// The leader as observers see it.
@@ -61,8 +62,9 @@ impl Leadership {
     }
 
     /// Resolves when leadership is lost: the session expired or was closed,
-    /// the node was deleted, or the session timeout passed on this process's
-    /// clock without word from the server. The first reason seen sticks:
+    /// the node was deleted, or no more than the
+    /// [`stop_before`](Election::stop_before) margin is left, on this
+    /// process's clock, before the server may expire the session. The first reason seen sticks:
     /// later calls give the same, at once.
     ///
     /// # Cancellation safety
@@ -98,7 +100,17 @@ impl Election {
         Election {
             client: client.clone(),
             path: path.trim_end_matches('/').to_owned(),
+            stop_before: None,
         }
+    }
+
+    /// How long before the session deadline a leader is told its leadership
+    /// is lost, to step down before the server may expire its session and
+    /// let the next candidate lead. Default: a tenth of the session timeout;
+    /// at most half of it. See [`Lock::stop_before`].
+    pub fn stop_before(mut self, margin: std::time::Duration) -> Self {
+        self.stop_before = Some(margin);
+        self
     }
 
     pub fn path(&self) -> &str {
@@ -110,16 +122,20 @@ impl Election {
     /// # Errors
     /// [`Error::SessionExpired`] or [`Error::Closed`] if the session ends
     /// first: a candidate whose session is gone never leads.
+    /// [`Error::BadArguments`] if the [`stop_before`](Self::stop_before)
+    /// margin does not fit in the session timeout.
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the candidate.
     pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
-        let guard = Lock::new(&self.client, &self.path)
+        let mut lock = Lock::new(&self.client, &self.path)
             .with_kind("candidate")
-            .with_identity(value.clone())
-            .acquire()
-            .await?;
+            .with_identity(value.clone());
+        if let Some(margin) = self.stop_before {
+            lock = lock.stop_before(margin);
+        }
+        let guard = lock.acquire().await?;
         Ok(Leadership { guard, value })
     }
 

@@ -43,6 +43,9 @@ pub struct Lock {
     identity: Bytes,
     /// How contender nodes' names begin ("lock" or "candidate").
     kind: &'static str,
+    /// How long before the session deadline a holder is told to stop; by
+    /// default a tenth of the session timeout.
+    stop_before: Option<Duration>,
 }
 
 /// One contender in a lock's queue, as [`Lock::contenders`] reports it.
@@ -67,9 +70,12 @@ pub enum LostReason {
     SessionClosed,
     /// Someone deleted the holder's node.
     NodeDeleted,
-    /// By this process's own clock the session timeout has passed since the
-    /// server last heard from it: the server may have expired it, so the
-    /// lease must be taken as over (it cannot be proven otherwise in time).
+    /// By this process's own clock, no more than the holder's
+    /// [`stop_before`](Lock::stop_before) margin is left before the server
+    /// may expire the session (it has not been heard from for the session
+    /// timeout less the margin). The lock is still held, but it cannot be
+    /// proven to last, so the holder must stop now; when the margin is up,
+    /// the server may grant the lock to the next contender.
     DeadlinePassed,
 }
 
@@ -79,7 +85,9 @@ impl std::fmt::Display for LostReason {
             LostReason::SessionExpired => "the session expired",
             LostReason::SessionClosed => "the session was closed",
             LostReason::NodeDeleted => "the lock node was deleted",
-            LostReason::DeadlinePassed => "the session timeout passed without word from the server",
+            LostReason::DeadlinePassed => {
+                "the session deadline is near and the server has not been heard from"
+            }
         })
     }
 }
@@ -104,6 +112,7 @@ impl Lock {
             path: path.trim_end_matches('/').to_owned(),
             identity: Bytes::new(),
             kind: "lock",
+            stop_before: None,
         }
     }
 
@@ -120,8 +129,46 @@ impl Lock {
         self
     }
 
+    /// How long before the session deadline the holder is told the lock is
+    /// lost: the time it has to stop before the server may expire its
+    /// session and grant the lock to the next contender. When no more than
+    /// this is left before [`Client::session_deadline`], the guard's
+    /// [`lost`](LockGuard::lost) resolves with [`LostReason::DeadlinePassed`].
+    /// Default: a tenth of the session timeout.
+    ///
+    /// A healthy session's deadline stays about two thirds of the session
+    /// timeout ahead (the client pings when it has been quiet for a third),
+    /// so the margin may be at most half the session timeout, which leaves a
+    /// sixth for the ping's round trip; `acquire` refuses more.
+    pub fn stop_before(mut self, margin: Duration) -> Self {
+        self.stop_before = Some(margin);
+        self
+    }
+
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The margin a holder gets (see [`stop_before`](Self::stop_before)).
+    ///
+    /// # Errors
+    /// [`Error::BadArguments`] if it is more than half the session timeout.
+    fn margin(&self) -> Result<Duration> {
+        let timeout = self.client.session_timeout();
+        let Some(margin) = self.stop_before else {
+            return Ok(timeout / 10);
+        };
+        if margin > timeout / 2 {
+            return Err(Error::BadArguments(format!(
+                "a stop-before margin of {} ms does not fit in the session timeout of {} ms: \
+                 it may be at most half of it ({} ms), because a healthy session's deadline \
+                 is only about two thirds of the timeout ahead",
+                margin.as_millis(),
+                timeout.as_millis(),
+                (timeout / 2).as_millis()
+            )));
+        }
+        Ok(margin)
     }
 
     /// Waits for the lock and returns its guard.
@@ -129,8 +176,10 @@ impl Lock {
     /// # Errors
     /// [`Error::SessionExpired`] or [`Error::Closed`] if the session ends
     /// first (never a grant based on a node that is gone), [`Error::NoNode`] if
-    /// someone deletes this contender's node while it waits, and errors of
-    /// the underlying requests.
+    /// someone deletes this contender's node while it waits,
+    /// [`Error::BadArguments`] if the [`stop_before`](Self::stop_before)
+    /// margin does not fit in the session timeout, and errors of the
+    /// underlying requests.
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the contender: its node is deleted.
@@ -156,7 +205,7 @@ impl Lock {
     /// Takes the lock if nobody holds or waits for it; never waits.
     ///
     /// # Errors
-    /// Errors of the underlying requests.
+    /// As [`acquire`](Self::acquire), but for the ones about waiting.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         let mut entry = self.enter().await?;
         // If not granted, dropping `entry` withdraws the node.
@@ -211,6 +260,7 @@ impl Lock {
 
     /// Joins the queue: this contender's node and its queue watch.
     async fn enter(&self) -> Result<Entry> {
+        let margin = self.margin()?;
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
         let path = format!("{}/{prefix}", self.path);
@@ -238,6 +288,7 @@ impl Lock {
             token: joined.token,
             heads: joined.heads,
             watch: Some(joined.watch),
+            margin,
         })
     }
 
@@ -358,13 +409,15 @@ struct Entry {
     token: FencingToken,
     heads: bool,
     watch: Option<QueueWatch>,
+    /// The holder's stop-before margin.
+    margin: Duration,
 }
 
 impl Entry {
     fn grant(&mut self) -> LockGuard {
         let node = self.node.take().expect("granted once");
         let watch = self.watch.take().expect("granted once");
-        LockGuard::new(self.client.clone(), node, self.token, watch)
+        LockGuard::new(self.client.clone(), node, self.token, watch, self.margin)
     }
 }
 
@@ -392,11 +445,14 @@ fn delete_in_background(client: &Client, node: String) {
 ///
 /// A guard watches its lease: [`lost`](Self::lost) resolves, and
 /// [`is_lost`](Self::is_lost) turns true, when the session expires or is
-/// closed, when someone deletes the lock node, or when the session timeout
-/// has passed on this process's clock since the server last heard from it
-/// (the last case needs no round trip, so a process that wakes from a long
-/// pause knows at once). Once lost, always lost: an answer that arrives
-/// late and shows the session alive after all does not give the lock back.
+/// closed, when someone deletes the lock node, or when, on this process's
+/// clock, no more than the [`stop_before`](Lock::stop_before) margin is
+/// left before the server may expire the session (this needs no round
+/// trip, so a process that wakes from a long pause knows at once). The last
+/// case comes first when the server cannot be reached: the holder is told
+/// while the lock is still its own, with the margin to stop. Once lost,
+/// always lost: an answer that arrives late and shows the session alive
+/// after all does not give the lock back.
 #[derive(Debug)]
 pub struct LockGuard {
     client: Client,
@@ -412,8 +468,14 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    fn new(client: Client, node: String, token: FencingToken, queue: QueueWatch) -> Self {
-        let alarm = client.deadline_alarm(Duration::ZERO);
+    fn new(
+        client: Client,
+        node: String,
+        token: FencingToken,
+        queue: QueueWatch,
+        margin: Duration,
+    ) -> Self {
+        let alarm = client.deadline_alarm(margin);
         LockGuard {
             client,
             node,
