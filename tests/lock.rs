@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton::proto::OpCode;
 use baton::recipes::{LeaseState, LostReason};
 use baton::{Client, CreateMode, Error, FencingToken, Lock, SessionState};
 use futures::FutureExt;
@@ -494,4 +495,34 @@ async fn a_connection_cut_before_the_create_arrives_leaves_no_orphan() {
 #[tokio::test]
 async fn a_connection_cut_after_the_create_was_applied_leaves_no_orphan() {
     cut_during_create(false).await;
+}
+
+#[tokio::test]
+async fn acquire_gives_up_when_the_connection_breaks_at_every_enqueue() {
+    let server = TestServer::start().await;
+    let observer = server.client().await;
+    let proxy = Proxy::start(server.addr).await;
+    proxy.cut_at(OpCode::Enqueue);
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    let result = within(
+        10,
+        "the acquire to give up",
+        Lock::new(&client, "/locks/cut").acquire(),
+    )
+    .await;
+    match result {
+        Err(Error::ConnectionLoss(message)) => {
+            assert!(message.contains("/locks/cut"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The session lives on, and nothing was left in the queue.
+    within(10, "the client to work again", client.ping())
+        .await
+        .unwrap();
+    let queue = Lock::new(&observer, "/locks/cut").contenders().await.unwrap();
+    assert!(queue.is_empty(), "{queue:?}");
+    client.close().await;
+    observer.close().await;
+    server.stop().await;
 }

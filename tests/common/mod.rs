@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use baton::proto::frame::HEADER_LEN;
 use baton::proto::{
-    ConnectRequest, ConnectResponse, Disconnect, ErrorCode, ErrorReply, Reply, ReplyFrame, Request,
-    RequestFrame, ServerMessage, SessionGrant, WatchEvent, MAX_RESPONSE_FRAME,
+    ConnectRequest, ConnectResponse, Disconnect, ErrorCode, ErrorReply, OpCode, Reply, ReplyFrame,
+    Request, RequestFrame, ServerMessage, SessionGrant, WatchEvent, MAX_RESPONSE_FRAME,
 };
 use baton::server::{Config, Server, ServerHandle};
 use baton::{Client, SessionState};
@@ -232,6 +232,9 @@ struct ProxyShared {
     blocked: AtomicBool,
     /// New connections start with their replies held.
     hold_new_replies: AtomicBool,
+    /// New connections are cut when a request with this operation code
+    /// comes along (0: never).
+    cut_at: std::sync::atomic::AtomicU8,
     conns: Mutex<Vec<ProxyConn>>,
 }
 
@@ -312,6 +315,13 @@ impl Proxy {
         }
     }
 
+    /// From now on, a new connection is cut (on both sides) as soon as the
+    /// client sends a request for `op`, before the server sees it: the same
+    /// request fails with a connection loss however often it is retried.
+    pub fn cut_at(&self, op: OpCode) {
+        self.shared.cut_at.store(op as u8, Ordering::SeqCst);
+    }
+
     /// From now on new connections are accepted and closed at once.
     pub fn block(&self) {
         self.shared.blocked.store(true, Ordering::SeqCst);
@@ -347,18 +357,61 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Pr
             hold_up,
             hold_down,
         });
+        let cut_at = shared.cut_at.load(Ordering::SeqCst);
         tokio::spawn(async move {
             let Ok(up) = TcpStream::connect(upstream).await else {
                 return;
             };
             let (down_r, down_w) = down.into_split();
             let (up_r, up_w) = up.into_split();
+            let requests = async move {
+                if cut_at == 0 {
+                    pump(down_r, up_w, hold_up_rx).await
+                } else {
+                    pump_requests(down_r, up_w, hold_up_rx, cut_at).await
+                }
+            };
             tokio::select! {
-                _ = pump(down_r, up_w, hold_up_rx) => {}
+                _ = requests => {}
                 _ = pump(up_r, down_w, hold_down_rx) => {}
                 _ = cut_rx => {}
             }
         });
+    }
+}
+
+/// Copies requests frame by frame until either side closes, or until one for
+/// operation `cut_at` comes (it is not passed on). The first frame, the
+/// handshake, always passes.
+async fn pump_requests(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut hold: watch::Receiver<bool>,
+    cut_at: u8,
+) {
+    let mut buf = BytesMut::new();
+    let mut handshake = true;
+    loop {
+        while buf.len() >= HEADER_LEN {
+            let len = u32::from_be_bytes(buf[..HEADER_LEN].try_into().unwrap()) as usize;
+            if buf.len() < HEADER_LEN + len {
+                break;
+            }
+            let frame = buf.split_to(HEADER_LEN + len);
+            // A request's payload starts with its xid (4 bytes), then its op.
+            if !handshake && frame.get(HEADER_LEN + 4) == Some(&cut_at) {
+                return;
+            }
+            handshake = false;
+            if hold.wait_for(|held| !*held).await.is_err() || to.write_all(&frame).await.is_err()
+            {
+                return;
+            }
+        }
+        match from.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 

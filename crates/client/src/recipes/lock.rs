@@ -30,7 +30,9 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::{ensure_path, FencingToken};
-use crate::{Client, DeadlineAlarm, Error, QueueWatch, Result, SessionId, SessionState};
+use crate::{
+    Client, DeadlineAlarm, Enqueued, Error, QueueWatch, Result, SessionId, SessionState,
+};
 
 /// Distinguishes the contender nodes one process creates.
 static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
@@ -179,7 +181,11 @@ impl Lock {
     /// someone deletes this contender's node while it waits,
     /// [`Error::BadArguments`] if the [`stop_before`](Self::stop_before)
     /// margin does not fit in the session timeout, and errors of the
-    /// underlying requests.
+    /// underlying requests. A connection loss while joining the queue is
+    /// ridden out a few times (the contender finds its node, or joins
+    /// afresh); if the same thing fails six times in a row, the last
+    /// [`Error::ConnectionLoss`] is returned (a node whose creation was never
+    /// confirmed is looked for once more and deleted, in the background).
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the contender: its node is deleted.
@@ -264,21 +270,20 @@ impl Lock {
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
         let path = format!("{}/{prefix}", self.path);
+        let mut retries = Retries::new(&self.path);
         let joined = loop {
             // If this future is dropped meanwhile, the client deletes the
             // node once the enqueue is confirmed (see Client::enqueue).
             match self.client.enqueue(&path, self.identity.clone()).await {
-                Ok(joined) => {
-                    let token = joined.node.sequence.expect("queue nodes are sequential");
-                    break Joined {
-                        node: joined.node.path,
-                        token: FencingToken(token),
-                        heads: joined.predecessor.is_none(),
-                        watch: joined.watch,
-                    };
+                Ok(enqueued) => break Joined::from(enqueued),
+                Err(e @ Error::NoNode(_)) => {
+                    retries.spend(e)?;
+                    ensure_path(&self.client, &self.path).await?;
                 }
-                Err(Error::NoNode(_)) => ensure_path(&self.client, &self.path).await?,
-                Err(Error::ConnectionLoss(_)) => break self.recover(&prefix).await?,
+                Err(e @ Error::ConnectionLoss(_)) => {
+                    retries.spend(e)?;
+                    break self.recover(&prefix, retries).await?;
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -295,7 +300,7 @@ impl Lock {
     /// After a connection loss during the enqueue: finds this contender's
     /// node if the enqueue happened, else joins afresh. Runs in its own task,
     /// so that a node found after the caller gave up is still deleted.
-    async fn recover(&self, prefix: &str) -> Result<Joined> {
+    async fn recover(&self, prefix: &str, mut retries: Retries) -> Result<Joined> {
         let (tx, rx) = oneshot::channel();
         let (client, lock, prefix, identity) = (
             self.client.clone(),
@@ -304,9 +309,19 @@ impl Lock {
             self.identity.clone(),
         );
         tokio::spawn(async move {
-            let joined = recover_contender(&client, &lock, &prefix, identity).await;
+            let joined = recover_contender(&client, &lock, &prefix, identity, &mut retries).await;
+            let gave_up = matches!(&joined, Err(e) if !e.is_session_gone());
             if let Err(Ok(joined)) = tx.send(joined) {
                 let _ = client.delete(&joined.node, None).await;
+            }
+            if gave_up {
+                // The last enqueue may have happened unseen: one more look,
+                // so that no forgotten node blocks the queue.
+                if let Ok((names, _)) = client.get_children(&lock).await {
+                    for name in names.iter().filter(|n| n.starts_with(&prefix)) {
+                        let _ = client.delete(&format!("{lock}/{name}"), None).await;
+                    }
+                }
             }
         });
         rx.await.map_err(|_| Error::Closed)?
@@ -322,6 +337,49 @@ fn ended_error(state: SessionState) -> Error {
     }
 }
 
+/// How many times joining a lock's queue is tried again (after a connection
+/// loss, or because the lock's node vanished) before the contender gives up:
+/// a failure that repeats this often is not going away by itself.
+const MAX_RETRIES: u32 = 5;
+
+/// What is left of a contender's retries while it joins the queue.
+struct Retries {
+    lock: String,
+    spent: u32,
+}
+
+impl Retries {
+    fn new(lock: &str) -> Self {
+        Retries {
+            lock: lock.to_owned(),
+            spent: 0,
+        }
+    }
+
+    /// Counts one retry after `error`.
+    ///
+    /// # Errors
+    /// `error`, saying so, once [`MAX_RETRIES`] are spent.
+    fn spend(&mut self, error: Error) -> Result<()> {
+        if self.spent < MAX_RETRIES {
+            self.spent += 1;
+            return Ok(());
+        }
+        let why = format!(
+            "joining the queue of the lock {} failed {} times in a row; giving up",
+            self.lock,
+            MAX_RETRIES + 1
+        );
+        Err(match error {
+            Error::ConnectionLoss(last) => Error::ConnectionLoss(format!("{why} (last: {last})")),
+            Error::NoNode(last) => Error::NoNode(format!(
+                "{why}: the lock's node keeps being deleted (last: {last})"
+            )),
+            other => other,
+        })
+    }
+}
+
 /// A contender's place in the queue.
 struct Joined {
     node: String,
@@ -329,6 +387,18 @@ struct Joined {
     /// True if it heads the queue already.
     heads: bool,
     watch: QueueWatch,
+}
+
+impl From<Enqueued> for Joined {
+    fn from(enqueued: Enqueued) -> Self {
+        let token = enqueued.node.sequence.expect("queue nodes are sequential");
+        Joined {
+            node: enqueued.node.path,
+            token: FencingToken(token),
+            heads: enqueued.predecessor.is_none(),
+            watch: enqueued.watch,
+        }
+    }
 }
 
 /// Finds the contender's node after a connection loss (the server applies
@@ -339,10 +409,11 @@ async fn recover_contender(
     lock: &str,
     prefix: &str,
     identity: Bytes,
+    retries: &mut Retries,
 ) -> Result<Joined> {
     let path = format!("{lock}/{prefix}");
     loop {
-        if let Some((node, token)) = find_own(client, lock, prefix).await? {
+        if let Some((node, token)) = find_own(client, lock, prefix, retries).await? {
             match client.queue_watch(&node).await {
                 Ok((predecessor, watch)) => {
                     return Ok(Joined {
@@ -353,24 +424,20 @@ async fn recover_contender(
                     })
                 }
                 // Gone meanwhile, or the connection broke again: join afresh.
-                Err(Error::NoNode(_) | Error::ConnectionLoss(_)) => {
+                Err(e @ (Error::NoNode(_) | Error::ConnectionLoss(_))) => {
                     let _ = client.delete(&node, None).await;
+                    retries.spend(e)?;
                 }
                 Err(e) => return Err(e),
             }
         }
         match client.enqueue(&path, identity.clone()).await {
-            Ok(joined) => {
-                let token = joined.node.sequence.expect("queue nodes are sequential");
-                return Ok(Joined {
-                    node: joined.node.path,
-                    token: FencingToken(token),
-                    heads: joined.predecessor.is_none(),
-                    watch: joined.watch,
-                });
+            Ok(enqueued) => return Ok(Joined::from(enqueued)),
+            Err(e @ Error::NoNode(_)) => {
+                retries.spend(e)?;
+                ensure_path(client, lock).await?;
             }
-            Err(Error::NoNode(_)) => ensure_path(client, lock).await?,
-            Err(Error::ConnectionLoss(_)) => {}
+            Err(e @ Error::ConnectionLoss(_)) => retries.spend(e)?,
             Err(e) => return Err(e),
         }
     }
@@ -381,12 +448,16 @@ async fn find_own(
     client: &Client,
     lock: &str,
     prefix: &str,
+    retries: &mut Retries,
 ) -> Result<Option<(String, FencingToken)>> {
     loop {
         let names = match client.get_children(lock).await {
             Ok((names, _)) => names,
             Err(Error::NoNode(_)) => return Ok(None),
-            Err(Error::ConnectionLoss(_)) => continue,
+            Err(e @ Error::ConnectionLoss(_)) => {
+                retries.spend(e)?;
+                continue;
+            }
             Err(e) => return Err(e),
         };
         let Some(name) = names.into_iter().find(|n| n.starts_with(prefix)) else {
@@ -396,7 +467,7 @@ async fn find_own(
         match client.exists(&node).await {
             Ok(Some(stat)) => return Ok(Some((node, FencingToken(stat.czxid)))),
             Ok(None) => return Ok(None),
-            Err(Error::ConnectionLoss(_)) => continue,
+            Err(e @ Error::ConnectionLoss(_)) => retries.spend(e)?,
             Err(e) => return Err(e),
         }
     }
