@@ -112,7 +112,11 @@ async fn leadership_is_lost_before_the_server_may_expire_the_session() {
     let now = tokio::time::Instant::now();
     assert_eq!(reason, LostReason::DeadlinePassed);
     let deadline = client.session_deadline();
-    assert!(now < deadline, "told {:?} after the deadline", now - deadline);
+    assert!(
+        now < deadline,
+        "told {:?} after the deadline",
+        now - deadline
+    );
     assert!(deadline - now <= margin, "{:?} early", deadline - now);
     client.close().await;
     server.stop().await;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use baton::proto::OpCode;
 use baton::recipes::{LeaseState, LostReason};
 use baton::{Client, CreateMode, Error, FencingToken, Lock, SessionState};
-use futures::FutureExt;
 use common::*;
+use futures::FutureExt;
 
 /// Opens `n` sessions on the server.
 async fn sessions(server: &TestServer, n: usize) -> Vec<Client> {
@@ -260,7 +260,11 @@ async fn lost_fires_before_the_server_may_expire_the_session() {
     // By default the holder is told a tenth of the session timeout before
     // the server may expire its session.
     let deadline = client.session_deadline();
-    assert!(now < deadline, "told {:?} after the deadline", now - deadline);
+    assert!(
+        now < deadline,
+        "told {:?} after the deadline",
+        now - deadline
+    );
     assert!(deadline - now <= timeout / 10, "{:?} early", deadline - now);
     client.close().await;
     server.stop().await;
@@ -293,7 +297,9 @@ async fn lost_fires_the_chosen_margin_before_the_session_deadline() {
 #[tokio::test]
 async fn a_margin_over_half_the_session_timeout_is_refused() {
     let server = TestServer::start().await;
-    let client = server.client_with_timeout(Duration::from_millis(1000)).await;
+    let client = server
+        .client_with_timeout(Duration::from_millis(1000))
+        .await;
     let refused = Lock::new(&client, "/locks/wide")
         .stop_before(Duration::from_millis(600))
         .acquire()
@@ -336,11 +342,11 @@ async fn a_lost_lock_stays_lost_when_a_late_answer_moves_the_deadline() {
         "the late answer moved the deadline on"
     );
     assert!(guard.is_lost(), "lost, then not lost");
+    assert_eq!(guard.state(), LeaseState::Lost(LostReason::DeadlinePassed));
     assert_eq!(
-        guard.state(),
-        LeaseState::Lost(LostReason::DeadlinePassed)
+        guard.lost().now_or_never(),
+        Some(LostReason::DeadlinePassed)
     );
-    assert_eq!(guard.lost().now_or_never(), Some(LostReason::DeadlinePassed));
     client.close().await;
     server.stop().await;
 }
@@ -520,7 +526,10 @@ async fn acquire_gives_up_when_the_connection_breaks_at_every_enqueue() {
     within(10, "the client to work again", client.ping())
         .await
         .unwrap();
-    let queue = Lock::new(&observer, "/locks/cut").contenders().await.unwrap();
+    let queue = Lock::new(&observer, "/locks/cut")
+        .contenders()
+        .await
+        .unwrap();
     assert!(queue.is_empty(), "{queue:?}");
     client.close().await;
     observer.close().await;

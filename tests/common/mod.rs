@@ -403,8 +403,7 @@ async fn pump_requests(
                 return;
             }
             handshake = false;
-            if hold.wait_for(|held| !*held).await.is_err() || to.write_all(&frame).await.is_err()
-            {
+            if hold.wait_for(|held| !*held).await.is_err() || to.write_all(&frame).await.is_err() {
                 return;
             }
         }

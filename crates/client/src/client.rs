@@ -13,9 +13,9 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::error::{Error, Result};
 use crate::queue::{QueueTable, QueueWatch};
-use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::session::{open, Answer, Cmd, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
