@@ -164,3 +164,15 @@ fn losing_leadership_stops_the_command_and_exits_125() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_bad_election_path_is_reported_as_typed() {
+    let s = Served::start();
+    for path in ["relative", "/election//m"] {
+        let err = s.fails(&["elect", path, "--value", "v", "--", "true"]);
+        assert!(err.contains(&format!("{path:?}")), "{err}");
+        assert!(!err.contains("candidate-"), "an internal node name: {err}");
+        let err = s.fails(&["leader", path]);
+        assert!(err.contains(&format!("{path:?}")), "{err}");
+    }
+}

@@ -214,3 +214,13 @@ fn losing_the_lock_stops_the_command_and_exits_125() {
         .unwrap();
     assert!(stderr.contains("lost the lock /locks/lost"), "{stderr}");
 }
+
+#[test]
+fn a_bad_lock_path_is_reported_as_typed() {
+    let s = Served::start();
+    for path in ["relative", "/locks/a//b", "/locks/./x"] {
+        let err = s.fails(&["lock", path, "--", "true"]);
+        assert!(err.contains(&format!("{path:?}")), "{err}");
+        assert!(!err.contains("lock-"), "an internal node name: {err}");
+    }
+}

@@ -21,6 +21,8 @@ use crate::{Client, Error, Result, SessionId};
 pub struct Election {
     client: Client,
     path: String,
+    /// The path as given, for error messages.
+    typed: String,
     stop_before: Option<std::time::Duration>,
 }
 
@@ -100,6 +102,7 @@ impl Election {
         Election {
             client: client.clone(),
             path: path.trim_end_matches('/').to_owned(),
+            typed: path.to_owned(),
             stop_before: None,
         }
     }
@@ -117,11 +120,17 @@ impl Election {
         &self.path
     }
 
+    /// The queue of candidates, as a lock.
+    fn candidates(&self) -> Lock {
+        Lock::new(&self.client, &self.typed).with_kind("candidate")
+    }
+
     /// Joins the election with `value` and waits until this candidate leads.
     ///
     /// # Errors
-    /// [`Error::SessionExpired`] or [`Error::Closed`] if the session ends
-    /// first: a candidate whose session is gone never leads.
+    /// [`Error::InvalidPath`] naming the election's path as given, if it is
+    /// not valid. [`Error::SessionExpired`] or [`Error::Closed`] if the
+    /// session ends first: a candidate whose session is gone never leads.
     /// [`Error::BadArguments`] if the [`stop_before`](Self::stop_before)
     /// margin does not fit in the session timeout.
     ///
@@ -129,9 +138,7 @@ impl Election {
     /// Dropping the future withdraws the candidate.
     pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
-        let mut lock = Lock::new(&self.client, &self.path)
-            .with_kind("candidate")
-            .with_identity(value.clone());
+        let mut lock = self.candidates().with_identity(value.clone());
         if let Some(margin) = self.stop_before {
             lock = lock.stop_before(margin);
         }
@@ -146,7 +153,7 @@ impl Election {
     /// Errors of the underlying requests.
     pub async fn leader(&self) -> Result<Option<Leader>> {
         loop {
-            let queue = Lock::new(&self.client, &self.path).contenders().await?;
+            let queue = self.candidates().contenders().await?;
             let Some(first) = queue.into_iter().next() else {
                 return Ok(None);
             };

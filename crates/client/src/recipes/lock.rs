@@ -29,10 +29,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use baton_proto::path;
+
 use super::{ensure_path, FencingToken};
-use crate::{
-    Client, DeadlineAlarm, Enqueued, Error, QueueWatch, Result, SessionId, SessionState,
-};
+use crate::{Client, DeadlineAlarm, Enqueued, Error, QueueWatch, Result, SessionId, SessionState};
 
 /// Distinguishes the contender nodes one process creates.
 static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
@@ -42,6 +42,8 @@ static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
 pub struct Lock {
     client: Client,
     path: String,
+    /// The path as given, for error messages.
+    typed: String,
     identity: Bytes,
     /// How contender nodes' names begin ("lock" or "candidate").
     kind: &'static str,
@@ -108,10 +110,13 @@ pub enum LeaseState {
 
 impl Lock {
     /// The lock at `path` (created, with its ancestors, when first needed).
+    /// A trailing `/` is ignored. The path is checked when first used: an
+    /// invalid one fails with [`Error::InvalidPath`] naming it as given.
     pub fn new(client: &Client, path: &str) -> Self {
         Lock {
             client: client.clone(),
             path: path.trim_end_matches('/').to_owned(),
+            typed: path.to_owned(),
             identity: Bytes::new(),
             kind: "lock",
             stop_before: None,
@@ -151,6 +156,31 @@ impl Lock {
         &self.path
     }
 
+    /// Checks the lock's path, so that a bad one is reported as given
+    /// rather than as the name of a node under it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`] naming the path as given.
+    fn check_path(&self) -> Result<()> {
+        let what = match self.kind {
+            "candidate" => "election",
+            _ => "lock",
+        };
+        if self.path.is_empty() && !self.typed.is_empty() {
+            return Err(Error::InvalidPath(format!(
+                "{what} path {:?} is the root; a {what} needs a node of its own, such as /{what}s/NAME",
+                self.typed
+            )));
+        }
+        path::validate(&self.path).map_err(|e| {
+            Error::InvalidPath(if self.path == self.typed {
+                format!("{what} {e}")
+            } else {
+                format!("{what} {e} (given as {:?})", self.typed)
+            })
+        })
+    }
+
     /// The margin a holder gets (see [`stop_before`](Self::stop_before)).
     ///
     /// # Errors
@@ -176,8 +206,9 @@ impl Lock {
     /// Waits for the lock and returns its guard.
     ///
     /// # Errors
-    /// [`Error::SessionExpired`] or [`Error::Closed`] if the session ends
-    /// first (never a grant based on a node that is gone), [`Error::NoNode`] if
+    /// [`Error::InvalidPath`] naming the lock's path as given, if it is not
+    /// valid. [`Error::SessionExpired`] or [`Error::Closed`] if the session
+    /// ends first (never a grant based on a node that is gone), [`Error::NoNode`] if
     /// someone deletes this contender's node while it waits,
     /// [`Error::BadArguments`] if the [`stop_before`](Self::stop_before)
     /// margin does not fit in the session timeout, and errors of the
@@ -233,8 +264,10 @@ impl Lock {
     /// The queue in order: the holder first, then the waiters.
     ///
     /// # Errors
-    /// Errors of the underlying requests; an absent lock has no contenders.
+    /// [`Error::InvalidPath`] if the lock's path is not valid, and errors of
+    /// the underlying requests; an absent lock has no contenders.
     pub async fn contenders(&self) -> Result<Vec<Contender>> {
+        self.check_path()?;
         let names = match self.client.get_children(&self.path).await {
             Ok((names, _)) => names,
             Err(Error::NoNode(_)) => return Ok(Vec::new()),
@@ -266,6 +299,7 @@ impl Lock {
 
     /// Joins the queue: this contender's node and its queue watch.
     async fn enter(&self) -> Result<Entry> {
+        self.check_path()?;
         let margin = self.margin()?;
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
@@ -625,9 +659,7 @@ impl LockGuard {
             SessionState::Closed => return Some(LostReason::SessionClosed),
             _ => {}
         }
-        self.alarm
-            .has_fired()
-            .then_some(LostReason::DeadlinePassed)
+        self.alarm.has_fired().then_some(LostReason::DeadlinePassed)
     }
 
     /// Releases the lock: deletes the holder's node, which wakes the next
