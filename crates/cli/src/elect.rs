@@ -9,7 +9,9 @@ use baton_client::recipes::Leader;
 use baton_client::{Client, Election};
 use futures::StreamExt;
 
-use crate::lease::{hold, run_under, Interrupts};
+use crate::lease::{check_grace, hold, run_under, stop_before, Run};
+use crate::lock::granted_grace;
+use crate::signals::Interrupts;
 use crate::{CliError, CliResult};
 
 /// Campaign in an election, and run a command while leading it.
@@ -22,14 +24,24 @@ use crate::{CliError, CliResult};
 /// epoch with every write the leader makes, and have the storage refuse
 /// lower ones: a deposed leader waking from a pause is then harmless.
 ///
-/// If leadership is lost while CMD runs (the session expired, the node was
-/// deleted, or the session timeout passed without word from the server),
-/// CMD gets SIGTERM, then SIGKILL after --kill-grace, and baton exits with
-/// status 125. When CMD exits, baton resigns and exits with CMD's status.
-/// With no CMD it prints the epoch and leads until SIGINT or SIGTERM.
+/// CMD is stopped before another candidate can lead. If the server falls
+/// silent, CMD gets SIGTERM --kill-grace plus a safety margin (a tenth of
+/// the session timeout) before the server may expire the session, and
+/// SIGKILL when the grace is up; if leadership is gone already (its node was
+/// deleted, the session expired), CMD gets SIGKILL at once. Either way baton
+/// exits with status 125. SIGINT, SIGTERM and SIGHUP sent to baton are
+/// passed on to CMD, which gets SIGKILL if it outlives the grace. CMD runs in
+/// its own process group, killed when CMD exits; if baton itself dies, the
+/// kernel kills CMD (though not what CMD started). When CMD exits, baton
+/// resigns and exits with CMD's status.
+///
+/// With no CMD it prints the epoch and leads until SIGINT, SIGTERM or
+/// SIGHUP. Whatever the way out, baton closes its session before it exits,
+/// so the next candidate leads at once.
 ///
 /// Exit status: CMD's status (128+N if a signal N ended it); 125 if
-/// leadership was lost; 1 if baton itself failed.
+/// leadership was lost; 126 if CMD could not be run, 127 if it was not
+/// found; 1 if baton itself failed.
 #[derive(clap::Args)]
 pub struct ElectArgs {
     /// Path of the election, such as /election/master.
@@ -44,9 +56,12 @@ pub struct ElectArgs {
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     session_timeout: u64,
 
-    /// Time CMD gets between SIGTERM and SIGKILL when leadership is lost.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
-    kill_grace: u64,
+    /// Time CMD gets between SIGTERM and SIGKILL [default: a fifth of the
+    /// session timeout]. SIGTERM comes this long, plus a safety margin of a
+    /// tenth of the session timeout, before the server may expire the
+    /// session, so the two must fit in half the session timeout.
+    #[arg(long, value_name = "MS")]
+    kill_grace: Option<u64>,
 
     /// The command to run while leading, and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
@@ -69,50 +84,63 @@ pub struct LeaderArgs {
 }
 
 pub async fn elect(server: &str, args: ElectArgs) -> CliResult {
+    let requested = Duration::from_millis(args.session_timeout);
+    if let (Some(ms), false) = (args.kill_grace, args.command.is_empty()) {
+        check_grace(Duration::from_millis(ms), requested)?;
+    }
+    let mut interrupts = Interrupts::new()?;
     let client = Client::builder(server)
-        .session_timeout(Duration::from_millis(args.session_timeout))
+        .session_timeout(requested)
         .connect()
         .await
         .map_err(crate::commands::connect_hint)?;
-    let election = Election::new(&client, &args.path);
-    let mut interrupts = Interrupts::new()?;
+    let result = elect_with(&client, server, &args, &mut interrupts).await;
+    // Every way out ends the session, and the candidate's node goes with it.
+    client.close().await;
+    result
+}
+
+async fn elect_with(
+    client: &Client,
+    server: &str,
+    args: &ElectArgs,
+    interrupts: &mut Interrupts,
+) -> CliResult {
+    let mut election = Election::new(client, &args.path);
+    let grace = granted_grace(client, args.kill_grace, !args.command.is_empty())?;
+    if let Some(grace) = grace {
+        election = election.stop_before(stop_before(grace, client.session_timeout()));
+    }
     let leadership = tokio::select! {
         r = election.campaign(args.value.clone()) => r?,
         sig = interrupts.recv() => {
             eprintln!("baton: {sig} while campaigning in {}; not leading", args.path);
-            client.close().await;
             return Ok(ExitCode::from(128 + sig.number() as u8));
         }
     };
     let what = format!("leadership of {}", args.path);
-    let code = if args.command.is_empty() {
-        hold(&leadership, &what, &mut interrupts).await
-    } else {
-        eprintln!(
-            "leading {} with epoch {}; running {}",
-            args.path,
-            leadership.token(),
-            args.command[0]
-        );
-        let env = [
-            ("BATON_FENCING_TOKEN", leadership.token().to_string()),
-            ("BATON_LEADER_VALUE", args.value.clone()),
-            ("BATON_SERVER", server.to_owned()),
-        ];
-        let grace = Duration::from_millis(args.kill_grace);
-        run_under(
-            &leadership,
-            &what,
-            &args.command,
-            &env,
-            grace,
-            &mut interrupts,
-        )
-        .await?
+    let Some(grace) = grace else {
+        return Ok(hold(&leadership, &what, interrupts).await);
     };
-    let _ = leadership.resign().await;
-    client.close().await;
-    Ok(code)
+    eprintln!(
+        "leading {} with epoch {}; running {}",
+        args.path,
+        leadership.token(),
+        args.command[0]
+    );
+    let env = [
+        ("BATON_FENCING_TOKEN", leadership.token().to_string()),
+        ("BATON_LEADER_VALUE", args.value.clone()),
+        ("BATON_SERVER", server.to_owned()),
+    ];
+    let run = Run {
+        client,
+        what: &what,
+        command: &args.command,
+        env: &env,
+        grace,
+    };
+    run_under(&leadership, &run, interrupts).await
 }
 
 pub async fn leader(server: &str, args: LeaderArgs) -> CliResult {

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use baton_client::{Client, Lock};
 
-use crate::lease::{hold, identity, run_under, Interrupts};
-use crate::CliResult;
+use crate::lease::{check_grace, default_grace, hold, identity, run_under, stop_before, Run};
+use crate::signals::Interrupts;
+use crate::{CliError, CliResult};
 
 /// Exit status when the lock was not acquired within --timeout.
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -20,16 +21,25 @@ pub const EXIT_TIMEOUT: u8 = 124;
 /// environment, and releases the lock when CMD exits. Pass the token along
 /// with every write CMD makes, and have the storage refuse lower tokens.
 ///
-/// If the lock is lost while CMD runs (the session expired, the node was
-/// deleted, or the session timeout passed without word from the server),
-/// CMD gets SIGTERM, then SIGKILL after --kill-grace, and baton exits with
-/// status 125. SIGINT and SIGTERM sent to baton are passed on to CMD.
+/// CMD is stopped before the lock can pass to anyone else. If the server
+/// falls silent, CMD gets SIGTERM --kill-grace plus a safety margin (a tenth
+/// of the session timeout) before the server may expire the session, and
+/// SIGKILL when the grace is up; if the lock is gone already (its node was
+/// deleted, the session expired), CMD gets SIGKILL at once. Either way baton
+/// exits with status 125. SIGINT, SIGTERM and SIGHUP sent to baton are
+/// passed on to CMD, which gets SIGKILL if it outlives the grace.
 ///
-/// With no CMD, prints the token and holds the lock until SIGINT or SIGTERM.
+/// CMD runs in its own process group, which gets SIGKILL when CMD exits, so
+/// nothing it leaves running outlives the lock. If baton itself dies (killed,
+/// or a crash), the kernel kills CMD (though not what CMD started).
+///
+/// With no CMD, prints the token and holds the lock until SIGINT, SIGTERM or
+/// SIGHUP. Whatever the way out, baton closes its session before it exits,
+/// so the lock is free at once.
 ///
 /// Exit status: CMD's status (128+N if a signal N ended it); 124 if the lock
-/// was not acquired within --timeout; 125 if the lock was lost; 1 if baton
-/// itself failed.
+/// was not acquired within --timeout; 125 if the lock was lost; 126 if CMD
+/// could not be run, 127 if it was not found; 1 if baton itself failed.
 #[derive(clap::Args)]
 pub struct LockArgs {
     /// Path of the lock, such as /locks/nightly-report.
@@ -44,9 +54,12 @@ pub struct LockArgs {
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     session_timeout: u64,
 
-    /// Time CMD gets between SIGTERM and SIGKILL when the lock is lost.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
-    kill_grace: u64,
+    /// Time CMD gets between SIGTERM and SIGKILL [default: a fifth of the
+    /// session timeout]. SIGTERM comes this long, plus a safety margin of a
+    /// tenth of the session timeout, before the server may expire the
+    /// session, so the two must fit in half the session timeout.
+    #[arg(long, value_name = "MS")]
+    kill_grace: Option<u64>,
 
     /// The command to run and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
@@ -90,13 +103,33 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
 }
 
 pub async fn lock(server: &str, args: LockArgs) -> CliResult {
+    let requested = Duration::from_millis(args.session_timeout);
+    if let (Some(ms), false) = (args.kill_grace, args.command.is_empty()) {
+        check_grace(Duration::from_millis(ms), requested)?;
+    }
+    let mut interrupts = Interrupts::new()?;
     let client = Client::builder(server)
-        .session_timeout(Duration::from_millis(args.session_timeout))
+        .session_timeout(requested)
         .connect()
         .await
         .map_err(crate::commands::connect_hint)?;
-    let lock = Lock::new(&client, &args.path).with_identity(identity());
-    let mut interrupts = Interrupts::new()?;
+    let result = lock_with(&client, server, &args, &mut interrupts).await;
+    // Every way out ends the session, and the lock's node goes with it.
+    client.close().await;
+    result
+}
+
+async fn lock_with(
+    client: &Client,
+    server: &str,
+    args: &LockArgs,
+    interrupts: &mut Interrupts,
+) -> CliResult {
+    let mut lock = Lock::new(client, &args.path).with_identity(identity());
+    let grace = granted_grace(client, args.kill_grace, !args.command.is_empty())?;
+    if let Some(grace) = grace {
+        lock = lock.stop_before(stop_before(grace, client.session_timeout()));
+    }
     let acquired = tokio::select! {
         r = async {
             match args.timeout {
@@ -106,7 +139,6 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
         } => r?,
         sig = interrupts.recv() => {
             eprintln!("baton: {sig} while waiting for {}; not acquired", args.path);
-            client.close().await;
             return Ok(ExitCode::from(128 + sig.number() as u8));
         }
     };
@@ -116,23 +148,47 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
             args.timeout.unwrap_or_default(),
             args.path
         );
-        client.close().await;
         return Ok(ExitCode::from(EXIT_TIMEOUT));
     };
     let what = format!("the lock {}", args.path);
-    let code = if args.command.is_empty() {
-        hold(&guard, &what, &mut interrupts).await
-    } else {
-        let env = [
-            ("BATON_FENCING_TOKEN", guard.token().to_string()),
-            ("BATON_LOCK_PATH", guard.node().to_owned()),
-            ("BATON_SERVER", server.to_owned()),
-        ];
-        let grace = Duration::from_millis(args.kill_grace);
-        run_under(&guard, &what, &args.command, &env, grace, &mut interrupts).await?
+    let Some(grace) = grace else {
+        return Ok(hold(&guard, &what, interrupts).await);
     };
-    // Release explicitly (even after a loss: the node may still be there).
-    let _ = guard.release().await;
-    client.close().await;
-    Ok(code)
+    let env = [
+        ("BATON_FENCING_TOKEN", guard.token().to_string()),
+        ("BATON_LOCK_PATH", guard.node().to_owned()),
+        ("BATON_SERVER", server.to_owned()),
+    ];
+    let run = Run {
+        client,
+        what: &what,
+        command: &args.command,
+        env: &env,
+        grace,
+    };
+    run_under(&guard, &run, interrupts).await
+}
+
+/// The kill grace for a command (none without one), checked against the
+/// session timeout the server granted.
+///
+/// # Errors
+/// If it does not fit (see [`check_grace`]).
+pub fn granted_grace(
+    client: &Client,
+    kill_grace: Option<u64>,
+    with_command: bool,
+) -> Result<Option<Duration>, CliError> {
+    if !with_command {
+        return Ok(None);
+    }
+    let timeout = client.session_timeout();
+    let grace = kill_grace.map_or_else(|| default_grace(timeout), Duration::from_millis);
+    check_grace(grace, timeout).map_err(|e| {
+        CliError::msg(format!(
+            "the server granted a session timeout of {} ms: {e}",
+            timeout.as_millis()
+        ))
+    })?;
+    Ok(Some(grace))
 }

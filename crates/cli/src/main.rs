@@ -6,6 +6,8 @@ mod elect;
 mod lease;
 mod lock;
 mod serve;
+mod signals;
+mod supervise;
 mod sys;
 
 use std::process::ExitCode;

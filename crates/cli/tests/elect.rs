@@ -176,3 +176,43 @@ fn a_bad_election_path_is_reported_as_typed() {
         assert!(err.contains(&format!("{path:?}")), "{err}");
     }
 }
+
+#[test]
+fn a_command_that_cannot_be_run_leaves_no_leader_behind() {
+    let s = Served::start();
+    let out = s.run(&[
+        "elect",
+        "/election/missing",
+        "--value",
+        "v",
+        "--",
+        "/nonexistent/cmd",
+    ]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        s.ok(&["leader", "/election/missing"]),
+        "none\n",
+        "the dead candidate still leads"
+    );
+    assert!(err.contains("\"/nonexistent/cmd\""), "{err}");
+    assert_eq!(out.status.code(), Some(127), "{err}");
+}
+
+#[test]
+fn a_kill_grace_that_does_not_fit_in_the_session_timeout_is_refused() {
+    let s = Served::start();
+    let err = s.fails(&[
+        "elect",
+        "--session-timeout",
+        "2000",
+        "--kill-grace",
+        "1000",
+        "/election/grace",
+        "--value",
+        "v",
+        "--",
+        "true",
+    ]);
+    assert!(err.contains("--kill-grace 1000 ms does not fit"), "{err}");
+    assert_eq!(s.ok(&["leader", "/election/grace"]), "none\n");
+}

@@ -4,8 +4,9 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Stdio};
+use std::time::{Duration, Instant};
 
-use common::{baton, eventually, Served};
+use common::{baton, eventually, exit_within, running, Served};
 
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill has no memory effects.
@@ -223,4 +224,91 @@ fn a_bad_lock_path_is_reported_as_typed() {
         assert!(err.contains(&format!("{path:?}")), "{err}");
         assert!(!err.contains("lock-"), "an internal node name: {err}");
     }
+}
+
+#[test]
+fn a_command_that_cannot_be_run_leaves_the_lock_free_at_once() {
+    let s = Served::start();
+    let out = s.run(&["lock", "/locks/missing", "--", "/nonexistent/cmd", "x"]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        s.ok(&["locks", "/locks/missing"]).contains("free"),
+        "the session outlived baton"
+    );
+    assert!(err.contains("\"/nonexistent/cmd\""), "{err}");
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    // Found, but not executable.
+    let file = std::env::temp_dir().join(format!("baton-not-executable-{}", std::process::id()));
+    std::fs::write(&file, "data").unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let out = s.run(&["lock", "/locks/missing", "--", &file]);
+    let _ = std::fs::remove_file(&file);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(s.ok(&["locks", "/locks/missing"]).contains("free"));
+    assert!(err.contains(&format!("{file:?}")), "{err}");
+    assert_eq!(out.status.code(), Some(126), "{err}");
+}
+
+#[test]
+fn a_kill_grace_that_does_not_fit_in_the_session_timeout_is_refused() {
+    let s = Served::start();
+    let err = s.fails(&[
+        "lock",
+        "--session-timeout",
+        "1000",
+        "--kill-grace",
+        "900",
+        "/locks/grace",
+        "--",
+        "true",
+    ]);
+    assert!(err.contains("--kill-grace 900 ms does not fit"), "{err}");
+    assert!(err.contains("session timeout of 1000 ms"), "{err}");
+    assert!(err.contains("--kill-grace 400 or less"), "{err}");
+    assert!(err.contains("--session-timeout 2250 or more"), "{err}");
+}
+
+#[test]
+fn a_silent_server_gets_the_command_killed_before_it_may_expire_the_session() {
+    let s = Served::start();
+    let timeout = Duration::from_millis(1000);
+    let mut supervisor = baton()
+        .args(["--server", &s.addr, "lock", "--session-timeout", "1000"])
+        .args(["--kill-grace", "400", "/locks/silent", "--", "sh", "-c"])
+        // Ignores SIGTERM, so only the SIGKILL ends it.
+        .arg("trap '' TERM; echo $$; exec sleep 1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(supervisor.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    // The server stops: it hears nothing after this, so its session
+    // deadline (and the client's) is at most a session timeout away.
+    signal_pid(s.pid(), libc::SIGSTOP);
+    let stopped = Instant::now();
+    eventually(10, "the command to be killed", || !running(pid));
+    let dead = stopped.elapsed();
+    signal_pid(s.pid(), libc::SIGCONT);
+    assert!(
+        dead < timeout,
+        "the command ran {dead:?} after the server stopped, past the session deadline"
+    );
+    assert_eq!(exit_within(&mut supervisor, 10).code(), Some(125));
+    let mut stderr = String::new();
+    supervisor
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+}
+
+fn signal_pid(pid: u32, sig: i32) {
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(pid as i32, sig) };
 }

@@ -52,6 +52,11 @@ impl Served {
         Served { child, addr, dir }
     }
 
+    /// The server's process id (to stop it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         baton()
             .arg("--server")
@@ -98,4 +103,25 @@ pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// True while `pid` runs (a zombie does not count: it has finished).
+pub fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+            !matches!(state, Some('Z' | 'X'))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits for `child` to exit, failing after `secs` seconds.
+pub fn exit_within(child: &mut Child, secs: u64) -> std::process::ExitStatus {
+    let mut status = None;
+    eventually(secs, "baton to exit", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    status.unwrap()
 }
