@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
 
+use crate::signals::Interrupts;
 use crate::{CliError, CliResult};
 
 /// A path argument.
@@ -19,7 +20,8 @@ pub struct PathArg {
 /// With --sequential the server appends a sequence number to the name (the
 /// printed path shows it). With --ephemeral the node lives only as long as
 /// this command's session: the command prints the path and keeps the session
-/// open until interrupted (Ctrl-C), then the node disappears.
+/// open until SIGINT (Ctrl-C), SIGTERM or SIGHUP, then closes it, and the node
+/// disappears at once.
 #[derive(clap::Args)]
 pub struct CreateArgs {
     /// Delete the node when this command's session ends.
@@ -71,6 +73,21 @@ pub async fn connect(server: &str) -> Result<Client, CliError> {
     Client::connect(server).await.map_err(connect_hint)
 }
 
+/// Opens a session, runs `body` with it, and closes the session whatever
+/// the outcome, so that a failed command leaves nothing open behind it.
+///
+/// # Errors
+/// Those of connecting, and of `body`.
+pub async fn with_session<T>(
+    server: &str,
+    body: impl AsyncFnOnce(&Client) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    let client = connect(server).await?;
+    let result = body(&client).await;
+    client.close().await;
+    result
+}
+
 /// A connection failure, with the likely cause.
 pub fn connect_hint(e: baton_client::Error) -> CliError {
     match e {
@@ -82,28 +99,37 @@ pub fn connect_hint(e: baton_client::Error) -> CliError {
 }
 
 pub async fn create(server: &str, args: CreateArgs) -> CliResult {
-    let client = connect(server).await?;
-    let mode = CreateMode::from_flags(args.ephemeral, args.sequential);
-    let created = client.create(&args.path, args.data, mode).await?;
-    println!("{}", created.path);
-    if args.ephemeral {
+    // Listening before the node exists: a signal from then on ends the
+    // session rather than the process.
+    let mut interrupts = if args.ephemeral {
+        Some(Interrupts::new()?)
+    } else {
+        None
+    };
+    with_session(server, async |client| {
+        let mode = CreateMode::from_flags(args.ephemeral, args.sequential);
+        let created = client.create(&args.path, args.data, mode).await?;
+        println!("{}", created.path);
+        let Some(interrupts) = interrupts.as_mut() else {
+            return Ok(ExitCode::SUCCESS);
+        };
         let _ = std::io::stdout().flush();
         eprintln!("holding the session (the ephemeral node lives until Ctrl-C)");
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupts.recv() => Ok(ExitCode::SUCCESS),
             state = client.ended() => {
-                return Err(CliError::msg(format!("session {state}; {} is gone", created.path)));
+                Err(CliError::msg(format!("session {state}; {} is gone", created.path)))
             }
         }
-    }
-    client.close().await;
-    Ok(ExitCode::SUCCESS)
+    })
+    .await
 }
 
 pub async fn get(server: &str, args: PathArg) -> CliResult {
-    let client = connect(server).await?;
-    let (data, _) = client.get_data(&args.path).await?;
-    client.close().await;
+    let (data, _) = with_session(server, async |client| {
+        Ok(client.get_data(&args.path).await?)
+    })
+    .await?;
     let mut out = std::io::stdout().lock();
     out.write_all(&data)
         .and_then(|()| out.flush())
@@ -112,20 +138,21 @@ pub async fn get(server: &str, args: PathArg) -> CliResult {
 }
 
 pub async fn set(server: &str, args: SetArgs) -> CliResult {
-    let client = connect(server).await?;
-    let result = match args.fence {
-        Some(token) => client.set_data_fenced(&args.path, args.data, token).await,
-        None => client.set_data(&args.path, args.data, args.version).await,
-    };
-    client.close().await;
-    result?;
-    Ok(ExitCode::SUCCESS)
+    with_session(server, async |client| {
+        match args.fence {
+            Some(token) => client.set_data_fenced(&args.path, args.data, token).await?,
+            None => client.set_data(&args.path, args.data, args.version).await?,
+        };
+        Ok(ExitCode::SUCCESS)
+    })
+    .await
 }
 
 pub async fn ls(server: &str, args: PathArg) -> CliResult {
-    let client = connect(server).await?;
-    let (children, _) = client.get_children(&args.path).await?;
-    client.close().await;
+    let (children, _) = with_session(server, async |client| {
+        Ok(client.get_children(&args.path).await?)
+    })
+    .await?;
     for child in children {
         println!("{child}");
     }
@@ -133,12 +160,9 @@ pub async fn ls(server: &str, args: PathArg) -> CliResult {
 }
 
 pub async fn stat(server: &str, args: PathArg) -> CliResult {
-    let client = connect(server).await?;
-    let stat = client
-        .exists(&args.path)
+    let stat = with_session(server, async |client| Ok(client.exists(&args.path).await?))
         .await?
         .ok_or_else(|| CliError::msg(format!("no node: {} does not exist", args.path)))?;
-    client.close().await;
     print_stat(&stat);
     Ok(ExitCode::SUCCESS)
 }
@@ -160,25 +184,32 @@ fn print_stat(s: &Stat) {
 }
 
 pub async fn rm(server: &str, args: RmArgs) -> CliResult {
-    let client = connect(server).await?;
-    client.delete(&args.path, args.version).await?;
-    client.close().await;
-    Ok(ExitCode::SUCCESS)
+    with_session(server, async |client| {
+        client.delete(&args.path, args.version).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+    .await
 }
 
 /// Prints every change at a path (its data, its existence, its children)
-/// until interrupted. Each line: event kind, path, revision.
+/// until SIGINT, SIGTERM or SIGHUP. Each line: event kind, path, revision.
 pub async fn watch(server: &str, args: PathArg) -> CliResult {
-    let client = connect(server).await?;
-    let path = args.path;
-    let mut node = Some(arm_node(&client, &path).await?);
-    let mut children = arm_children(&client, &path).await?;
+    let mut interrupts = Interrupts::new()?;
+    with_session(server, async |client| {
+        watch_until(client, &args.path, &mut interrupts).await
+    })
+    .await
+}
+
+async fn watch_until(client: &Client, path: &str, interrupts: &mut Interrupts) -> CliResult {
+    let mut node = Some(arm_node(client, path).await?);
+    let mut children = arm_children(client, path).await?;
     eprintln!("watching {path}; Ctrl-C to stop");
     // A deletion fires both watches with the same event: print it once.
     let mut last: Option<(EventKind, u64)> = None;
     loop {
         let event = tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupts.recv() => return Ok(ExitCode::SUCCESS),
             e = async { node.as_mut().expect("armed").await }, if node.is_some() => {
                 node = None;
                 e?
@@ -199,14 +230,12 @@ pub async fn watch(server: &str, args: PathArg) -> CliResult {
         }
         last = Some((event.kind, event.revision));
         if node.is_none() {
-            node = Some(arm_node(&client, &path).await?);
+            node = Some(arm_node(client, path).await?);
         }
         if children.is_none() {
-            children = arm_children(&client, &path).await?;
+            children = arm_children(client, path).await?;
         }
     }
-    client.close().await;
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn arm_node(client: &Client, path: &str) -> Result<Watcher, CliError> {

@@ -9,6 +9,7 @@ use baton_client::recipes::Leader;
 use baton_client::{Client, Election};
 use futures::StreamExt;
 
+use crate::commands::with_session;
 use crate::lease::{check_grace, hold, run_under, stop_before, Run};
 use crate::lock::granted_grace;
 use crate::signals::Interrupts;
@@ -72,7 +73,7 @@ pub struct ElectArgs {
 ///
 /// Prints `VALUE TOKEN` (the epoch in decimal) on one line, or `none` if
 /// nobody leads. With --watch, prints a line for every change of leader until
-/// interrupted.
+/// SIGINT, SIGTERM or SIGHUP.
 #[derive(clap::Args)]
 pub struct LeaderArgs {
     /// Path of the election.
@@ -144,27 +145,29 @@ async fn elect_with(
 }
 
 pub async fn leader(server: &str, args: LeaderArgs) -> CliResult {
-    let client = crate::commands::connect(server).await?;
-    let election = Election::new(&client, &args.path);
     if !args.watch {
-        let leader = election.leader().await?;
-        client.close().await;
+        let leader = with_session(server, async |client| {
+            Ok(Election::new(client, &args.path).leader().await?)
+        })
+        .await?;
         print_leader(leader.as_ref());
         return Ok(ExitCode::SUCCESS);
     }
-    let mut changes = Box::pin(election.observe());
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            change = changes.next() => match change {
-                Some(Ok(leader)) => print_leader(leader.as_ref()),
-                Some(Err(e)) => return Err(CliError::from(e)),
-                None => break,
-            },
+    let mut interrupts = Interrupts::new()?;
+    with_session(server, async |client| {
+        let mut changes = Box::pin(Election::new(client, &args.path).observe());
+        loop {
+            tokio::select! {
+                _ = interrupts.recv() => return Ok(ExitCode::SUCCESS),
+                change = changes.next() => match change {
+                    Some(Ok(leader)) => print_leader(leader.as_ref()),
+                    Some(Err(e)) => return Err(CliError::from(e)),
+                    None => return Ok(ExitCode::SUCCESS),
+                },
+            }
         }
-    }
-    client.close().await;
-    Ok(ExitCode::SUCCESS)
+    })
+    .await
 }
 
 fn print_leader(leader: Option<&Leader>) {

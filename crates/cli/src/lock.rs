@@ -79,9 +79,10 @@ pub struct LocksArgs {
 }
 
 pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
-    let client = crate::commands::connect(server).await?;
-    let queue = Lock::new(&client, &args.path).contenders().await?;
-    client.close().await;
+    let queue = crate::commands::with_session(server, async |client| {
+        Ok(Lock::new(client, &args.path).contenders().await?)
+    })
+    .await?;
     if queue.is_empty() {
         println!("{} is free: no holder, no waiters", args.path);
     }
