@@ -1,6 +1,6 @@
 //! Client commands: create, get, set, ls, stat, rm, watch.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
@@ -8,7 +8,8 @@ use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
 use crate::signals::Interrupts;
 use crate::{CliError, CliResult};
 
-/// A path argument.
+/// The one argument of get, ls, stat and watch (each describes itself where
+/// it is listed).
 #[derive(clap::Args)]
 pub struct PathArg {
     /// Absolute node path, such as /app/config.
@@ -131,7 +132,17 @@ pub async fn get(server: &str, args: PathArg) -> CliResult {
     })
     .await?;
     let mut out = std::io::stdout().lock();
+    // On a terminal the prompt should not land after the data; piped, the
+    // bytes are exactly as stored.
+    let newline = out.is_terminal() && !data.ends_with(b"\n");
     out.write_all(&data)
+        .and_then(|()| {
+            if newline {
+                out.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
         .and_then(|()| out.flush())
         .map_err(|e| CliError::msg(format!("writing to stdout: {e}")))?;
     Ok(ExitCode::SUCCESS)

@@ -43,16 +43,31 @@ struct Cli {
 enum Command {
     Serve(serve::ServeArgs),
     Create(commands::CreateArgs),
+    /// Print a node's data.
+    ///
+    /// Writes the data byte for byte. On a terminal, a newline follows if
+    /// the data does not end with one, so that the prompt starts on a line
+    /// of its own; piped or redirected, the bytes are exactly as stored.
     Get(commands::PathArg),
     Set(commands::SetArgs),
+    /// List a node's children, one name per line.
     Ls(commands::PathArg),
+    /// Print a node's metadata: revisions, versions, owner, sizes.
     Stat(commands::PathArg),
     Rm(commands::RmArgs),
+    /// Print every change to a node, its existence and its children.
+    ///
+    /// Each line: the kind of change, the path and the revision. Runs until
+    /// SIGINT (Ctrl-C), SIGTERM or SIGHUP, then closes its session.
     Watch(commands::PathArg),
     Lock(lock::LockArgs),
     Locks(lock::LocksArgs),
     Elect(elect::ElectArgs),
     Leader(elect::LeaderArgs),
+    /// Measure Baton: round trips, durable writes, the thundering herd.
+    ///
+    /// Each benchmark starts its own server unless --server (or
+    /// BATON_SERVER) names one, and prints a table (or JSON).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }

@@ -152,3 +152,83 @@ fn bench_ops_reports_every_measurement_as_json() {
     assert!(report["create_delete"][1]["pairs"].as_u64().unwrap() > 0);
     assert_eq!(report["memory"]["sessions"].as_u64(), Some(200));
 }
+
+#[test]
+fn help_describes_every_command_in_its_own_words() {
+    let out = baton().arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let listed: Vec<(String, String)> = help
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| {
+            let l = l.trim();
+            let (name, text) = l.split_once(' ').unwrap_or((l, ""));
+            (name.to_owned(), text.trim().to_owned())
+        })
+        .collect();
+    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    for name in [
+        "serve", "create", "get", "set", "ls", "stat", "rm", "watch", "lock", "locks", "elect",
+        "leader", "bench",
+    ] {
+        assert!(names.contains(&name), "{name} is not listed:\n{help}");
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, text) in &listed {
+        assert!(!text.is_empty(), "{name} has no description:\n{help}");
+        assert!(
+            seen.insert(text.clone()),
+            "{name} shares its description {text:?}:\n{help}"
+        );
+    }
+}
+
+/// Runs `baton ARGS` with its stdout on a new pseudo-terminal and returns
+/// what the terminal received.
+fn on_a_terminal(s: &Served, args: &[&str]) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors into the integers given.
+    let opened = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are fresh and owned here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let status = baton()
+        .args(["--server", &s.addr])
+        .args(args)
+        .stdout(Stdio::from(slave))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The terminal holds what was written; reading past it fails (EIO)
+    // once nobody has the other end open.
+    let mut master = std::fs::File::from(master);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = master.read(&mut buf) {
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+#[test]
+fn get_ends_its_output_with_a_newline_on_a_terminal_only() {
+    let s = Served::start();
+    s.ok(&["create", "/t", "config-v1"]);
+    // A terminal turns "\n" into "\r\n".
+    assert_eq!(on_a_terminal(&s, &["get", "/t"]), b"config-v1\r\n");
+    assert_eq!(s.ok(&["get", "/t"]), "config-v1", "raw bytes when piped");
+    s.ok(&["set", "/t", "line\n"]);
+    assert_eq!(on_a_terminal(&s, &["get", "/t"]), b"line\r\n");
+}
