@@ -1,7 +1,10 @@
 //! Client commands: create, get, set, ls, stat, rm, watch.
 
-use std::io::{IsTerminal, Write};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use bytes::Bytes;
 
 use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
 
@@ -33,9 +36,13 @@ pub struct CreateArgs {
     sequential: bool,
     /// Absolute path of the node (for --sequential, the prefix of its name).
     path: String,
-    /// Data to store in the node (default: empty).
-    #[arg(default_value = "")]
-    data: String,
+    /// Data to store in the node (default: empty); `-` reads it from stdin,
+    /// as any bytes and past the length the system allows an argument.
+    #[arg(conflicts_with = "file")]
+    data: Option<String>,
+    /// Read the data from this file.
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
 }
 
 /// Replace a node's data.
@@ -49,8 +56,13 @@ pub struct CreateArgs {
 pub struct SetArgs {
     /// Absolute node path.
     path: String,
-    /// The new data.
-    data: String,
+    /// The new data; `-` reads it from stdin, as any bytes and past the
+    /// length the system allows an argument.
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    data: Option<String>,
+    /// Read the new data from this file.
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
     /// Only if the node's data version is this (optimistic concurrency).
     #[arg(long, conflicts_with = "fence")]
     version: Option<u32>,
@@ -67,6 +79,32 @@ pub struct RmArgs {
     /// Only if the node's data version is this.
     #[arg(long)]
     version: Option<u32>,
+}
+
+/// The data a command stores: the argument as given, all of stdin for `-`,
+/// or a file's contents (`file`).
+///
+/// # Errors
+/// If stdin or the file cannot be read; the message names which.
+async fn read_data(arg: Option<String>, file: Option<PathBuf>) -> Result<Bytes, CliError> {
+    let read = move || match (file, arg.as_deref()) {
+        (Some(path), _) => std::fs::read(&path)
+            .map_err(|e| CliError::msg(format!("cannot read {}: {e}", path.display()))),
+        (None, Some("-")) => {
+            let mut data = Vec::new();
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut data)
+                .map_err(|e| CliError::msg(format!("cannot read the data from stdin: {e}")))?;
+            Ok(data)
+        }
+        (None, _) => Ok(arg.unwrap_or_default().into_bytes()),
+    };
+    // Reading may block for as long as the writer takes.
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| CliError::msg(format!("reading the data: {e}")))?
+        .map(Bytes::from)
 }
 
 /// Opens a session, explaining the likely cause when no server answers.
@@ -107,9 +145,10 @@ pub async fn create(server: &str, args: CreateArgs) -> CliResult {
     } else {
         None
     };
+    let data = read_data(args.data, args.file).await?;
     with_session(server, async |client| {
         let mode = CreateMode::from_flags(args.ephemeral, args.sequential);
-        let created = client.create(&args.path, args.data, mode).await?;
+        let created = client.create(&args.path, data, mode).await?;
         println!("{}", created.path);
         let Some(interrupts) = interrupts.as_mut() else {
             return Ok(ExitCode::SUCCESS);
@@ -149,10 +188,11 @@ pub async fn get(server: &str, args: PathArg) -> CliResult {
 }
 
 pub async fn set(server: &str, args: SetArgs) -> CliResult {
+    let data = read_data(args.data, args.file).await?;
     with_session(server, async |client| {
         match args.fence {
-            Some(token) => client.set_data_fenced(&args.path, args.data, token).await?,
-            None => client.set_data(&args.path, args.data, args.version).await?,
+            Some(token) => client.set_data_fenced(&args.path, data, token).await?,
+            None => client.set_data(&args.path, data, args.version).await?,
         };
         Ok(ExitCode::SUCCESS)
     })

@@ -232,3 +232,61 @@ fn get_ends_its_output_with_a_newline_on_a_terminal_only() {
     s.ok(&["set", "/t", "line\n"]);
     assert_eq!(on_a_terminal(&s, &["get", "/t"]), b"line\r\n");
 }
+
+/// Runs `baton ARGS` with `input` on its stdin.
+fn with_stdin(s: &Served, args: &[&str], input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = baton()
+        .args(["--server", &s.addr])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A baton that does not read its input closes the pipe early; what it
+    // stored then tells.
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn create_and_set_take_data_past_the_argument_limit_from_stdin_or_a_file() {
+    let s = Served::start();
+    // More than the operating system lets an argument be, and not text.
+    let big: Vec<u8> = (0..300 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let get = |path: &str| s.run(&["get", path]).stdout;
+
+    let out = with_stdin(&s, &["create", "/from-stdin", "-"], &big);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"/from-stdin\n");
+    assert!(get("/from-stdin") == big, "create -: the data differs");
+
+    let other: Vec<u8> = big.iter().rev().copied().collect();
+    let out = with_stdin(&s, &["set", "/from-stdin", "-"], &other);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(get("/from-stdin") == other, "set -: the data differs");
+
+    let file = std::env::temp_dir().join(format!("baton-data-{}", std::process::id()));
+    std::fs::write(&file, &big).unwrap();
+    let file_arg = file.to_str().unwrap();
+    s.ok(&["create", "/from-file", "--file", file_arg]);
+    assert!(get("/from-file") == big, "create --file: the data differs");
+    std::fs::write(&file, &other).unwrap();
+    s.ok(&["set", "/from-file", "--file", file_arg]);
+    assert!(get("/from-file") == other, "set --file: the data differs");
+    std::fs::remove_file(&file).unwrap();
+
+    let err = s.fails(&["set", "/from-file", "--file", file_arg]);
+    assert!(err.contains(file_arg), "{err}");
+}
