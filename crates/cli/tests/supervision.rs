@@ -123,3 +123,24 @@ fn what_the_command_leaves_running_is_killed_before_the_lock_is_released() {
     assert!(!running(pids[0]), "the background job outlived the lock");
     assert!(s.ok(&["locks", "/locks/bg"]).contains("free"));
 }
+
+#[test]
+fn the_leaders_command_dies_when_baton_elect_is_killed_with_sigkill() {
+    let s = Served::start();
+    let mut supervisor = baton()
+        .args(["--server", &s.addr, "elect", "/election/kill9", "--value", "v"])
+        .args(["--", "sh", "-c", "echo $$; exec sleep 1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(supervisor.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
+    let _reap = Reap(vec![pid]);
+    signal(supervisor.id(), libc::SIGKILL);
+    exit_within(&mut supervisor, 10);
+    eventually(10, "the command to die with baton", || !running(pid));
+}
