@@ -170,8 +170,8 @@ pub async fn run_under(
         reason = lease.lost() => {
             if reason == LostReason::DeadlinePassed {
                 eprintln!(
-                    "baton: {}: {reason}; stopping {program:?} before the server may expire \
-                     the session (SIGTERM, SIGKILL after {} ms)",
+                    "baton: losing {} ({reason}); stopping {program:?} before the server may \
+                     expire the session (SIGTERM, SIGKILL after {} ms)",
                     run.what,
                     run.grace.as_millis()
                 );

@@ -128,7 +128,14 @@ fn what_the_command_leaves_running_is_killed_before_the_lock_is_released() {
 fn the_leaders_command_dies_when_baton_elect_is_killed_with_sigkill() {
     let s = Served::start();
     let mut supervisor = baton()
-        .args(["--server", &s.addr, "elect", "/election/kill9", "--value", "v"])
+        .args([
+            "--server",
+            &s.addr,
+            "elect",
+            "/election/kill9",
+            "--value",
+            "v",
+        ])
         .args(["--", "sh", "-c", "echo $$; exec sleep 1000"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

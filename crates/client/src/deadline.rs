@@ -111,7 +111,6 @@ impl DeadlineAlarm {
         deadline
             .checked_sub(self.state.margin)
             .unwrap_or(self.liveness.base)
-            .max(self.liveness.base)
     }
 
     /// True once the alarm has gone off; it never goes back.
