@@ -421,3 +421,67 @@ async fn snapshots_are_synced_under_fsync_never_too() {
     c.close().await;
     server.stop().await;
 }
+
+/// A session's last reply is durable state: a change whose reply was lost
+/// when the server went down is answered, not applied again, by the server
+/// that recovered it, from its log and from its snapshot alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_sent_again_after_a_restart_is_applied_once() {
+    for snapshot_every_bytes in [64 << 20, 1] {
+        let dir = TempDir::new("dedup-restart");
+        let config = Config {
+            snapshot_every_bytes,
+            ..durable_config(dir.path())
+        };
+        let server = TestServer::with_config(config.clone()).await;
+        let addr = server.addr;
+        let proxy = Proxy::start(addr).await;
+        let client = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+        client
+            .create("/r", "", CreateMode::Persistent)
+            .await
+            .unwrap();
+        proxy.hold_replies();
+        let mut call = Box::pin(client.create("/r/n-", "", CreateMode::PersistentSequential));
+        assert!(futures::poll!(&mut call).is_pending());
+        eventually(10, "the server to apply the create", || {
+            server.stats().nodes == 3
+        })
+        .await;
+        if snapshot_every_bytes == 1 {
+            // The recovered server starts from a snapshot that holds the
+            // create (revision 3) and its reply: other writes go on until
+            // one is taken.
+            let other = server.client().await;
+            let newest = || {
+                std::fs::read_dir(dir.path())
+                    .unwrap()
+                    .filter_map(|e| {
+                        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                        name.strip_prefix("snapshot-")?
+                            .strip_suffix(".snap")?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .max()
+                    .unwrap_or(0)
+            };
+            within(10, "a snapshot of the create", async {
+                while newest() < 3 {
+                    other.set_data("/r", "x", None).await.unwrap();
+                }
+            })
+            .await;
+            other.close().await;
+        }
+        server.stop().await;
+        proxy.release();
+        let server = restart(addr, config).await;
+        let created = within(10, "the create in flight", call).await.unwrap();
+        let (children, _) = client.get_children("/r").await.unwrap();
+        assert_eq!(children.len(), 1, "applied once: {children:?}");
+        assert_eq!(created.path, format!("/r/{}", children[0]));
+        client.close().await;
+        server.stop().await;
+    }
+}

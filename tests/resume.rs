@@ -106,8 +106,10 @@ async fn reconnects_after_several_cuts() {
     server.stop().await;
 }
 
+/// A request that never reached the server before the cut is sent again
+/// once the session is resumed, and the caller gets its answer.
 #[tokio::test]
-async fn call_in_flight_at_the_cut_fails_with_connection_loss_and_the_session_survives() {
+async fn a_call_in_flight_at_the_cut_is_sent_again_and_answered() {
     let server = TestServer::start().await;
     let proxy = Proxy::start(server.addr).await;
     let client = client_via(&proxy).await;
@@ -120,15 +122,69 @@ async fn call_in_flight_at_the_cut_fails_with_connection_loss_and_the_session_su
     let mut call = Box::pin(client.get_data("/inflight"));
     assert!(futures::poll!(&mut call).is_pending());
     proxy.sever();
-    let result = within(10, "the call in flight", call).await;
-    assert!(
-        matches!(result, Err(Error::ConnectionLoss(_))),
-        "{result:?}"
-    );
-    assert!(result.unwrap_err().is_retryable());
-    wait_state(&client, SessionState::Reconnected).await;
-    let (_, stat) = client.get_data("/inflight").await.unwrap();
+    let (_, stat) = within(10, "the call in flight", call).await.unwrap();
     assert_eq!(stat.owner(), Some(client.session_id()));
+    assert_eq!(server.stats().sessions_expired, 0);
+    client.close().await;
+    server.stop().await;
+}
+
+/// A change the server applied, whose reply the cut lost, is sent again and
+/// answered from the session's last reply: applied once, and the caller
+/// learns the real result (the name its sequential node got).
+#[tokio::test]
+async fn a_change_whose_reply_was_lost_is_applied_once() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = client_via(&proxy).await;
+    client
+        .create("/once", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    proxy.hold_replies();
+    let mut call = Box::pin(client.create("/once/n-", "", CreateMode::PersistentSequential));
+    assert!(futures::poll!(&mut call).is_pending());
+    eventually(10, "the server to apply the create", || {
+        server.stats().nodes == 3
+    })
+    .await;
+    proxy.sever();
+    let created = within(10, "the create in flight", call).await.unwrap();
+    let (children, _) = client.get_children("/once").await.unwrap();
+    assert_eq!(children.len(), 1, "applied once: {children:?}");
+    assert_eq!(created.path, format!("/once/{}", children[0]));
+    client.close().await;
+    server.stop().await;
+}
+
+/// Of two changes in flight whose replies were lost, only the session's
+/// latest keeps its reply: the earlier one fails with a connection loss (its
+/// outcome unknown to the caller) and neither is applied twice.
+#[tokio::test]
+async fn of_two_lost_replies_only_the_latest_is_recovered_and_neither_applied_twice() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let client = client_via(&proxy).await;
+    client
+        .create("/twice", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    proxy.hold_replies();
+    let mut first = Box::pin(client.create("/twice/a-", "", CreateMode::PersistentSequential));
+    let mut second = Box::pin(client.create("/twice/b-", "", CreateMode::PersistentSequential));
+    assert!(futures::poll!(&mut first).is_pending());
+    assert!(futures::poll!(&mut second).is_pending());
+    eventually(10, "the server to apply both", || server.stats().nodes == 4).await;
+    proxy.sever();
+    let first = within(10, "the first create", first).await;
+    assert!(
+        matches!(&first, Err(Error::ConnectionLoss(m)) if m.contains("reply is lost")),
+        "{first:?}"
+    );
+    let second = within(10, "the second create", second).await.unwrap();
+    let (children, _) = client.get_children("/twice").await.unwrap();
+    assert_eq!(children.len(), 2, "{children:?}");
+    assert!(second.path.starts_with("/twice/b-"));
     client.close().await;
     server.stop().await;
 }

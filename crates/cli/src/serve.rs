@@ -16,7 +16,9 @@ use crate::{CliError, CliResult};
 /// negotiated timeout expire and take their ephemeral nodes with them.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on, as host:port.
+    /// Address to listen on, as host:port. Port 0 takes a free port; either
+    /// way the server prints `listening on HOST:PORT` on stdout once it
+    /// accepts connections.
     #[arg(long, default_value = crate::DEFAULT_SERVER)]
     listen: String,
 
@@ -82,6 +84,12 @@ pub async fn run(args: ServeArgs) -> CliResult {
         .local_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
     tracing::info!(%addr, "baton server ready; stop with Ctrl-C or SIGTERM");
+    // For scripts and supervisors (and for a port 0 to be found out).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {addr}").and_then(|()| out.flush());
+    }
     server.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -120,6 +120,7 @@ impl ClientBuilder {
             last_revision: 0,
             next_xid: 0,
             deferred: VecDeque::new(),
+            unanswered: VecDeque::new(),
         };
         tokio::spawn(task.run(conn));
         Client {
@@ -159,10 +160,14 @@ struct Inner {
 /// # Connection loss
 /// If the connection breaks, the task reconnects and resumes the session (its
 /// ephemeral nodes and watches survive) for as long as the server keeps it.
-/// A request in flight at that moment fails with [`Error::ConnectionLoss`]: it
-/// may or may not have been applied. Requests made while disconnected wait
-/// and are sent after the reconnect; wrap calls in `tokio::time::timeout` to
-/// bound that wait.
+/// Requests in flight at that moment are sent again, with the same xids,
+/// once the session is resumed, and the server applies each at most once: a
+/// change it had applied is answered with the reply it gave (the session's
+/// latest change keeps its reply), so the caller gets the real result. Only
+/// an earlier change whose reply the server no longer keeps fails with
+/// [`Error::ConnectionLoss`]: it was handled, and not applied again. Requests
+/// made while disconnected wait and are sent after the reconnect; wrap calls
+/// in `tokio::time::timeout` to bound that wait.
 ///
 /// # Ending
 /// [`close`](Client::close) ends the session at once, deleting its ephemeral

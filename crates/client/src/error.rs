@@ -28,9 +28,11 @@ pub enum Error {
     /// The client was closed with [`Client::close`](crate::Client::close).
     #[error("the client was closed")]
     Closed,
-    /// The connection broke while the request was in flight: it may or may not
-    /// have been applied. The session itself may well be alive; the client is
-    /// reconnecting.
+    /// The request's outcome is unknown: it may or may not have been applied.
+    /// Requests in flight when a connection breaks are sent again once the
+    /// session is resumed; this is what one gets whose reply the server no
+    /// longer keeps (it was handled, and was not applied again), or a request
+    /// of a session that could not be resumed in time.
     #[error("connection lost: {0}")]
     ConnectionLoss(String),
     /// No server could be reached to open the session.
@@ -71,6 +73,9 @@ impl Error {
             ErrorCode::TooManyConnections => Error::TooManyConnections(message),
             ErrorCode::BadArguments => Error::BadArguments(message),
             ErrorCode::StaleFence => Error::StaleFence(message),
+            // Handled before a connection broke, its reply lost: its outcome
+            // is as unknown as that of a request cut off in flight.
+            ErrorCode::ResultLost => Error::ConnectionLoss(message),
             ErrorCode::UnknownOperation
             | ErrorCode::MalformedRequest
             | ErrorCode::UnsupportedVersion

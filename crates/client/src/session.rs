@@ -50,10 +50,16 @@ pub(crate) enum Cmd {
 }
 
 /// A request written and not yet answered.
-struct Pending {
+pub(crate) struct Pending {
     xid: u32,
     /// When the request was queued: the server heard it no earlier.
     sent: Instant,
+    /// The request, kept to be sent again (with the same xid) if the
+    /// connection breaks before it is answered; `None` for the session's
+    /// own pings and watch resets, which are not sent again.
+    request: Option<Request>,
+    /// How many connections the request was sent on.
+    sends: u8,
     reply: Option<ReplySlot>,
     watch: Option<Registration>,
 }
@@ -164,10 +170,18 @@ pub(crate) struct SessionTask {
     pub(crate) next_xid: u32,
     /// Requests made while disconnected, sent once reconnected.
     pub(crate) deferred: VecDeque<Cmd>,
+    /// Requests a broken connection left unanswered, sent again (same xid,
+    /// same order) once the session is resumed: the server answers one it
+    /// had handled from the session's last reply rather than apply it twice.
+    pub(crate) unanswered: VecDeque<Pending>,
 }
 
 /// Most bytes buffered for writing before new requests wait.
 const WRITE_LIMIT: usize = 4 << 20;
+
+/// Most connections one request is sent on before it fails with
+/// `ConnectionLoss`.
+const MAX_SENDS: u8 = 3;
 
 impl SessionTask {
     pub(crate) async fn run(mut self, first: Connection) {
@@ -191,10 +205,14 @@ impl SessionTask {
             };
             match end {
                 End::Expired(message) => {
-                    self.finish(SessionState::Expired, Error::SessionExpired(message))
-                        .await
+                    let error = Error::SessionExpired(message);
+                    fail_pending(std::mem::take(&mut self.unanswered), &error);
+                    self.finish(SessionState::Expired, error).await
                 }
-                End::Closed => self.finish(SessionState::Closed, Error::Closed).await,
+                End::Closed => {
+                    fail_pending(std::mem::take(&mut self.unanswered), &Error::Closed);
+                    self.finish(SessionState::Closed, Error::Closed).await
+                }
                 End::Dropped | End::Lost(_) => {}
             }
             return;
@@ -284,7 +302,9 @@ impl SessionTask {
         self.next_xid
     }
 
-    /// Writes a request into `wbuf` and remembers it.
+    /// Writes a request into `wbuf` and remembers it. A request with no
+    /// reply slot is the session's own (a ping, a watch reset, the delete of
+    /// an orphan); only the last is sent again after a broken connection.
     fn enqueue(
         &mut self,
         request: Request,
@@ -294,13 +314,36 @@ impl SessionTask {
         pending: &mut VecDeque<Pending>,
     ) {
         let xid = self.next_xid();
-        RequestFrame { xid, request }.encode(wbuf);
+        let frame = RequestFrame { xid, request };
+        frame.encode(wbuf);
+        let again = reply.is_some() || matches!(frame.request, Request::Delete { .. });
         pending.push_back(Pending {
             xid,
             sent: Instant::now(),
+            request: again.then_some(frame.request),
+            sends: 1,
             reply,
             watch,
         });
+    }
+
+    /// Sends again, with their own xids, the requests the last connection
+    /// left unanswered.
+    fn resend(&mut self, wbuf: &mut BytesMut, pending: &mut VecDeque<Pending>) {
+        for mut p in std::mem::take(&mut self.unanswered) {
+            let Some(request) = p.request.take() else {
+                continue;
+            };
+            let frame = RequestFrame {
+                xid: p.xid,
+                request,
+            };
+            frame.encode(wbuf);
+            p.request = Some(frame.request);
+            p.sent = Instant::now();
+            p.sends += 1;
+            pending.push_back(p);
+        }
     }
 
     /// Serves one connection until it breaks or the session ends.
@@ -330,6 +373,7 @@ impl SessionTask {
             };
             self.enqueue(request, None, None, &mut wbuf, &mut pending);
         }
+        self.resend(&mut wbuf, &mut pending);
         while let Some(cmd) = self.deferred.pop_front() {
             self.accept(cmd, &mut wbuf, &mut pending, &mut closing);
         }
@@ -403,7 +447,16 @@ impl SessionTask {
                     fail_pending(pending, &error);
                     return End::Closed;
                 }
-                fail_pending(pending, &error);
+                // Sent again once the session is resumed; the server answers
+                // each at most once. A request that broke every connection it
+                // was sent on is not sent again: it fails, as its outcome is
+                // unknown, rather than break connections forever.
+                let (again, given_up): (VecDeque<Pending>, VecDeque<Pending>) = pending
+                    .into_iter()
+                    .filter(|p| p.request.is_some())
+                    .partition(|p| p.sends < MAX_SENDS);
+                fail_pending(given_up, &error);
+                self.unanswered = again;
             }
             End::Expired(message) => {
                 self.publish_end(&end);

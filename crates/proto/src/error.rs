@@ -52,6 +52,10 @@ pub enum ErrorCode {
     /// Setting the watch would take the session past the server's limit on
     /// the watches one session may hold.
     TooManyWatches,
+    /// A request sent again after a broken connection had been handled
+    /// before (applied or refused), and its reply is gone: only a session's
+    /// latest change keeps its reply. It was not applied again.
+    ResultLost,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -80,6 +84,7 @@ impl ErrorCode {
             ErrorCode::FrameTooLarge => 18,
             ErrorCode::StaleFence => 19,
             ErrorCode::TooManyWatches => 20,
+            ErrorCode::ResultLost => 21,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -108,6 +113,7 @@ impl ErrorCode {
             18 => ErrorCode::FrameTooLarge,
             19 => ErrorCode::StaleFence,
             20 => ErrorCode::TooManyWatches,
+            21 => ErrorCode::ResultLost,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -135,6 +141,7 @@ impl ErrorCode {
             ErrorCode::FrameTooLarge => "frame too large",
             ErrorCode::StaleFence => "stale fencing token",
             ErrorCode::TooManyWatches => "too many watches",
+            ErrorCode::ResultLost => "result lost",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

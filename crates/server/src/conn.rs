@@ -572,7 +572,7 @@ mod size_tests {
                 ("connection state", std::mem::size_of::<super::Conn>(), 80),
                 ("outbox", std::mem::size_of::<crate::outbox::Outbox>(), 80),
                 ("node", std::mem::size_of::<crate::state::Node>(), 88),
-                ("session", std::mem::size_of::<crate::state::Session>(), 48),
+                ("session", std::mem::size_of::<crate::state::Session>(), 56),
             ];
             for (what, size, most) in sizes {
                 assert!(size <= most, "{what}: {size} bytes, more than {most}");

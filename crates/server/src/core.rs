@@ -13,17 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_proto::{
-    path, ConnectRequest, CreateMode, ErrorCode, ErrorReply, EventKind, PredecessorWatch, Reply,
-    Request, RequestFrame, SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
+    path, ConnectRequest, ErrorCode, ErrorReply, EventKind, PredecessorWatch, Reply, Request,
+    RequestFrame, SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
 };
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
 use crate::persist::{DurableMark, Wal};
 use crate::queues::QueueWatches;
-use crate::state::{Command, Outcome, StateMachine, Trigger};
+use crate::state::{Command, Origin, Outcome, Proposal, StateMachine, Trigger};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::{Kinds, Watches};
 
@@ -124,13 +123,18 @@ impl Core {
         }
     }
 
-    /// Applies a command and, if it changed the state, logs it.
-    fn apply(&mut self, command: &Command) -> crate::state::Applied {
-        let now_ms = wall_clock_ms();
-        let applied = self.sm.apply(command, now_ms);
-        if applied.result.is_ok() {
+    /// Applies a command (answering the request `origin`, if any) and, if it
+    /// changed the state, logs it.
+    fn apply(&mut self, origin: Option<Origin>, command: Command) -> crate::state::Applied {
+        let proposal = Proposal {
+            now_ms: wall_clock_ms(),
+            origin,
+            command,
+        };
+        let applied = self.sm.apply_proposal(&proposal);
+        if applied.changed {
             if let Some(wal) = &self.wal {
-                wal.append(applied.revision, now_ms, command);
+                wal.append(applied.revision, &proposal);
                 // Checked before the state is copied: while a snapshot runs
                 // (or after the log failed) no copy is made.
                 if wal.snapshot_wanted(self.config.snapshot_every_bytes) {
@@ -204,7 +208,7 @@ impl Core {
                     )
                 })?;
                 let secret = SessionSecret(secret);
-                let applied = self.apply(&Command::OpenSession { timeout_ms, secret });
+                let applied = self.apply(None, Command::OpenSession { timeout_ms, secret });
                 let Ok(Outcome::SessionOpened(id)) = applied.result else {
                     unreachable!("opening a session cannot fail");
                 };
@@ -304,7 +308,7 @@ impl Core {
                 fence,
             } => self.check_size(&data).and_then(|()| {
                 self.write(
-                    session,
+                    Origin { session, xid },
                     Command::Create {
                         session,
                         path,
@@ -319,7 +323,7 @@ impl Core {
                 version,
                 fence,
             } => self.write(
-                session,
+                Origin { session, xid },
                 Command::Delete {
                     path,
                     version,
@@ -333,7 +337,7 @@ impl Core {
                 fence,
             } => self.check_size(&data).and_then(|()| {
                 self.write(
-                    session,
+                    Origin { session, xid },
                     Command::SetData {
                         path,
                         data,
@@ -343,7 +347,16 @@ impl Core {
                 )
             }),
             Request::Predecessor { path, watch } => self.predecessor(session, &path, watch),
-            Request::Enqueue { path, data } => self.enqueue(session, path, data),
+            Request::Enqueue { path, data } => self.check_size(&data).and_then(|()| {
+                self.write(
+                    Origin { session, xid },
+                    Command::Enqueue {
+                        session,
+                        path,
+                        data,
+                    },
+                )
+            }),
             Request::CheckToken { path, token } => self
                 .sm
                 .child_created_at(&path, token)
@@ -387,7 +400,12 @@ impl Core {
                     Reply::SetWatches
                 }),
             Request::CloseSession => {
-                self.end_session(session, Command::CloseSession { session }, None);
+                self.end_session(
+                    session,
+                    Some(Origin { session, xid }),
+                    Command::CloseSession { session },
+                    None,
+                );
                 self.reply(outbox, xid, op, Ok(Reply::CloseSession));
                 outbox.close(None, 0);
                 return Flow::Stop;
@@ -493,26 +511,33 @@ impl Core {
         Ok(())
     }
 
-    /// Applies a change made by `actor` and fires its watches.
-    fn write(&mut self, actor: SessionId, command: Command) -> Result<Reply, ErrorReply> {
-        let applied = self.apply(&command);
-        self.dispatch(&applied.triggers, Some(actor));
-        applied.result.map(|outcome| match outcome {
+    /// Applies a change a request asked for, fires its watches, and
+    /// answers: an enqueue also gets its queue watch.
+    fn write(&mut self, origin: Origin, command: Command) -> Result<Reply, ErrorReply> {
+        let applied = self.apply(Some(origin), command);
+        self.dispatch(&applied.triggers, Some(origin.session));
+        match applied.result? {
             Outcome::Created {
                 path,
                 sequence,
                 stat,
-            } => Reply::Create {
+            } => Ok(Reply::Create {
                 path: path.to_string(),
                 sequence,
                 stat,
-            },
-            Outcome::Deleted => Reply::Delete,
-            Outcome::DataSet(stat) => Reply::SetData(stat),
+            }),
+            Outcome::Enqueued {
+                path,
+                sequence,
+                stat,
+                ..
+            } => self.queue_up(origin.session, &path, sequence, stat),
+            Outcome::Deleted => Ok(Reply::Delete),
+            Outcome::DataSet(stat) => Ok(Reply::SetData(stat)),
             Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => {
                 unreachable!("requests do not open or end sessions through write")
             }
-        })
+        }
     }
 
     fn get_data(
@@ -572,43 +597,35 @@ impl Core {
         ))
     }
 
-    /// Joins a queue: an ephemeral sequential node under a queue watch.
-    fn enqueue(
+    /// Sets the queue watch of a node its session just enqueued (or, for an
+    /// enqueue sent again, enqueued before) and answers with the node's
+    /// predecessor as it is now, which is what the watch starts from.
+    fn queue_up(
         &mut self,
         session: SessionId,
-        path: String,
-        data: Bytes,
+        path: &Arc<str>,
+        sequence: u64,
+        stat: baton_proto::Stat,
     ) -> Result<Reply, ErrorReply> {
-        self.check_size(&data)?;
-        let command = Command::Create {
-            session,
-            path,
-            data,
-            mode: CreateMode::EphemeralSequential,
-            fence: None,
-        };
-        let Reply::Create {
-            path,
-            sequence,
-            stat,
-        } = self.write(session, command)?
-        else {
-            unreachable!("a create answers with a create reply");
-        };
-        let (node, predecessor) = {
-            let (k, _) = self.sm.node_entry(&path).expect("just created");
-            let pred = self
-                .sm
-                .predecessor(&path)
-                .expect("just created")
-                .map(|(p, n)| (p.clone(), n.stat()));
-            (k.clone(), pred)
+        let (node, predecessor) = match self.sm.node_entry(path) {
+            Some((k, n)) if n.owner() == Some(session) => (
+                k.clone(),
+                self.sm
+                    .predecessor(path)?
+                    .map(|(p, n)| (p.clone(), n.stat())),
+            ),
+            _ => {
+                return Err(ErrorReply::new(
+                    ErrorCode::NoNode,
+                    format!("{path}, this session's place in the queue, was deleted since"),
+                ))
+            }
         };
         self.queues
             .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));
         Ok(Reply::Enqueue {
-            path,
-            sequence: sequence.expect("sequential"),
+            path: path.to_string(),
+            sequence,
             stat,
             predecessor: predecessor.map(|(p, stat)| (p.to_string(), stat)),
         })
@@ -815,10 +832,11 @@ impl Core {
     fn end_session(
         &mut self,
         id: SessionId,
+        origin: Option<Origin>,
         command: Command,
         notice: Option<(ErrorCode, String)>,
     ) {
-        let applied = self.apply(&command);
+        let applied = self.apply(origin, command);
         self.watches.remove_session(id);
         self.queues.remove_session(id);
         self.dispatch(&applied.triggers, None);
@@ -850,6 +868,7 @@ impl Core {
             tracing::info!(session = %id, timeout_ms, "session expired");
             self.end_session(
                 id,
+                None,
                 Command::ExpireSession { session: id },
                 Some((
                     ErrorCode::SessionExpired,

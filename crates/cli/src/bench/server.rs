@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::CliError;
@@ -22,27 +22,24 @@ impl ChildServer {
     /// Starts `baton serve` on a free loopback port with `extra` arguments and
     /// waits until it accepts connections.
     pub async fn start(extra: &[&str]) -> Result<Self, CliError> {
-        let dir = std::env::temp_dir().join(format!(
-            "baton-bench-{}-{}",
-            std::process::id(),
-            free_port()?
-        ));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("baton-bench-{}-{n}", std::process::id()));
         let mut server = Self::start_in(&dir, extra).await?;
         server.owns_dir = true;
         Ok(server)
     }
 
-    /// Starts `baton serve` on `data_dir` (kept on drop).
+    /// Starts `baton serve` on `data_dir` (kept on drop), on a port of its
+    /// choosing, and waits until it says where it accepts connections.
     pub async fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Result<Self, CliError> {
         let exe = std::env::current_exe()
             .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
-        let port = free_port()?;
-        let addr = format!("127.0.0.1:{port}");
         let data_dir = data_dir.to_owned();
-        let child = Command::new(exe)
+        let mut child = Command::new(exe)
             .arg("serve")
             .arg("--listen")
-            .arg(&addr)
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(&data_dir)
             .args(extra)
@@ -51,26 +48,34 @@ impl ChildServer {
                 std::env::var("BATON_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| CliError::msg(format!("cannot start the benchmark server: {e}")))?;
-        let server = ChildServer {
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        // Recovery of a long log comes first: give it time.
+        let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+            .await
+            .map_err(|_| {
+                CliError::msg("the benchmark server did not start listening within 300 s")
+            })?
+            .map_err(|e| CliError::msg(format!("reading the benchmark server's output: {e}")))?
+            .unwrap_or_default();
+        let addr = line
+            .strip_prefix("listening on ")
+            .ok_or_else(|| {
+                CliError::msg(format!(
+                    "the benchmark server exited instead of listening (it said {line:?})"
+                ))
+            })?
+            .to_owned();
+        Ok(ChildServer {
             child,
             addr,
             data_dir,
             owns_dir: false,
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-        while TcpStream::connect(&server.addr).await.is_err() {
-            if tokio::time::Instant::now() > deadline {
-                return Err(CliError::msg(format!(
-                    "the benchmark server did not start listening on {} within 300 s",
-                    server.addr
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(server)
+        })
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -90,12 +95,4 @@ impl Drop for ChildServer {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
-}
-
-fn free_port() -> Result<u16, CliError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| CliError::msg(format!("cannot find a free port: {e}")))?;
-    Ok(l.local_addr()
-        .map_err(|e| CliError::msg(e.to_string()))?
-        .port())
 }

@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -20,35 +19,34 @@ pub struct Served {
 
 impl Served {
     pub fn start() -> Served {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let dir =
-            std::env::temp_dir().join(format!("baton-cli-test-{}-{port}", std::process::id()));
-        let child = baton()
+        use std::io::BufRead;
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("baton-cli-test-{}-{n}", std::process::id()));
+        // Port 0: the server takes a free port and says which.
+        let mut child = baton()
             .args([
                 "serve",
                 "--min-session-timeout",
                 "100",
                 "--listen",
-                &addr,
+                "127.0.0.1:0",
                 "--data-dir",
             ])
             .arg(&dir)
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start baton serve");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "baton serve did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read baton serve's stdout");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("baton serve did not say where it listens: {line:?}"))
+            .to_owned();
         Served { child, addr, dir }
     }
 

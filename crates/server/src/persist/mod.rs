@@ -15,9 +15,9 @@
 //! - `LOCK`: held by the running server.
 
 mod log;
-pub(crate) mod record;
+pub mod record;
 mod segment;
-pub(crate) mod snapshot;
+pub mod snapshot;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -9,13 +9,15 @@
 //!   payload:
 //!     revision  u64   the revision the command produced
 //!     now_ms    u64   the time the command was stamped with
-//!     command   tag u8, then its fields:
+//!     command   tag u8; with 0x80 set, the request it answers follows
+//!               (session u64, xid u32); then the command's fields:
 //!       1 open session   timeout_ms u32, secret [16]
 //!       2 close session  session u64
 //!       3 expire session session u64
 //!       4 create         session u64, path str, data bytes, mode u8, fence opt64
 //!       5 delete         path str, version opt32, fence opt64
 //!       6 set data       path str, data bytes, version opt32, fence opt64
+//!       7 enqueue        session u64, path str, data bytes
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
@@ -25,7 +27,7 @@
 use baton_proto::{CreateMode, SessionId, SessionSecret};
 use bytes::Bytes;
 
-use crate::state::Command;
+use crate::state::{Command, Origin, Proposal};
 
 /// Bytes of a record's header.
 pub(crate) const HEADER: usize = 12;
@@ -33,24 +35,46 @@ pub(crate) const HEADER: usize = 12;
 /// Largest payload a record may have: more is taken as corruption.
 pub(crate) const MAX_PAYLOAD: usize = 128 << 20;
 
-/// Appends one framed record to `out`.
-pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, now_ms: u64, command: &Command) {
+/// Appends one framed record to `out`: the proposal that produced
+/// `revision`.
+pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, proposal: &Proposal) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     put_u64(out, revision);
-    put_u64(out, now_ms);
-    match command {
+    encode_proposal(out, proposal);
+    let len = (out.len() - start - HEADER) as u32;
+    let len_bytes = len.to_be_bytes();
+    let payload_crc = crc32c::crc32c(&out[start + HEADER..]);
+    out[start..start + 4].copy_from_slice(&len_bytes);
+    out[start + 4..start + 8].copy_from_slice(&crc32c::crc32c(&len_bytes).to_be_bytes());
+    out[start + 8..start + 12].copy_from_slice(&payload_crc.to_be_bytes());
+}
+
+/// Appends a proposal (its time, the request it answers, its command) to
+/// `out`: the body of a log record after its revision, and what a cluster
+/// replicates.
+pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
+    put_u64(out, proposal.now_ms);
+    let tag = |out: &mut Vec<u8>, tag: u8| match proposal.origin {
+        Some(o) => {
+            out.push(tag | ORIGIN);
+            put_u64(out, o.session.0);
+            out.extend_from_slice(&o.xid.to_be_bytes());
+        }
+        None => out.push(tag),
+    };
+    match &proposal.command {
         Command::OpenSession { timeout_ms, secret } => {
-            out.push(1);
+            tag(out, 1);
             out.extend_from_slice(&timeout_ms.to_be_bytes());
             out.extend_from_slice(&secret.0);
         }
         Command::CloseSession { session } => {
-            out.push(2);
+            tag(out, 2);
             put_u64(out, session.0);
         }
         Command::ExpireSession { session } => {
-            out.push(3);
+            tag(out, 3);
             put_u64(out, session.0);
         }
         Command::Create {
@@ -60,7 +84,7 @@ pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, now_ms: u64, command: &Co
             mode,
             fence,
         } => {
-            out.push(4);
+            tag(out, 4);
             put_u64(out, session.0);
             put_str(out, path);
             put_bytes(out, data);
@@ -72,7 +96,7 @@ pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, now_ms: u64, command: &Co
             version,
             fence,
         } => {
-            out.push(5);
+            tag(out, 5);
             put_str(out, path);
             put_opt32(out, *version);
             put_opt64(out, *fence);
@@ -83,20 +107,27 @@ pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, now_ms: u64, command: &Co
             version,
             fence,
         } => {
-            out.push(6);
+            tag(out, 6);
             put_str(out, path);
             put_bytes(out, data);
             put_opt32(out, *version);
             put_opt64(out, *fence);
         }
+        Command::Enqueue {
+            session,
+            path,
+            data,
+        } => {
+            tag(out, 7);
+            put_u64(out, session.0);
+            put_str(out, path);
+            put_bytes(out, data);
+        }
     }
-    let len = (out.len() - start - HEADER) as u32;
-    let len_bytes = len.to_be_bytes();
-    let payload_crc = crc32c::crc32c(&out[start + HEADER..]);
-    out[start..start + 4].copy_from_slice(&len_bytes);
-    out[start + 4..start + 8].copy_from_slice(&crc32c::crc32c(&len_bytes).to_be_bytes());
-    out[start + 8..start + 12].copy_from_slice(&payload_crc.to_be_bytes());
 }
+
+/// The tag bit saying that the request a command answers follows the tag.
+const ORIGIN: u8 = 0x80;
 
 /// What reading a record at some offset of a log found.
 #[derive(Debug)]
@@ -104,8 +135,7 @@ pub(crate) enum Read {
     /// A whole, valid record of `size` bytes (header included).
     Record {
         revision: u64,
-        now_ms: u64,
-        command: Command,
+        proposal: Proposal,
         size: usize,
     },
     /// The bytes end before the record does (a torn tail, if at the end).
@@ -137,21 +167,50 @@ pub(crate) fn read(buf: &[u8]) -> Read {
         return Read::Invalid("record payload fails its checksum".into());
     }
     match decode_payload(payload) {
-        Ok((revision, now_ms, command)) => Read::Record {
+        Ok((revision, proposal)) => Read::Record {
             revision,
-            now_ms,
-            command,
+            proposal,
             size: HEADER + len,
         },
         Err(e) => Read::Invalid(format!("record does not decode: {e}")),
     }
 }
 
-fn decode_payload(payload: &[u8]) -> Result<(u64, u64, Command), String> {
+fn decode_payload(payload: &[u8]) -> Result<(u64, Proposal), String> {
     let mut r = Cursor(payload);
     let revision = r.u64()?;
+    let proposal = read_proposal(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes after the command", r.0.len()));
+    }
+    Ok((revision, proposal))
+}
+
+/// Reads a proposal written by [`encode_proposal`], which must fill `bytes`.
+///
+/// # Errors
+/// What does not decode.
+pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, String> {
+    let mut r = Cursor(bytes);
+    let proposal = read_proposal(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes after the command", r.0.len()));
+    }
+    Ok(proposal)
+}
+
+fn read_proposal(r: &mut Cursor) -> Result<Proposal, String> {
     let now_ms = r.u64()?;
-    let command = match r.u8()? {
+    let tag = r.u8()?;
+    let origin = if tag & ORIGIN != 0 {
+        Some(Origin {
+            session: SessionId(r.u64()?),
+            xid: r.u32()?,
+        })
+    } else {
+        None
+    };
+    let command = match tag & !ORIGIN {
         1 => Command::OpenSession {
             timeout_ms: r.u32()?,
             secret: SessionSecret(r.array()?),
@@ -189,12 +248,18 @@ fn decode_payload(payload: &[u8]) -> Result<(u64, u64, Command), String> {
             version: r.opt32()?,
             fence: r.opt64()?,
         },
+        7 => Command::Enqueue {
+            session: SessionId(r.u64()?),
+            path: r.str()?,
+            data: r.bytes()?,
+        },
         tag => return Err(format!("unknown command tag {tag}")),
     };
-    if !r.0.is_empty() {
-        return Err(format!("{} bytes after the command", r.0.len()));
-    }
-    Ok((revision, now_ms, command))
+    Ok(Proposal {
+        now_ms,
+        origin,
+        command,
+    })
 }
 
 fn put_u64(out: &mut Vec<u8>, v: u64) {
@@ -291,8 +356,8 @@ impl Cursor<'_> {
 mod tests {
     use super::*;
 
-    fn commands() -> Vec<Command> {
-        vec![
+    fn proposals() -> Vec<Proposal> {
+        let commands = vec![
             Command::OpenSession {
                 timeout_ms: 5000,
                 secret: SessionSecret([9; 16]),
@@ -321,38 +386,57 @@ mod tests {
                 version: None,
                 fence: Some(u64::MAX),
             },
-        ]
+            Command::Enqueue {
+                session: SessionId(2),
+                path: "/q/lock-".into(),
+                data: Bytes::from_static(b"me"),
+            },
+        ];
+        commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, command)| Proposal {
+                now_ms: 1000 + i as u64,
+                origin: (i % 2 == 1).then_some(Origin {
+                    session: SessionId(i as u64),
+                    xid: u32::MAX - i as u32,
+                }),
+                command,
+            })
+            .collect()
     }
 
     #[test]
     fn records_round_trip() {
         let mut log = Vec::new();
-        for (i, c) in commands().iter().enumerate() {
-            encode(&mut log, i as u64 + 1, 1000 + i as u64, c);
+        for (i, p) in proposals().iter().enumerate() {
+            encode(&mut log, i as u64 + 1, p);
         }
         let mut at = 0;
-        for (i, want) in commands().into_iter().enumerate() {
+        for (i, want) in proposals().into_iter().enumerate() {
             match read(&log[at..]) {
                 Read::Record {
                     revision,
-                    now_ms,
-                    command,
+                    proposal,
                     size,
                 } => {
-                    assert_eq!((revision, now_ms), (i as u64 + 1, 1000 + i as u64));
-                    assert_eq!(command, want);
+                    assert_eq!(revision, i as u64 + 1);
+                    assert_eq!(proposal, want);
                     at += size;
                 }
                 other => panic!("{other:?}"),
             }
         }
         assert!(matches!(read(&log[at..]), Read::Short));
+        let mut one = Vec::new();
+        encode_proposal(&mut one, &proposals()[3]);
+        assert_eq!(decode_proposal(&one).unwrap(), proposals()[3]);
     }
 
     #[test]
     fn cut_and_flipped_records_are_told_apart() {
         let mut log = Vec::new();
-        encode(&mut log, 1, 0, &commands()[3]);
+        encode(&mut log, 1, &proposals()[3]);
         for cut in 1..log.len() {
             assert!(matches!(read(&log[..cut]), Read::Short), "cut at {cut}");
         }

@@ -28,7 +28,7 @@
 
 use super::record::{self, Read as RecordRead};
 use super::FsyncPolicy;
-use crate::state::Command;
+use crate::state::Proposal;
 
 const MAGIC: &[u8; 8] = b"BATNLOG\0";
 const FORMAT: u16 = 2;
@@ -142,11 +142,10 @@ pub(crate) fn end_batch(out: &mut [u8], start: usize) {
     out[start + 8..start + 12].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// One record as read back.
+/// One record as read back: a proposal and the revision it produced.
 pub(crate) struct Logged {
     pub(crate) revision: u64,
-    pub(crate) now_ms: u64,
-    pub(crate) command: Command,
+    pub(crate) proposal: Proposal,
 }
 
 /// Reads the unit at `at`: a whole batch (format 2) or one record (format
@@ -175,15 +174,10 @@ pub(crate) fn read_unit(
         match record::read(&body[pos..]) {
             RecordRead::Record {
                 revision,
-                now_ms,
-                command,
+                proposal,
                 size,
             } => {
-                records.push(Logged {
-                    revision,
-                    now_ms,
-                    command,
-                });
+                records.push(Logged { revision, proposal });
                 pos += size;
                 if end.is_none() {
                     break; // format 1: one record per unit
@@ -227,20 +221,24 @@ pub(crate) fn unit_after(buf: &[u8], at: usize, layout: Layout) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Command;
     use baton_proto::SessionId;
+
+    fn close(r: u64) -> Proposal {
+        Proposal {
+            now_ms: 0,
+            origin: None,
+            command: Command::CloseSession {
+                session: SessionId(r),
+            },
+        }
+    }
 
     fn batch(revisions: std::ops::Range<u64>) -> Vec<u8> {
         let mut out = Vec::new();
         let start = begin_batch(&mut out);
         for r in revisions {
-            record::encode(
-                &mut out,
-                r,
-                0,
-                &Command::CloseSession {
-                    session: SessionId(r),
-                },
-            );
+            record::encode(&mut out, r, &close(r));
         }
         end_batch(&mut out, start);
         out
@@ -275,14 +273,7 @@ mod tests {
     #[test]
     fn a_segment_without_a_header_is_format_1() {
         let mut seg = Vec::new();
-        record::encode(
-            &mut seg,
-            1,
-            0,
-            &Command::CloseSession {
-                session: SessionId(1),
-            },
-        );
+        record::encode(&mut seg, 1, &close(1));
         assert_eq!(layout(&seg).unwrap().format, 1);
         assert_eq!(layout(&[]).unwrap().format, 1);
         assert!(matches!(layout(&MAGIC[..5]), Err(LayoutError::Short)));

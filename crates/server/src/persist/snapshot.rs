@@ -2,36 +2,51 @@
 //!
 //! # Format
 //! ```text
-//! header, 44 bytes:
+//! header, 52 bytes (format 2):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  1
+//!   format      u32  2
 //!   revision    u64  the state's revision
+//!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
 //!   nodes       u64  number of node entries
 //!   body_crc    u32  CRC32C of everything after the header
-//!   header_crc  u32  CRC32C of the 40 bytes before it
-//! sessions: id u64, timeout_ms u32, secret [16]
+//!   header_crc  u32  CRC32C of the 48 bytes before it
+//! sessions: id u64, timeout_ms u32, secret [16],
+//!   last: u8 0, or 1 then xid u32 and the outcome of the session's latest
+//!   change:
+//!     tag u8 1 created:  path str, sequence opt64, stat
+//!            2 enqueued: path str, sequence u64, stat,
+//!                        predecessor: u8 0 | 1 + path str + stat
+//!            3 deleted
+//!            4 data set: stat
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
 //!   mtime u64, version u32, cversion u32, owner u64, fence u64
+//! stat: 64 bytes, as on the wire
 //! ```
+//! Format 1 (still read) has a 44-byte header without `last_now_ms`, and
+//! sessions without `last`.
+//!
 //! A snapshot is written to a temporary file, synced, and renamed into place,
-//! so a crash leaves either the old set of snapshots or the new one.
+//! so a crash leaves either the old set of snapshots or the new one. The same
+//! bytes, in memory, are what a cluster member sends one far behind.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use baton_proto::{SessionId, SessionSecret};
+use baton_proto::{SessionId, SessionSecret, Stat};
 
 use super::record::Cursor;
 use super::{sync_dir, PersistError};
-use crate::state::{NodeImage, StateMachine};
+use crate::state::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 use crate::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 1;
-const HEADER: usize = 44;
+const FORMAT: u32 = 2;
+const HEADER: usize = 52;
+const HEADER_V1: usize = 44;
 
 /// The file name of the snapshot at `revision`.
 pub(crate) fn file_name(revision: u64) -> String {
@@ -49,49 +64,9 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<Path
     let final_path = dir.join(file_name(revision));
     let tmp_path = dir.join(format!("{}.tmp", file_name(revision)));
     let io = |e| PersistError::io(&tmp_path, "writing a snapshot", e);
-
-    let mut body = CrcWriter::new(BufWriter::with_capacity(
-        1 << 20,
-        File::create(&tmp_path).map_err(io)?,
-    ));
-    body.inner.write_all(&[0u8; HEADER]).map_err(io)?; // patched below
-    let mut sessions = 0u64;
-    for (id, session) in sm.sessions() {
-        body.put(&id.0.to_be_bytes()).map_err(io)?;
-        body.put(&session.timeout_ms.to_be_bytes()).map_err(io)?;
-        body.put(&session.secret.0).map_err(io)?;
-        sessions += 1;
-    }
-    let mut nodes = 0u64;
-    for n in sm.nodes_parent_first() {
-        body.put(&(n.path.len() as u16).to_be_bytes()).map_err(io)?;
-        body.put(n.path.as_bytes()).map_err(io)?;
-        body.put(&(n.data.len() as u32).to_be_bytes()).map_err(io)?;
-        body.put(&n.data).map_err(io)?;
-        for v in [n.czxid, n.mzxid, n.pzxid, n.ctime, n.mtime] {
-            body.put(&v.to_be_bytes()).map_err(io)?;
-        }
-        body.put(&n.version.to_be_bytes()).map_err(io)?;
-        body.put(&n.cversion.to_be_bytes()).map_err(io)?;
-        body.put(&n.owner.to_be_bytes()).map_err(io)?;
-        body.put(&n.fence.to_be_bytes()).map_err(io)?;
-        nodes += 1;
-    }
-    let crc = body.crc;
-    let mut file = body.inner.into_inner().map_err(|e| io(e.into_error()))?;
-
-    let mut header = Vec::with_capacity(HEADER);
-    header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&FORMAT.to_be_bytes());
-    header.extend_from_slice(&revision.to_be_bytes());
-    header.extend_from_slice(&sessions.to_be_bytes());
-    header.extend_from_slice(&nodes.to_be_bytes());
-    header.extend_from_slice(&crc.to_be_bytes());
-    let header_crc = crc32c::crc32c(&header);
-    header.extend_from_slice(&header_crc.to_be_bytes());
-    use std::io::{Seek, SeekFrom};
-    file.seek(SeekFrom::Start(0)).map_err(io)?;
-    file.write_all(&header).map_err(io)?;
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp_path).map_err(io)?);
+    encode(sm, &mut out).map_err(io)?;
+    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
     Stats::add(&stats.syncs, 1);
     file.sync_all().map_err(io)?;
     drop(file);
@@ -101,7 +76,126 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<Path
     Ok(final_path)
 }
 
-/// Reads and checks a snapshot.
+/// Writes `sm` as a snapshot into `out`, which must be at its start (the
+/// header is written last, once the body's size and checksum are known).
+///
+/// # Errors
+/// Any I/O failure of `out`.
+pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Result<()> {
+    out.write_all(&[0u8; HEADER])?; // patched below
+    let mut body = CrcWriter::new(&mut *out);
+    let mut sessions = 0u64;
+    for (id, session) in sm.sessions() {
+        body.put(&id.0.to_be_bytes())?;
+        body.put(&session.timeout_ms.to_be_bytes())?;
+        body.put(&session.secret.0)?;
+        match session.last.as_deref() {
+            None => body.put(&[0])?,
+            Some(last) => {
+                body.put(&[1])?;
+                body.put(&last.xid.to_be_bytes())?;
+                put_outcome(&mut body, &last.outcome)?;
+            }
+        }
+        sessions += 1;
+    }
+    let mut nodes = 0u64;
+    for n in sm.nodes_parent_first() {
+        put_str(&mut body, &n.path)?;
+        body.put(&(n.data.len() as u32).to_be_bytes())?;
+        body.put(&n.data)?;
+        for v in [n.czxid, n.mzxid, n.pzxid, n.ctime, n.mtime] {
+            body.put(&v.to_be_bytes())?;
+        }
+        body.put(&n.version.to_be_bytes())?;
+        body.put(&n.cversion.to_be_bytes())?;
+        body.put(&n.owner.to_be_bytes())?;
+        body.put(&n.fence.to_be_bytes())?;
+        nodes += 1;
+    }
+    let crc = body.crc;
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&FORMAT.to_be_bytes());
+    header.extend_from_slice(&sm.revision().to_be_bytes());
+    header.extend_from_slice(&sm.last_now_ms().to_be_bytes());
+    header.extend_from_slice(&sessions.to_be_bytes());
+    header.extend_from_slice(&nodes.to_be_bytes());
+    header.extend_from_slice(&crc.to_be_bytes());
+    let header_crc = crc32c::crc32c(&header);
+    header.extend_from_slice(&header_crc.to_be_bytes());
+    let end = out.stream_position()?;
+    out.seek(SeekFrom::Start(0))?;
+    out.write_all(&header)?;
+    out.seek(SeekFrom::Start(end))?;
+    out.flush()
+}
+
+fn put_str<W: Write>(w: &mut CrcWriter<W>, s: &str) -> std::io::Result<()> {
+    w.put(&(s.len() as u16).to_be_bytes())?;
+    w.put(s.as_bytes())
+}
+
+fn put_stat<W: Write>(w: &mut CrcWriter<W>, s: &Stat) -> std::io::Result<()> {
+    for v in [s.czxid, s.mzxid, s.pzxid, s.ctime, s.mtime] {
+        w.put(&v.to_be_bytes())?;
+    }
+    w.put(&s.version.to_be_bytes())?;
+    w.put(&s.cversion.to_be_bytes())?;
+    w.put(&s.ephemeral_owner.to_be_bytes())?;
+    w.put(&s.data_length.to_be_bytes())?;
+    w.put(&s.num_children.to_be_bytes())
+}
+
+fn put_outcome<W: Write>(w: &mut CrcWriter<W>, outcome: &Outcome) -> std::io::Result<()> {
+    match outcome {
+        Outcome::Created {
+            path,
+            sequence,
+            stat,
+        } => {
+            w.put(&[1])?;
+            put_str(w, path)?;
+            match sequence {
+                None => w.put(&[0])?,
+                Some(s) => {
+                    w.put(&[1])?;
+                    w.put(&s.to_be_bytes())?;
+                }
+            }
+            put_stat(w, stat)
+        }
+        Outcome::Enqueued {
+            path,
+            sequence,
+            stat,
+            predecessor,
+        } => {
+            w.put(&[2])?;
+            put_str(w, path)?;
+            w.put(&sequence.to_be_bytes())?;
+            put_stat(w, stat)?;
+            match predecessor {
+                None => w.put(&[0]),
+                Some((p, s)) => {
+                    w.put(&[1])?;
+                    put_str(w, p)?;
+                    put_stat(w, s)
+                }
+            }
+        }
+        Outcome::Deleted => w.put(&[3]),
+        Outcome::DataSet(stat) => {
+            w.put(&[4])?;
+            put_stat(w, stat)
+        }
+        // Sessions that opened or ended keep no reply: the first has no
+        // request to answer, the second no session to keep it in.
+        Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => w.put(&[0]),
+    }
+}
+
+/// Reads and checks a snapshot file.
 ///
 /// # Errors
 /// [`PersistError::Corrupt`] naming the file and what is wrong, or an I/O
@@ -111,45 +205,73 @@ pub(crate) fn read(path: &Path) -> Result<StateMachine, PersistError> {
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(|e| PersistError::io(path, "reading a snapshot", e))?;
-    let corrupt = |offset: usize, what: String| PersistError::Corrupt {
+    decode(&bytes).map_err(|(offset, what)| PersistError::Corrupt {
         file: path.to_owned(),
         offset: offset as u64,
         what,
+    })
+}
+
+/// Reads and checks a snapshot held in memory.
+///
+/// # Errors
+/// The offset of the first thing wrong, and what it is.
+pub fn decode(bytes: &[u8]) -> Result<StateMachine, (usize, String)> {
+    if bytes.len() < HEADER_V1 || &bytes[..8] != MAGIC {
+        return Err((0, "not a Baton snapshot (bad magic or too short)".into()));
+    }
+    let format = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let header_len = match format {
+        1 => HEADER_V1,
+        2 if bytes.len() >= HEADER => HEADER,
+        2 => return Err((0, "snapshot shorter than its header".into())),
+        other => {
+            return Err((
+                8,
+                format!("snapshot format {other}, this server reads 1 and {FORMAT}"),
+            ))
+        }
     };
-    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
-        return Err(corrupt(
-            0,
-            "not a Baton snapshot (bad magic or too short)".into(),
-        ));
+    let header = &bytes[..header_len];
+    let header_crc = u32::from_be_bytes(header[header_len - 4..].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&header[..header_len - 4]) != header_crc {
+        return Err((0, "snapshot header fails its checksum".into()));
     }
-    let header = &bytes[..HEADER];
-    let header_crc = u32::from_be_bytes(header[40..44].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&header[..40]) != header_crc {
-        return Err(corrupt(0, "snapshot header fails its checksum".into()));
-    }
-    let mut h = Cursor(&header[8..36]);
-    let format = h.u32().map_err(|e| corrupt(8, e))?;
-    if format != FORMAT {
-        return Err(corrupt(
-            8,
-            format!("snapshot format {format}, this server reads {FORMAT}"),
-        ));
-    }
-    let revision = h.u64().map_err(|e| corrupt(12, e))?;
-    let sessions = h.u64().map_err(|e| corrupt(20, e))?;
-    let nodes = h.u64().map_err(|e| corrupt(28, e))?;
-    let body_crc = u32::from_be_bytes(header[36..40].try_into().expect("4 bytes"));
-    let body = &bytes[HEADER..];
+    let mut h = Cursor(&header[12..header_len - 8]);
+    let revision = h.u64().map_err(|e| (12, e))?;
+    let last_now_ms = if format == 1 {
+        0
+    } else {
+        h.u64().map_err(|e| (20, e))?
+    };
+    let sessions = h.u64().map_err(|e| (header_len - 24, e))?;
+    let nodes = h.u64().map_err(|e| (header_len - 16, e))?;
+    let body_crc = u32::from_be_bytes(
+        header[header_len - 8..header_len - 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let body = &bytes[header_len..];
     if crc32c::crc32c(body) != body_crc {
-        return Err(corrupt(HEADER, "snapshot body fails its checksum".into()));
+        return Err((header_len, "snapshot body fails its checksum".into()));
     }
     let mut r = Cursor(body);
-    let at = |r: &Cursor| HEADER + body.len() - r.0.len();
+    let at = |r: &Cursor| header_len + body.len() - r.0.len();
     let mut session_list = Vec::new();
     for _ in 0..sessions {
-        let entry =
-            (|| Ok::<_, String>((SessionId(r.u64()?), r.u32()?, SessionSecret(r.array()?))))()
-                .map_err(|e| corrupt(at(&r), e))?;
+        let entry = (|| {
+            Ok::<_, String>(SessionImage {
+                id: SessionId(r.u64()?),
+                timeout_ms: r.u32()?,
+                secret: SessionSecret(r.array()?),
+                last: if format == 1 {
+                    None
+                } else {
+                    last_reply(&mut r)?
+                },
+            })
+        })()
+        .map_err(|e| (at(&r), e))?;
         session_list.push(entry);
     }
     let mut images = Vec::new();
@@ -169,13 +291,60 @@ pub(crate) fn read(path: &Path) -> Result<StateMachine, PersistError> {
                 fence: r.u64()?,
             })
         })()
-        .map_err(|e| corrupt(at(&r), e))?;
+        .map_err(|e| (at(&r), e))?;
         images.push(image);
     }
     if !r.0.is_empty() {
-        return Err(corrupt(at(&r), "bytes after the last node".into()));
+        return Err((at(&r), "bytes after the last node".into()));
     }
-    StateMachine::restore(revision, session_list, images).map_err(|e| corrupt(HEADER, e))
+    StateMachine::restore(revision, last_now_ms, session_list, images).map_err(|e| (header_len, e))
+}
+
+fn get_stat(r: &mut Cursor) -> Result<Stat, String> {
+    Ok(Stat {
+        czxid: r.u64()?,
+        mzxid: r.u64()?,
+        pzxid: r.u64()?,
+        ctime: r.u64()?,
+        mtime: r.u64()?,
+        version: r.u32()?,
+        cversion: r.u32()?,
+        ephemeral_owner: r.u64()?,
+        data_length: r.u32()?,
+        num_children: r.u32()?,
+    })
+}
+
+fn last_reply(r: &mut Cursor) -> Result<Option<LastReply>, String> {
+    if r.u8()? == 0 {
+        return Ok(None);
+    }
+    let xid = r.u32()?;
+    let path = |r: &mut Cursor| r.str().map(|p| Arc::<str>::from(p.as_str()));
+    let outcome = match r.u8()? {
+        1 => Outcome::Created {
+            path: path(r)?,
+            sequence: match r.u8()? {
+                0 => None,
+                _ => Some(r.u64()?),
+            },
+            stat: get_stat(r)?,
+        },
+        2 => Outcome::Enqueued {
+            path: path(r)?,
+            sequence: r.u64()?,
+            stat: get_stat(r)?,
+            predecessor: match r.u8()? {
+                0 => None,
+                _ => Some((path(r)?, get_stat(r)?)),
+            },
+        },
+        3 => Outcome::Deleted,
+        4 => Outcome::DataSet(get_stat(r)?),
+        0 => return Ok(None),
+        tag => return Err(format!("unknown reply tag {tag}")),
+    };
+    Ok(Some(LastReply { xid, outcome }))
 }
 
 /// A writer that keeps the CRC32C of what went through it.

@@ -15,6 +15,7 @@
 //! more than one, still deterministically.)
 
 mod node;
+mod proposal;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, Sessi
 use bytes::Bytes;
 
 pub use node::{Ephemerals, Node};
+pub use proposal::{LastReply, Origin, Proposal};
 
 /// A change to the state. Reads are not commands: they change nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,13 @@ pub enum Command {
         version: Option<u32>,
         fence: Option<u64>,
     },
+    /// Joins a queue: creates an ephemeral sequential node of `session`
+    /// under the queue's path, and reports the node created just before it.
+    Enqueue {
+        session: SessionId,
+        path: String,
+        data: Bytes,
+    },
 }
 
 /// The successful result of a command.
@@ -71,6 +80,14 @@ pub enum Outcome {
         path: Arc<str>,
         sequence: Option<u64>,
         stat: Stat,
+    },
+    /// A queue was joined: the created node, and the one created just before
+    /// it, if any.
+    Enqueued {
+        path: Arc<str>,
+        sequence: u64,
+        stat: Stat,
+        predecessor: Option<(Arc<str>, Stat)>,
     },
     Deleted,
     DataSet(Stat),
@@ -92,6 +109,10 @@ pub struct Applied {
     pub triggers: Vec<Trigger>,
     /// The revision after the command (unchanged if it failed).
     pub revision: u64,
+    /// Whether the command changed the state (took a revision). A failed
+    /// command, and a request answered from its session's last reply, did
+    /// not: neither is logged.
+    pub changed: bool,
 }
 
 /// A live session as the state machine knows it.
@@ -101,6 +122,18 @@ pub struct Session {
     pub secret: SessionSecret,
     /// Full paths of the session's ephemeral nodes.
     pub ephemerals: Ephemerals,
+    /// The reply to the session's latest request that changed the state:
+    /// a retried request is answered from it rather than applied twice.
+    pub last: Option<Box<LastReply>>,
+}
+
+/// A session as a snapshot holds it (its ephemerals come with the nodes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionImage {
+    pub id: SessionId,
+    pub timeout_ms: u32,
+    pub secret: SessionSecret,
+    pub last: Option<LastReply>,
 }
 
 /// A node as a snapshot holds it.
@@ -134,6 +167,9 @@ pub struct StateMachine {
     nodes: Map<Arc<str>, Node>,
     sessions: Map<SessionId, Session>,
     revision: u64,
+    /// The time the latest change was stamped with: changes are stamped no
+    /// earlier, whatever clock proposed them.
+    last_now_ms: u64,
 }
 
 impl Default for StateMachine {
@@ -155,6 +191,7 @@ impl StateMachine {
             nodes,
             sessions: Map::new_sync(),
             revision: 0,
+            last_now_ms: 0,
         }
     }
 
@@ -188,27 +225,37 @@ impl StateMachine {
         })
     }
 
-    /// Rebuilds a state machine from a snapshot's contents: the revision, the
-    /// sessions (id, timeout, secret), and the nodes, each after its parent.
+    /// Rebuilds a state machine from a snapshot's contents: the revision and
+    /// the time of the latest change, the sessions, and the nodes, each after
+    /// its parent.
     ///
     /// # Errors
     /// A description of the first inconsistency: a node before its parent, an
     /// ephemeral owned by an unknown session, a duplicate.
     pub fn restore(
         revision: u64,
-        sessions: impl IntoIterator<Item = (SessionId, u32, SessionSecret)>,
+        last_now_ms: u64,
+        sessions: impl IntoIterator<Item = SessionImage>,
         nodes: impl IntoIterator<Item = NodeImage>,
     ) -> Result<StateMachine, String> {
         let mut sm = StateMachine {
             nodes: Map::new_sync(),
             sessions: Map::new_sync(),
             revision,
+            last_now_ms,
         };
-        for (id, timeout_ms, secret) in sessions {
+        for SessionImage {
+            id,
+            timeout_ms,
+            secret,
+            last,
+        } in sessions
+        {
             let session = Session {
                 timeout_ms,
                 secret,
                 ephemerals: Ephemerals::default(),
+                last: last.map(Box::new),
             };
             if sm.sessions.contains_key(&id) {
                 return Err(format!("session {id} appears twice"));
@@ -306,16 +353,66 @@ impl StateMachine {
         self.sessions.size()
     }
 
-    /// Applies one command, stamping changes with `now_ms` (milliseconds since
-    /// the Unix epoch, chosen by the caller).
+    /// Applies one command that answers no request, stamping changes with
+    /// `now_ms` (milliseconds since the Unix epoch, chosen by the caller).
     pub fn apply(&mut self, command: &Command, now_ms: u64) -> Applied {
+        self.apply_proposal(&Proposal {
+            now_ms,
+            origin: None,
+            command: command.clone(),
+        })
+    }
+
+    /// Applies a proposal. A change is stamped with the proposal's time, or
+    /// with the previous change's if that is later, so that times never go
+    /// back whichever clock proposed them.
+    ///
+    /// A proposal that answers a request its session already made (the same
+    /// xid, or an earlier one) is not applied again: the same xid gets the
+    /// reply the first time gave, an earlier one `result-lost`. That is what
+    /// lets a client resend the requests a broken connection left unanswered.
+    pub fn apply_proposal(&mut self, proposal: &Proposal) -> Applied {
+        if let Some(origin) = proposal.origin {
+            if let Some(answered) = self.answered(origin) {
+                return Applied {
+                    result: answered,
+                    triggers: Vec::new(),
+                    revision: self.revision,
+                    changed: false,
+                };
+            }
+        }
+        let now_ms = proposal.now_ms.max(self.last_now_ms);
+        let before = self.revision;
         let mut triggers = Vec::new();
-        let result = match command {
+        let result = self.apply_command(&proposal.command, now_ms, &mut triggers);
+        let changed = self.revision != before;
+        if changed {
+            self.last_now_ms = now_ms;
+            if let (Some(origin), Ok(outcome)) = (proposal.origin, &result) {
+                self.remember(origin, outcome);
+            }
+        }
+        Applied {
+            result,
+            triggers,
+            revision: self.revision,
+            changed,
+        }
+    }
+
+    fn apply_command(
+        &mut self,
+        command: &Command,
+        now_ms: u64,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        match command {
             Command::OpenSession { timeout_ms, secret } => {
                 Ok(self.open_session(*timeout_ms, *secret))
             }
             Command::CloseSession { session } | Command::ExpireSession { session } => {
-                self.end_session(*session, &mut triggers)
+                self.end_session(*session, triggers)
             }
             Command::Create {
                 session,
@@ -323,24 +420,58 @@ impl StateMachine {
                 data,
                 mode,
                 fence,
-            } => self.create(*session, path, data, *mode, *fence, now_ms, &mut triggers),
+            } => self.create(*session, path, data, *mode, *fence, now_ms, triggers),
+            Command::Enqueue {
+                session,
+                path,
+                data,
+            } => self.enqueue(*session, path, data, now_ms, triggers),
             Command::Delete {
                 path,
                 version,
                 fence,
-            } => self.delete(path, *version, *fence, &mut triggers),
+            } => self.delete(path, *version, *fence, triggers),
             Command::SetData {
                 path,
                 data,
                 version,
                 fence,
-            } => self.set_data(path, data, *version, *fence, now_ms, &mut triggers),
-        };
-        Applied {
-            result,
-            triggers,
-            revision: self.revision,
+            } => self.set_data(path, data, *version, *fence, now_ms, triggers),
         }
+    }
+
+    /// The time the latest change was stamped with.
+    pub fn last_now_ms(&self) -> u64 {
+        self.last_now_ms
+    }
+
+    fn enqueue(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        data: &[u8],
+        now_ms: u64,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        let mode = CreateMode::EphemeralSequential;
+        let Outcome::Created {
+            path,
+            sequence,
+            stat,
+        } = self.create(session, path, data, mode, None, now_ms, triggers)?
+        else {
+            unreachable!("a create reports a created node");
+        };
+        let predecessor = self
+            .predecessor(&path)
+            .expect("just created")
+            .map(|(p, n)| (p.clone(), n.stat()));
+        Ok(Outcome::Enqueued {
+            path,
+            sequence: sequence.expect("sequential"),
+            stat,
+            predecessor,
+        })
     }
 
     fn open_session(&mut self, timeout_ms: u32, secret: SessionSecret) -> Outcome {
@@ -352,6 +483,7 @@ impl StateMachine {
                 timeout_ms,
                 secret,
                 ephemerals: Ephemerals::default(),
+                last: None,
             },
         );
         Outcome::SessionOpened(id)

@@ -521,11 +521,17 @@ fn a_restored_state_machine_equals_the_original() {
     fenced_set(&mut sm, "/p", 12).result.unwrap();
     let sessions: Vec<_> = sm
         .sessions()
-        .map(|(id, s)| (id, s.timeout_ms, s.secret))
+        .map(|(id, s)| SessionImage {
+            id,
+            timeout_ms: s.timeout_ms,
+            secret: s.secret,
+            last: s.last.as_deref().cloned(),
+        })
         .collect();
     let images: Vec<NodeImage> = sm.nodes_parent_first().collect();
     assert_eq!(images[0].path, "/");
-    let mut restored = StateMachine::restore(sm.revision(), sessions, images.clone()).unwrap();
+    let mut restored =
+        StateMachine::restore(sm.revision(), sm.last_now_ms(), sessions, images.clone()).unwrap();
     assert_eq!(restored.nodes_parent_first().collect::<Vec<_>>(), images);
     assert_eq!(restored.revision(), sm.revision());
     assert_eq!(restored.session(a).unwrap().ephemerals.len(), 1);
