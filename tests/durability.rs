@@ -318,10 +318,8 @@ async fn a_damaged_snapshot_stops_the_server() {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("snapshot-")
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("snapshot-") && name.ends_with(".snap")
         })
         .max()
         .expect("a snapshot");

@@ -56,6 +56,10 @@ pub enum ErrorCode {
     /// before (applied or refused), and its reply is gone: only a session's
     /// latest change keeps its reply. It was not applied again.
     ResultLost,
+    /// This cluster member does not lead: only the leader serves clients. The
+    /// message is the leader's client address (`host:port`), or empty if no
+    /// leader is known right now.
+    NotLeader,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -85,6 +89,7 @@ impl ErrorCode {
             ErrorCode::StaleFence => 19,
             ErrorCode::TooManyWatches => 20,
             ErrorCode::ResultLost => 21,
+            ErrorCode::NotLeader => 22,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -114,6 +119,7 @@ impl ErrorCode {
             19 => ErrorCode::StaleFence,
             20 => ErrorCode::TooManyWatches,
             21 => ErrorCode::ResultLost,
+            22 => ErrorCode::NotLeader,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -142,6 +148,7 @@ impl ErrorCode {
             ErrorCode::StaleFence => "stale fencing token",
             ErrorCode::TooManyWatches => "too many watches",
             ErrorCode::ResultLost => "result lost",
+            ErrorCode::NotLeader => "not leader",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

@@ -20,15 +20,16 @@ use baton_proto::{
 };
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
-use crate::core::{Connected, Flow};
+use crate::core::{Connected, Connecting, Flow};
 use crate::outbox::{Drained, Outbox, Status};
+use crate::replicate::Barrier;
 use crate::server::Shared;
 use crate::stats::Stats;
+use sync_wrapper::SyncWrapper;
 
 /// Bytes read from the socket per wake-up before other work gets a turn.
 const READ_BUDGET: usize = 64 * 1024;
@@ -44,6 +45,65 @@ enum Event {
     Writable,
     Outbox,
     Stalled,
+    /// A read barrier completed, or found that this server does not lead.
+    Barrier,
+}
+
+/// Whether a request's op changes the state (and is proposed).
+fn is_change(op: u8) -> bool {
+    use baton_proto::OpCode;
+    [
+        OpCode::Create,
+        OpCode::Delete,
+        OpCode::SetData,
+        OpCode::Enqueue,
+        OpCode::CloseSession,
+    ]
+    .iter()
+    .any(|c| *c as u8 == op)
+}
+
+impl ReadGate {
+    /// Polls the barrier under way, if any: ready once it completed (the
+    /// requests it covers may go) or found this server not leading.
+    fn poll_barrier(&mut self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let Some((barrier, covers)) = &mut self.barrier else {
+            return Poll::Pending;
+        };
+        let covers = *covers;
+        match barrier.get_mut().as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                self.barrier = None;
+                match result {
+                    Ok(()) => self.covered = self.covered.max(covers),
+                    Err(_) => self.not_leading = true,
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+/// What holds back the reads of a cluster leader's connection: a read waits
+/// for the changes its session proposed before it to be applied, and for a
+/// read barrier begun after it arrived (so that it sees every change
+/// committed before it, and this server has proven it still leads).
+/// Requests are counted in bytes of the connection's stream.
+#[derive(Default)]
+struct ReadGate {
+    /// Bytes read from the socket.
+    received: u64,
+    /// Bytes of the requests handled.
+    consumed: u64,
+    /// Requests that end at or before this byte are covered by a barrier.
+    covered: u64,
+    /// A barrier under way, and the byte it covers up to once complete.
+    /// (Wrapped: the connection's state is shared by reference across its
+    /// awaits, and a barrier need not be `Sync`; it is only ever polled.)
+    barrier: Option<(SyncWrapper<Barrier>, u64)>,
+    /// The last barrier found that this server does not lead.
+    not_leading: bool,
 }
 
 /// Why a connection's frames could not be read.
@@ -62,25 +122,21 @@ pub(crate) struct Conn {
     rbuf: LazyBuf,
     wbuf: LazyBuf,
     shared: Arc<Shared>,
-    /// Server shutdown, watched during the handshake (afterwards shutdown
-    /// arrives through the outbox).
-    shutdown: Option<watch::Receiver<bool>>,
+    /// Present on a cluster member: holds back reads (see [`ReadGate`]).
+    gate: Option<Box<ReadGate>>,
 }
 
 impl Conn {
     /// Wraps an accepted stream that already took a connection slot.
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        stream: TcpStream,
-        shutdown: watch::Receiver<bool>,
-    ) -> Box<Self> {
+    pub(crate) fn new(shared: Arc<Shared>, stream: TcpStream) -> Box<Self> {
         Stats::add(&shared.stats.connections_open, 1);
+        let gate = shared.replicated.then(Box::default);
         Box::new(Conn {
             stream,
             rbuf: LazyBuf::default(),
             wbuf: LazyBuf::default(),
+            gate,
             shared,
-            shutdown: Some(shutdown),
         })
     }
 }
@@ -159,7 +215,10 @@ impl Conn {
     /// success; on failure the reason has been logged and sent.
     async fn handshake(&mut self, outbox: &Arc<Outbox>) -> Option<SessionId> {
         let limit = self.shared.config.handshake_timeout;
-        let mut shutdown = self.shutdown.take()?;
+        let mut shutdown = self.shared.stopping.subscribe();
+        if *shutdown.borrow_and_update() {
+            return None;
+        }
         let frame = tokio::select! {
             r = timeout(limit, self.read_frame()) => match r {
                 Ok(Ok(Some(frame))) => frame,
@@ -190,16 +249,31 @@ impl Conn {
                 return None;
             }
         };
-        let connected = self.shared.core().connect(&request, outbox, Instant::now());
-        match connected {
-            Ok(Connected {
-                grant,
-                replan,
-                revision,
-            }) => {
-                if replan {
-                    self.shared.expiry_wake.notify_one();
+        let connecting = self.shared.core().connect(&request, outbox, Instant::now());
+        let connected = match connecting {
+            Ok(Connecting::Done(connected)) => Ok(connected),
+            // A cluster's leader opens the session once it is committed.
+            Ok(Connecting::Pending(waiting)) => {
+                let limit = self.shared.config.handshake_timeout;
+                tokio::select! {
+                    r = timeout(limit, waiting) => match r {
+                        Ok(Ok(result)) => result,
+                        Ok(Err(_)) => Err(self.shared.core().not_leader_notice()),
+                        Err(_) => Err((
+                            ErrorCode::ShuttingDown,
+                            format!("the session was not opened within {} ms; try again", limit.as_millis()),
+                        )),
+                    },
+                    _ = shutdown.changed() => Err((
+                        ErrorCode::ShuttingDown,
+                        "the server is shutting down; try a server that is up".into(),
+                    )),
                 }
+            }
+            Err(refused) => Err(refused),
+        };
+        match connected {
+            Ok(Connected { grant, revision }) => {
                 let session = grant.session_id;
                 // A new session is a change: its grant waits until it is durable.
                 if !self.wait_durable(revision, outbox).await {
@@ -222,7 +296,12 @@ impl Conn {
                 }
             }
             Err((code, message)) => {
-                info!(peer = %self.peer(), "handshake refused: {message}");
+                if code == ErrorCode::NotLeader {
+                    debug!(peer = %self.peer(), leader = %message, "handshake sent to the leader");
+                } else {
+                    info!(peer = %self.peer(), "handshake refused: {message}");
+                }
+                self.shared.core().detach(SessionId(0), outbox);
                 self.refuse(code, message).await;
                 None
             }
@@ -295,20 +374,28 @@ impl Conn {
             let want_write = !self.wbuf.is_empty();
             // One hand-written wait instead of a select over readiness
             // futures: an idle connection then holds no future state at all.
-            let event = poll_fn(|cx| {
+            // (The closure takes `this` whole, not each field it uses, to
+            // keep that state one pointer.)
+            let (this, stall) = (&mut *self, &mut stall);
+            let event = poll_fn(move |cx| {
                 if want_write {
-                    if let Poll::Ready(r) = self.stream.poll_write_ready(cx) {
+                    if let Poll::Ready(r) = this.stream.poll_write_ready(cx) {
                         return Poll::Ready(r.map(|()| Event::Writable));
                     }
                 }
                 if can_read {
-                    if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
+                    if let Poll::Ready(r) = this.stream.poll_read_ready(cx) {
                         return Poll::Ready(r.map(|()| Event::Readable));
                     }
                 }
-                if let Some(stall) = &mut stall {
+                if let Some(stall) = stall {
                     if stall.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Ok(Event::Stalled));
+                    }
+                }
+                if let Some(gate) = &mut this.gate {
+                    if gate.poll_barrier(cx).is_ready() {
+                        return Poll::Ready(Ok(Event::Barrier));
                     }
                 }
                 outbox.poll_woken(cx).map(|()| Ok(Event::Outbox))
@@ -325,6 +412,14 @@ impl Conn {
                         "closing: client took no bytes for {} ms", self.shared.config.write_stall_timeout.as_millis());
                     Stats::add(&self.shared.stats.slow_client_disconnects, 1);
                     return Ok(());
+                }
+                Event::Barrier => {
+                    if self.gate.as_ref().is_some_and(|g| g.not_leading) {
+                        debug!(peer = %self.peer(), %session, "closing: this server does not lead any more");
+                        let notice = self.shared.core().not_leader_notice();
+                        outbox.close(Some(notice), 0);
+                        stopping = true;
+                    }
                 }
                 Event::Writable | Event::Outbox => {}
             }
@@ -382,6 +477,9 @@ impl Conn {
     /// client falls behind. Returns true when no more requests must be read.
     fn handle_buffered(&mut self, session: SessionId, outbox: &Arc<Outbox>) -> bool {
         while !self.backlogged(outbox) {
+            if !self.gate_open(outbox) {
+                return false;
+            }
             let frame = match self.next_frame() {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return false,
@@ -403,6 +501,9 @@ impl Conn {
                 }
             };
             Stats::add(&self.shared.stats.bytes_in, frame.len() as u64 + 4);
+            if let Some(gate) = &mut self.gate {
+                gate.consumed += frame.len() as u64 + 4;
+            }
             let flow = match RequestFrame::decode(frame) {
                 Ok(request) => self
                     .shared
@@ -437,6 +538,36 @@ impl Conn {
             if flow == Flow::Stop {
                 return true;
             }
+        }
+        false
+    }
+
+    /// Whether the next buffered request may be handled now. Always, on a
+    /// single server; on a cluster member, a change may (it is proposed in
+    /// request order), while any other request waits for the changes its
+    /// session proposed before it and for a read barrier that covers it,
+    /// which this starts if none is under way.
+    fn gate_open(&mut self, outbox: &Outbox) -> bool {
+        let Some(gate) = &mut self.gate else {
+            return true;
+        };
+        let buffered = self.rbuf.bytes();
+        if buffered.len() < 9 {
+            return true; // no whole header yet: next_frame says what to do
+        }
+        let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
+        if is_change(buffered[8]) {
+            return true;
+        }
+        if outbox.changes_in_flight() > 0 {
+            return false; // woken once they are applied
+        }
+        if gate.consumed + 4 + len <= gate.covered {
+            return true;
+        }
+        if gate.barrier.is_none() && !gate.not_leading {
+            let barrier = self.shared.core().log().read_barrier();
+            gate.barrier = Some((SyncWrapper::new(barrier), gate.received));
         }
         false
     }
@@ -494,6 +625,9 @@ impl Conn {
                 Ok(0) => return Ok(total),
                 Ok(n) => {
                     self.rbuf.get().extend_from_slice(&chunk[..n]);
+                    if let Some(gate) = &mut self.gate {
+                        gate.received += n as u64;
+                    }
                     total += n;
                     if n < chunk.len() {
                         break;
@@ -560,8 +694,7 @@ mod size_tests {
             let addr = l.local_addr().unwrap();
             let s = tokio::net::TcpStream::connect(addr).await.unwrap();
             let server = crate::Server::new(l, crate::Config::default()).unwrap();
-            let (_tx, rx) = tokio::sync::watch::channel(false);
-            let conn = super::Conn::new(server.shared_for_test(), s, rx);
+            let conn = super::Conn::new(server.shared_for_test(), s);
             let fut = super::serve(conn);
             assert!(
                 size_of_fut(&fut) <= 152,

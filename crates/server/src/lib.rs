@@ -20,11 +20,12 @@ pub mod datadir;
 mod outbox;
 pub mod persist;
 mod queues;
+pub mod replicate;
 mod server;
 pub mod state;
 mod stats;
 mod watches;
 
 pub use config::{Config, ConfigError};
-pub use server::{run, Server, ServerError, ServerHandle};
+pub use server::{run, Applier, Server, ServerError, ServerHandle};
 pub use stats::StatsSnapshot;

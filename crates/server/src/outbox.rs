@@ -31,7 +31,7 @@ pub(crate) enum Out {
 
 impl Out {
     /// The revision this frame reflects: it may leave once that is durable.
-    fn revision(&self) -> u64 {
+    pub(crate) fn revision(&self) -> u64 {
         match self {
             Out::Reply { revision, .. } | Out::Event { revision, .. } => *revision,
         }
@@ -101,6 +101,9 @@ struct OutState {
     overflowed: bool,
     /// Registered with the durable mark, to be woken when it moves.
     awaiting_durability: bool,
+    /// Changes this connection's session proposed that are not applied
+    /// yet (in a cluster): a read waits for them.
+    in_flight: u32,
 }
 
 /// A requested close: the last frame's code and message, if it is to have
@@ -229,6 +232,26 @@ impl Outbox {
             }
             None => Drained::Idle,
         }
+    }
+
+    /// Notes a change proposed for this connection, not yet applied.
+    pub(crate) fn change_proposed(&self) {
+        self.lock().in_flight += 1;
+    }
+
+    /// Notes that a change proposed for this connection was applied; the
+    /// connection is woken once none is left, for reads that wait.
+    pub(crate) fn change_applied(&self) {
+        let mut st = self.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        if st.in_flight == 0 {
+            wake(st);
+        }
+    }
+
+    /// Changes proposed for this connection and not yet applied.
+    pub(crate) fn changes_in_flight(&self) -> u32 {
+        self.lock().in_flight
     }
 
     /// Whether the connection may go on, must close, or fell too far behind.

@@ -16,9 +16,11 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, ConfigError};
-use crate::core::Core;
+use crate::core::{Core, With};
 use crate::datadir::{DataDir, DataDirError};
 use crate::persist::{self, DurableMark, PersistError, Wal};
+use crate::replicate::{InMemory, Local, NoLogYet, Replicator, Role};
+use crate::state::Proposal;
 use crate::state::StateMachine;
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -28,9 +30,14 @@ pub(crate) struct Shared {
     pub(crate) config: Arc<Config>,
     pub(crate) stats: Arc<Stats>,
     /// Wakes the expiry timer when a session with an earlier deadline appears.
-    pub(crate) expiry_wake: Notify,
+    pub(crate) expiry_wake: Arc<Notify>,
     /// How far the log is durable (`u64::MAX` for an in-memory server).
     pub(crate) mark: Arc<DurableMark>,
+    /// A cluster member: reads wait for read barriers.
+    pub(crate) replicated: bool,
+    /// Set when the server stops: handshakes under way and the expiry timer
+    /// watch it (attached connections hear it through their outboxes).
+    pub(crate) stopping: watch::Sender<bool>,
     /// One permit per connection that may still be served. A connection's
     /// permit is forgotten when accepted and added back when it closes.
     pub(crate) connection_slots: Semaphore,
@@ -72,6 +79,54 @@ pub struct Server {
     /// Kept by an in-memory server, whose log never fails, so that
     /// `log_failed` never reports a closed channel.
     _no_log: Option<watch::Sender<Option<String>>>,
+}
+
+/// What a replicated log needs of the member it feeds: apply committed
+/// proposals, copy and install the state, and say when it leads.
+#[derive(Clone)]
+pub struct Applier {
+    shared: Arc<Shared>,
+}
+
+impl Applier {
+    /// Applies a committed proposal, in log order; answers the request it
+    /// came from if that was made here. Returns the revision after it.
+    pub fn apply(&self, proposal: &Proposal) -> u64 {
+        self.shared.core().apply_committed(proposal)
+    }
+
+    /// A copy of the state, in O(1), to write a snapshot from.
+    pub fn state(&self) -> StateMachine {
+        self.shared.core().state()
+    }
+
+    /// Replaces the state with one from a snapshot.
+    pub fn install(&self, sm: StateMachine) {
+        self.shared.core().install(sm, Instant::now());
+    }
+
+    /// This member leads now, has proven it, and has applied everything
+    /// committed: it serves clients, giving every session a full timeout.
+    pub fn lead(&self) {
+        self.shared.core().lead(Instant::now());
+        self.shared.expiry_wake.notify_one();
+    }
+
+    /// This member does not lead: clients are sent to `leader` (a client
+    /// address), and those connected now are told so and closed.
+    pub fn follow(&self, leader: Option<String>) {
+        self.shared.core().follow(leader);
+    }
+
+    /// Sets how this member proposes changes.
+    pub fn set_log(&self, log: Arc<dyn Replicator>) {
+        self.shared.core().set_log(log);
+    }
+
+    /// The server's counters and sizes.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.core().stats_snapshot()
+    }
 }
 
 /// A cheap handle to a running server, for reading its counters.
@@ -116,6 +171,21 @@ impl Server {
         Ok(Parts::prepare(config)?.assemble(listener))
     }
 
+    /// A cluster member on an already bound listener: it starts with an
+    /// empty state and serves no client. The replicated log that feeds it
+    /// goes through the returned [`Applier`], which also tells it when it
+    /// leads; until then every handshake is sent on to the leader.
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn member(listener: TcpListener, config: Config) -> Result<(Self, Applier), ServerError> {
+        let server = Parts::member(config)?.assemble(listener);
+        let applier = Applier {
+            shared: server.shared.clone(),
+        };
+        Ok((server, applier))
+    }
+
     #[cfg(test)]
     pub(crate) fn shared_for_test(&self) -> Arc<Shared> {
         self.shared.clone()
@@ -148,8 +218,7 @@ impl Server {
             info!(data_dir = %dir.path().display(), "data directory locked");
         }
         let limit = shared.config.max_connections;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let timer = tokio::spawn(expiry_timer(shared.clone(), stop_rx.clone()));
+        let timer = tokio::spawn(expiry_timer(shared.clone(), shared.stopping.subscribe()));
         info!(addr = %listener.local_addr()?, "serving");
 
         tokio::pin!(shutdown);
@@ -191,7 +260,7 @@ impl Server {
             };
             slot.forget(); // given back when the connection's state drops
             Stats::add(&shared.stats.connections_accepted, 1);
-            let conn = crate::conn::Conn::new(shared.clone(), stream, stop_rx.clone());
+            let conn = crate::conn::Conn::new(shared.clone(), stream);
             tokio::spawn(crate::conn::serve(conn));
         }
 
@@ -200,7 +269,7 @@ impl Server {
         // Attached sessions hear it through their outboxes; connections still
         // in their handshake through the watch channel.
         shared.core().shutdown_connections();
-        let _ = stop_tx.send(true);
+        shared.stopping.send_replace(true);
         let _ = timer.await;
         // Every open connection holds a slot until it ends.
         let all = shared.connection_slots.acquire_many(limit as u32);
@@ -208,7 +277,8 @@ impl Server {
             Ok(_) => info!("all connections closed"),
             Err(_) => warn!("stopped with connections still closing"),
         }
-        shared.core().stop_log();
+        let log = shared.core().log();
+        log.stop();
         drop(data_dir);
         match failure {
             Some(reason) => Err(ServerError::LogFailed(reason)),
@@ -234,7 +304,7 @@ impl Parts {
         let stats = Arc::new(Stats::default());
         let (failed_tx, log_failed) = watch::channel(None);
         let mut failed_tx = Some(failed_tx);
-        let (sm, wal, mark) = match &data_dir {
+        let (sm, log, mark): (_, Arc<dyn Replicator>, _) = match &data_dir {
             Some(dir) => {
                 let started = std::time::Instant::now();
                 let (sm, recovery) = persist::recover(dir.path())?;
@@ -258,37 +328,85 @@ impl Parts {
                     failed,
                     stats.clone(),
                 )?;
-                (sm, Some(wal), mark)
+                let log = Local::new(wal, config.snapshot_every_bytes, stats.clone());
+                (sm, Arc::new(log), mark)
             }
             None => (
                 StateMachine::new(),
-                None,
+                Arc::new(InMemory),
                 Arc::new(DurableMark::new(u64::MAX)),
             ),
         };
+        Ok(Parts::assemble_core(
+            sm,
+            config,
+            stats,
+            log,
+            mark,
+            Role::Leader,
+            data_dir,
+            log_failed,
+            failed_tx,
+        ))
+    }
+
+    /// The parts of a cluster member: its state comes from the replicated
+    /// log (which the caller starts, feeding it through [`Applier`]), and it
+    /// serves no client until it leads.
+    fn member(config: Config) -> Result<Parts, ServerError> {
+        config.validate()?;
+        let (failed_tx, log_failed) = watch::channel(None);
+        Ok(Parts::assemble_core(
+            StateMachine::new(),
+            config,
+            Arc::new(Stats::default()),
+            Arc::new(NoLogYet),
+            Arc::new(DurableMark::new(u64::MAX)),
+            Role::Follower { leader: None },
+            None,
+            log_failed,
+            Some(failed_tx),
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble_core(
+        sm: StateMachine,
+        config: Config,
+        stats: Arc<Stats>,
+        log: Arc<dyn Replicator>,
+        mark: Arc<DurableMark>,
+        role: Role,
+        data_dir: Option<DataDir>,
+        log_failed: watch::Receiver<Option<String>>,
+        no_log: Option<watch::Sender<Option<String>>>,
+    ) -> Parts {
         let config = Arc::new(config);
         let connection_slots = Semaphore::new(config.max_connections);
-        let core = Core::new(
-            sm,
-            config.clone(),
-            stats.clone(),
-            wal,
-            mark.clone(),
-            Instant::now(),
-        );
-        Ok(Parts {
+        let expiry_wake = Arc::new(Notify::new());
+        let log_applies_at_once = log.applies_at_once();
+        let with = With {
+            config: config.clone(),
+            stats: stats.clone(),
+            mark: mark.clone(),
+            expiry_wake: expiry_wake.clone(),
+        };
+        let core = Core::new(sm, log, role, with, Instant::now());
+        Parts {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
                 config,
                 stats,
-                expiry_wake: Notify::new(),
+                expiry_wake,
                 mark,
                 connection_slots,
+                replicated: !log_applies_at_once,
+                stopping: watch::channel(false).0,
             }),
             data_dir,
             log_failed,
-            _no_log: failed_tx,
-        })
+            _no_log: no_log,
+        }
     }
 
     fn assemble(self, listener: TcpListener) -> Server {

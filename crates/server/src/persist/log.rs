@@ -295,6 +295,8 @@ struct WalShared {
     /// nothing applied later is acknowledged, in either fsync mode.
     broken: AtomicBool,
     snapshot_running: AtomicBool,
+    /// The thread writing the latest snapshot.
+    snapshotter: Mutex<Option<JoinHandle<()>>>,
     /// The segment being appended to: written by the committer under
     /// `--fsync always`, directly by `append` under `--fsync never`.
     segment: Mutex<Segment>,
@@ -348,6 +350,7 @@ impl Wal {
             failed,
             broken: AtomicBool::new(false),
             snapshot_running: AtomicBool::new(false),
+            snapshotter: Mutex::new(None),
             segment: Mutex::new(segment),
             since_snapshot: AtomicU64::new(0),
         });
@@ -486,14 +489,22 @@ impl Wal {
                     }
                 }
             });
-        if let Err(e) = spawned {
-            error!("cannot start a snapshot thread: {e}");
-            self.shared.snapshot_running.store(false, Ordering::Release);
+        match spawned {
+            Ok(thread) => *lock(&self.shared.snapshotter) = Some(thread),
+            Err(e) => {
+                error!("cannot start a snapshot thread: {e}");
+                self.shared.snapshot_running.store(false, Ordering::Release);
+            }
         }
     }
 
-    /// Writes out what is queued and stops the committer.
+    /// Lets a running snapshot finish (so that nothing writes into the data
+    /// directory once the server has stopped), writes out what is queued and
+    /// stops the committer.
     pub(crate) fn stop(&mut self) {
+        if let Some(thread) = lock(&self.shared.snapshotter).take() {
+            let _ = thread.join();
+        }
         self.queue().stop = true;
         self.shared.ready.notify_one();
         if let Some(t) = self.committer.take() {

@@ -1,0 +1,329 @@
+//! What each request does. Reads are answered from the state as it is;
+//! changes are proposed, and answered when applied.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use baton_proto::{
+    path, ErrorCode, ErrorReply, PredecessorWatch, Reply, Request, RequestFrame, SessionId,
+};
+use tokio::time::Instant;
+
+use super::{no_node, wall_clock_ms, Core, Flow};
+use crate::outbox::Outbox;
+use crate::state::{Command, Origin, Proposal};
+use crate::watches::Kinds;
+
+impl Core {
+    /// Handles one request of `session` arriving on `outbox`'s connection.
+    /// A read is answered at once; a change is proposed, and answered when
+    /// it is applied (at once, on a single server). The events a change
+    /// fires are queued before its reply.
+    pub(crate) fn handle(
+        &mut self,
+        session: SessionId,
+        frame: RequestFrame,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Flow {
+        let RequestFrame { xid, request } = frame;
+        let op = request.op() as u8;
+        if let Err(flow) = self.touch(session, xid, op, outbox, now) {
+            return flow;
+        }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let origin = Origin { session, xid };
+        let result = match request {
+            Request::Create {
+                path,
+                data,
+                mode,
+                fence,
+            } => self.check_size(&data).map(|()| Command::Create {
+                session,
+                path,
+                data,
+                mode,
+                fence,
+            }),
+            Request::Delete {
+                path,
+                version,
+                fence,
+            } => Ok(Command::Delete {
+                path,
+                version,
+                fence,
+            }),
+            Request::SetData {
+                path,
+                data,
+                version,
+                fence,
+            } => self.check_size(&data).map(|()| Command::SetData {
+                path,
+                data,
+                version,
+                fence,
+            }),
+            Request::Enqueue { path, data } => self.check_size(&data).map(|()| Command::Enqueue {
+                session,
+                path,
+                data,
+            }),
+            Request::CloseSession => Ok(Command::CloseSession { session }),
+            read => {
+                let result = self.read(session, read, outbox);
+                self.answer(session, outbox, xid, op, result);
+                return Flow::Continue;
+            }
+        };
+        let closes = op == baton_proto::OpCode::CloseSession as u8;
+        match result {
+            Ok(command) => self.change(origin, command, outbox, op),
+            Err(e) => self.answer(session, outbox, xid, op, Err(e)),
+        }
+        if closes {
+            // No request after a close is read. A single server has closed
+            // the session already; a cluster does when the close is applied.
+            if self.log.applies_at_once() {
+                outbox.close(None, 0);
+            }
+            return Flow::Stop;
+        }
+        Flow::Continue
+    }
+
+    /// Proposes the change a request asks for, and answers it if it was
+    /// applied at once or refused; otherwise the answer is owed until it is
+    /// applied.
+    pub(super) fn change(
+        &mut self,
+        origin: Origin,
+        command: Command,
+        outbox: &Arc<Outbox>,
+        op: u8,
+    ) {
+        let proposal = Proposal {
+            now_ms: wall_clock_ms(),
+            origin: Some(origin),
+            command,
+        };
+        match self.propose(proposal) {
+            Some(answer) => self.answer(origin.session, outbox, origin.xid, op, answer),
+            None => self.owe(origin.session, outbox, origin.xid, op),
+        }
+    }
+
+    /// Answers a request that changes nothing.
+    pub(super) fn read(
+        &mut self,
+        session: SessionId,
+        request: Request,
+        outbox: &Arc<Outbox>,
+    ) -> Result<Reply, ErrorReply> {
+        match request {
+            Request::Predecessor { path, watch } => self.predecessor(session, &path, watch),
+            Request::CheckToken { path, token } => self
+                .sm
+                .child_created_at(&path, token)
+                .map(|found| Reply::CheckToken(found.map(|(p, n)| (p.to_string(), n.stat())))),
+            Request::RemoveWatches { path, data, child } => {
+                let kinds = match (data, child) {
+                    (true, true) => Kinds::DATA.union(Kinds::CHILD),
+                    (true, false) => Kinds::DATA,
+                    (false, true) => Kinds::CHILD,
+                    (false, false) => Kinds::default(),
+                };
+                self.watches.remove(session, &path, kinds);
+                Ok(Reply::RemoveWatches)
+            }
+            Request::Stats => Ok(Reply::Stats(
+                self.stats_snapshot()
+                    .counters()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+            )),
+            Request::Exists { path, watch } => (if watch {
+                self.watch(session, &path, Kinds::DATA)
+            } else {
+                Ok(())
+            })
+            .map(|()| Reply::Exists(self.sm.node(&path).map(|n| n.stat()))),
+            Request::GetData { path, watch } => self.get_data(session, &path, watch),
+            Request::GetChildren { path, watch } => self.get_children(session, &path, watch),
+            Request::Ping => Ok(Reply::Ping),
+            Request::SetWatches {
+                revision,
+                data,
+                exist,
+                child,
+                queue,
+            } => self
+                .set_watches(session, outbox, revision, data, exist, child)
+                .map(|()| {
+                    self.set_queue_watches(session, outbox, queue);
+                    Reply::SetWatches
+                }),
+            Request::Create { .. }
+            | Request::Delete { .. }
+            | Request::SetData { .. }
+            | Request::Enqueue { .. }
+            | Request::CloseSession => unreachable!("changes are proposed"),
+        }
+    }
+
+    /// Answers a request that could not be decoded but can be answered.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reject(
+        &mut self,
+        session: SessionId,
+        xid: u32,
+        op: u8,
+        code: ErrorCode,
+        message: String,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Flow {
+        if let Err(flow) = self.touch(session, xid, op, outbox, now) {
+            return flow;
+        }
+        self.answer(session, outbox, xid, op, Err(ErrorReply { code, message }));
+        Flow::Continue
+    }
+
+    pub(super) fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {
+        if data.len() > self.config.max_data {
+            return Err(ErrorReply::new(
+                ErrorCode::ValueTooLarge,
+                format!(
+                    "data of {} bytes exceeds the server's limit of {} bytes",
+                    data.len(),
+                    self.config.max_data
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn get_data(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: bool,
+    ) -> Result<Reply, ErrorReply> {
+        let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
+        let reply = Reply::GetData {
+            stat: node.stat(),
+            data: node.data(),
+        };
+        if watch {
+            self.watch(session, path, Kinds::DATA)?;
+        }
+        Ok(reply)
+    }
+
+    /// The node's predecessor among its siblings, with a watch if asked:
+    /// looked up and watched in one step, so that its deletion cannot slip
+    /// between the two.
+    pub(super) fn predecessor(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: PredecessorWatch,
+    ) -> Result<Reply, ErrorReply> {
+        let found = self
+            .sm
+            .predecessor(path)?
+            .map(|(p, n)| (p.clone(), n.stat()));
+        match watch {
+            PredecessorWatch::None => {}
+            PredecessorWatch::Predecessor => {
+                if let Some((p, _)) = &found {
+                    self.watch(session, p, Kinds::DATA)?;
+                }
+            }
+            PredecessorWatch::Queue => {
+                let (node, owner) = {
+                    let (k, n) = self.sm.node_entry(path).ok_or_else(|| no_node(path))?;
+                    (k.clone(), n.owner())
+                };
+                if owner != Some(session) {
+                    return Err(ErrorReply::new(
+                        ErrorCode::BadArguments,
+                        format!("{path} is not an ephemeral node of this session; a queue watch is set on one's own place in a queue"),
+                    ));
+                }
+                self.queues
+                    .set(session, node, found.as_ref().map(|(p, _)| p.clone()));
+            }
+        }
+        Ok(Reply::Predecessor(
+            found.map(|(p, stat)| (p.to_string(), stat)),
+        ))
+    }
+
+    /// Sets the queue watch of a node its session just enqueued (or, for an
+    /// enqueue sent again, enqueued before) and answers with the node's
+    /// predecessor as it is now, which is what the watch starts from.
+    pub(super) fn queue_up(
+        &mut self,
+        session: SessionId,
+        path: &Arc<str>,
+        sequence: u64,
+        stat: baton_proto::Stat,
+    ) -> Result<Reply, ErrorReply> {
+        let (node, predecessor) = match self.sm.node_entry(path) {
+            Some((k, n)) if n.owner() == Some(session) => (
+                k.clone(),
+                self.sm
+                    .predecessor(path)?
+                    .map(|(p, n)| (p.clone(), n.stat())),
+            ),
+            _ => {
+                return Err(ErrorReply::new(
+                    ErrorCode::NoNode,
+                    format!("{path}, this session's place in the queue, was deleted since"),
+                ))
+            }
+        };
+        self.queues
+            .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));
+        Ok(Reply::Enqueue {
+            path: path.to_string(),
+            sequence,
+            stat,
+            predecessor: predecessor.map(|(p, stat)| (p.to_string(), stat)),
+        })
+    }
+
+    pub(super) fn get_children(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        watch: bool,
+    ) -> Result<Reply, ErrorReply> {
+        let node = self.sm.node(path).ok_or_else(|| no_node(path))?;
+        // Checked before the list is built (and before a watch is set).
+        let size: usize = node.children().map(|p| path::name(p).len() + 2).sum();
+        if size + 1024 > self.max_reply() {
+            return Err(ErrorReply::new(
+                ErrorCode::ResponseTooLarge,
+                format!(
+                    "{path} has {} children; listing them takes {size} bytes, over the server's {} byte limit for one reply",
+                    node.child_count(),
+                    self.max_reply()
+                ),
+            ));
+        }
+        let reply = Reply::GetChildren {
+            stat: node.stat(),
+            children: node.child_names().into_iter().map(str::to_owned).collect(),
+        };
+        if watch {
+            self.watch(session, path, Kinds::CHILD)?;
+        }
+        Ok(reply)
+    }
+}

@@ -1,0 +1,371 @@
+//! Sessions as this server sees them: handshakes, liveness and expiry, and
+//! what changes when this server starts or stops leading.
+//!
+//! Only the server that serves clients (a single server, or a cluster's
+//! leader) tracks when each session was last heard from; heartbeats are
+//! never logged. Expiry is a change like any other, proposed when a session
+//! has been silent for its whole timeout and applied everywhere at once. A
+//! server that starts to lead gives every session a full, fresh timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::{
+    ConnectRequest, ErrorCode, ErrorReply, SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{wall_clock_ms, Core, Flow, Live, Opening};
+use crate::outbox::Outbox;
+use crate::replicate::Role;
+use crate::state::{Applied, Command, Proposal};
+
+/// A successful handshake.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    pub(crate) grant: SessionGrant,
+    /// The answer may be sent once this revision is durable.
+    pub(crate) revision: u64,
+}
+
+/// Where a handshake stands.
+pub(crate) enum Connecting {
+    Done(Connected),
+    /// The new session is on its way through the replicated log.
+    Pending(oneshot::Receiver<Result<Connected, (ErrorCode, String)>>),
+}
+
+fn expired(id: SessionId) -> (ErrorCode, String) {
+    (
+        ErrorCode::SessionExpired,
+        format!("session {id} has expired or was closed; open a new session"),
+    )
+}
+
+impl Core {
+    /// The earliest time a session may expire, for the expiry timer.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(t, _)| *t)
+    }
+
+    /// Notes a session's deadline, waking the expiry timer if it is the
+    /// earliest.
+    fn add_deadline(&mut self, deadline: Instant, id: SessionId) {
+        if self.next_deadline().is_none_or(|t| deadline < t) {
+            self.expiry_wake.notify_one();
+        }
+        self.deadlines.insert((deadline, id));
+    }
+
+    /// Opens or resumes a session for a new connection, attaching it to
+    /// `outbox`.
+    pub(crate) fn connect(
+        &mut self,
+        req: &ConnectRequest,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Result<Connecting, (ErrorCode, String)> {
+        if self.shutting_down {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the server is shutting down; try a server that is up".into(),
+            ));
+        }
+        if req.version != PROTOCOL_VERSION {
+            return Err((
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}",
+                    req.version
+                ),
+            ));
+        }
+        if self.role != Role::Leader {
+            return Err(self.not_leader_notice());
+        }
+        match req.resume {
+            None => self.open(req, outbox),
+            Some((id, secret)) => self.resume(id, secret, outbox, now).map(Connecting::Done),
+        }
+    }
+
+    fn open(
+        &mut self,
+        req: &ConnectRequest,
+        outbox: &Arc<Outbox>,
+    ) -> Result<Connecting, (ErrorCode, String)> {
+        let timeout_ms = self.config.negotiate_timeout(req.timeout_ms);
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| {
+            (
+                ErrorCode::Internal,
+                format!("no randomness for a session secret: {e}"),
+            )
+        })?;
+        let secret = SessionSecret(secret);
+        let (done, mut waiting) = oneshot::channel();
+        self.opening.insert(
+            secret,
+            Opening {
+                outbox: outbox.clone(),
+                done,
+            },
+        );
+        let proposal = Proposal {
+            now_ms: wall_clock_ms(),
+            origin: None,
+            command: Command::OpenSession { timeout_ms, secret },
+        };
+        if let Some(Err(e)) = self.propose(proposal) {
+            self.opening.remove(&secret);
+            return Err((e.code, e.message));
+        }
+        // Opened at once (a single server), or later, when applied.
+        Ok(match waiting.try_recv() {
+            Ok(result) => Connecting::Done(result?),
+            Err(_) => Connecting::Pending(waiting),
+        })
+    }
+
+    /// A session was opened: the connection that asked for it (here, if it
+    /// was asked here) gets it.
+    pub(super) fn opened(
+        &mut self,
+        id: SessionId,
+        secret: SessionSecret,
+        timeout_ms: u32,
+        revision: u64,
+    ) {
+        let Some(Opening { outbox, done }) = self.opening.remove(&secret) else {
+            return;
+        };
+        let now = Instant::now();
+        self.live.insert(id, Live::new(Some(outbox), now));
+        self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+        let _ = done.send(Ok(Connected {
+            grant: SessionGrant {
+                timeout_ms,
+                session_id: id,
+                secret,
+                resumed: false,
+                max_data: self.config.max_data as u32,
+            },
+            revision,
+        }));
+    }
+
+    fn resume(
+        &mut self,
+        id: SessionId,
+        secret: SessionSecret,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Result<Connected, (ErrorCode, String)> {
+        let session = self.sm.session(id).ok_or_else(|| expired(id))?;
+        if session.secret != secret {
+            return Err((
+                ErrorCode::SessionExpired,
+                format!("wrong secret for session {id}; open a new session"),
+            ));
+        }
+        if self.expiring.contains_key(&id) {
+            return Err(expired(id));
+        }
+        let timeout_ms = session.timeout_ms;
+        let live = self.live.get_mut(&id).ok_or_else(|| expired(id))?;
+        live.last_heard = now;
+        // Replies owed to the old connection go with it: the client sends
+        // those requests again.
+        live.replies = None;
+        if let Some(old) = live.conn.replace(outbox.clone()) {
+            old.close(
+                Some((
+                    ErrorCode::SessionMoved,
+                    format!("session {id} was resumed on another connection"),
+                )),
+                0,
+            );
+        }
+        // The client sets its watches again (set watches) on the new
+        // connection, relative to the last revision it saw.
+        self.watches.remove_session(id);
+        self.queues.remove_session(id);
+        Ok(Connected {
+            grant: SessionGrant {
+                timeout_ms,
+                session_id: id,
+                secret,
+                resumed: true,
+                max_data: self.config.max_data as u32,
+            },
+            revision: self.sm.revision(),
+        })
+    }
+
+    /// A connection went away; its session lives on until it expires.
+    pub(crate) fn detach(&mut self, id: SessionId, outbox: &Arc<Outbox>) {
+        if let Some(live) = self.live.get_mut(&id) {
+            if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) {
+                live.conn = None;
+                live.replies = None;
+                self.watches.remove_session(id);
+                self.queues.remove_session(id);
+            }
+        }
+        // A handshake given up on before its session opened.
+        self.opening.retain(|_, o| !Arc::ptr_eq(&o.outbox, outbox));
+    }
+
+    /// Records that `session` was heard from on `outbox`'s connection. Fails
+    /// if the session has ended (the request is answered, the connection
+    /// closed) or moved to another connection.
+    pub(super) fn touch(
+        &mut self,
+        session: SessionId,
+        xid: u32,
+        op: u8,
+        outbox: &Arc<Outbox>,
+        now: Instant,
+    ) -> Result<(), Flow> {
+        match self.live.get_mut(&session) {
+            Some(live) if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) => {
+                live.last_heard = now;
+                Ok(())
+            }
+            Some(_) => Err(Flow::Stop), // resumed on another connection
+            None => {
+                let (code, message) = expired(session);
+                self.reply(outbox, xid, op, Err(ErrorReply { code, message }));
+                outbox.close(Some(expired(session)), 0);
+                Err(Flow::Stop)
+            }
+        }
+    }
+
+    /// A session ended (closed or expired): its watches go, the events of
+    /// its ephemerals' deletion fire, and an expired session's connection is
+    /// told and closed.
+    pub(super) fn ended(&mut self, id: SessionId, command: &Command, applied: &Applied) {
+        let timeout_ms = self.expiring.remove(&id);
+        self.watches.remove_session(id);
+        self.queues.remove_session(id);
+        self.dispatch(&applied.triggers, None);
+        let Some(live) = self.live.remove(&id) else {
+            return;
+        };
+        if let (Command::ExpireSession { .. }, Some(conn)) = (command, live.conn) {
+            let silence =
+                timeout_ms.map_or_else(|| "its whole timeout".to_string(), |t| format!("{t} ms"));
+            conn.close(
+                Some((
+                    ErrorCode::SessionExpired,
+                    format!("session {id} expired: nothing heard from it for {silence}"),
+                )),
+                applied.revision,
+            );
+        }
+    }
+
+    /// Expires every session not heard from for its whole timeout as of
+    /// `now`: proposes its expiry (applied at once on a single server).
+    /// Returns how many were proposed.
+    pub(crate) fn expire_due(&mut self, now: Instant) -> usize {
+        let mut count = 0;
+        while let Some(&(due, id)) = self.deadlines.first() {
+            if due > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let (Some(live), Some(session)) = (self.live.get(&id), self.sm.session(id)) else {
+                continue; // closed or expired already
+            };
+            let timeout_ms = session.timeout_ms;
+            let deadline = live.last_heard + Duration::from_millis(timeout_ms.into());
+            if deadline > now {
+                self.deadlines.insert((deadline, id));
+                continue;
+            }
+            if self.expiring.insert(id, timeout_ms).is_some() {
+                continue;
+            }
+            tracing::info!(session = %id, timeout_ms, "session expired");
+            let proposal = Proposal {
+                now_ms: wall_clock_ms(),
+                origin: None,
+                command: Command::ExpireSession { session: id },
+            };
+            self.propose(proposal);
+            self.stats
+                .sessions_expired
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            count += 1;
+        }
+        count
+    }
+
+    /// Tells every attached connection that the server is stopping, and
+    /// refuses new sessions from now on.
+    pub(crate) fn shutdown_connections(&mut self) {
+        self.shutting_down = true;
+        for live in self.live.values() {
+            if let Some(conn) = &live.conn {
+                conn.close(
+                    Some((
+                        ErrorCode::ShuttingDown,
+                        "the server is shutting down; resume the session when it is back".into(),
+                    )),
+                    0,
+                );
+            }
+        }
+        self.opening.clear();
+    }
+
+    /// This server now leads (it has proven it, and applied everything
+    /// committed): it serves clients, and every session gets a full timeout
+    /// from `now` to be heard from.
+    pub(crate) fn lead(&mut self, now: Instant) {
+        self.role = Role::Leader;
+        self.live.clear();
+        self.deadlines.clear();
+        self.expiring.clear();
+        let sessions: Vec<(SessionId, u32)> = self
+            .sm
+            .sessions()
+            .map(|(id, s)| (id, s.timeout_ms))
+            .collect();
+        for (id, timeout_ms) in sessions {
+            self.live.insert(id, Live::new(None, now));
+            self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+        }
+    }
+
+    /// This server no longer leads: every client is sent to `leader` (its
+    /// client address, if known), and what only a leader keeps goes.
+    pub(crate) fn follow(&mut self, leader: Option<String>) {
+        self.role = Role::Follower { leader };
+        let notice = self.not_leader_notice();
+        for live in self.live.values() {
+            if let Some(conn) = &live.conn {
+                conn.close(Some(notice.clone()), 0);
+            }
+        }
+        self.live.clear();
+        self.deadlines.clear();
+        self.expiring.clear();
+        self.opening.clear();
+        self.watches = Default::default();
+        self.queues = Default::default();
+    }
+
+    /// What a client of a server that does not lead is told: `not-leader`,
+    /// with the leader's client address as the message (empty if unknown).
+    pub(crate) fn not_leader_notice(&self) -> (ErrorCode, String) {
+        let leader = match &self.role {
+            Role::Follower { leader } => leader.clone().unwrap_or_default(),
+            Role::Leader => String::new(),
+        };
+        (ErrorCode::NotLeader, leader)
+    }
+}

@@ -1,0 +1,182 @@
+//! Watches and queue watches: setting them, setting them again after a
+//! resume, and the events a change fires.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use baton_proto::{ErrorReply, EventKind, SessionId};
+
+use super::{too_many_watches, Core};
+use crate::outbox::{Out, Outbox};
+use crate::state::Trigger;
+use crate::watches::Kinds;
+
+impl Core {
+    /// Sets a watch for `session`, within its budget of watch bytes.
+    pub(super) fn watch(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        kind: Kinds,
+    ) -> Result<(), ErrorReply> {
+        let budget = self.config.max_watch_bytes;
+        self.watches
+            .add(session, path, kind, budget)
+            .map_err(|over| too_many_watches(session, over.held, over.wanted, budget))
+    }
+
+    /// Sets again the watches a client held before it moved to this
+    /// connection; a watch whose node changed after `since` fires at once.
+    /// If all of them could take the session past its watch budget, none is
+    /// set and the request fails.
+    pub(super) fn set_watches(
+        &mut self,
+        session: SessionId,
+        outbox: &Arc<Outbox>,
+        since: u64,
+        data: Vec<String>,
+        exist: Vec<String>,
+        child: Vec<String>,
+    ) -> Result<(), ErrorReply> {
+        let budget = self.config.max_watch_bytes;
+        let held = self.watches.bytes(session);
+        let mut paths: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let wanted: usize = data
+            .iter()
+            .chain(&exist)
+            .chain(&child)
+            .filter(|p| !self.watches.watches(session, p) && paths.insert(p.as_str()))
+            .map(|p| crate::watches::watch_cost(p))
+            .sum();
+        if held + wanted > budget {
+            return Err(too_many_watches(session, held, wanted, budget));
+        }
+        let now_rev = self.sm.revision();
+        let (limit, mark, stats) = (self.config.max_outbound_bytes, &self.mark, &self.stats);
+        let fire = |kind: EventKind, revision: u64, path: String| {
+            let event = Out::Event {
+                kind,
+                revision,
+                path: Arc::from(path),
+            };
+            if outbox.push(event, limit) {
+                stats.events.fetch_add(1, Ordering::Relaxed);
+                mark.wake_at(revision, outbox);
+            }
+        };
+        let mut deleted = std::collections::HashSet::new();
+        for path in data {
+            match self.sm.node(&path) {
+                None => {
+                    deleted.insert(path.clone());
+                    fire(EventKind::Deleted, now_rev, path);
+                }
+                Some(n) if n.mzxid() > since => fire(EventKind::DataChanged, n.mzxid(), path),
+                Some(_) => self
+                    .watches
+                    .add(session, &path, Kinds::DATA, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
+            }
+        }
+        for path in exist {
+            match self.sm.node(&path) {
+                Some(n) => fire(EventKind::Created, n.czxid(), path),
+                None => self
+                    .watches
+                    .add(session, &path, Kinds::DATA, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
+            }
+        }
+        for path in child {
+            match self.sm.node(&path) {
+                // One event per session and path, as for a live deletion:
+                // a data watch on the same path already reported it.
+                None if deleted.contains(&path) => {}
+                None => fire(EventKind::Deleted, now_rev, path),
+                Some(n) if n.pzxid() > since => fire(EventKind::ChildrenChanged, n.pzxid(), path),
+                Some(_) => self
+                    .watches
+                    .add(session, &path, Kinds::CHILD, budget)
+                    .map_err(|o| too_many_watches(session, o.held, o.wanted, budget))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets again the queue watches a client held before it moved to this
+    /// connection: a node that is gone reports *deleted*, one that now heads
+    /// its queue (and did not before) reports *head*.
+    pub(super) fn set_queue_watches(
+        &mut self,
+        session: SessionId,
+        outbox: &Arc<Outbox>,
+        queue: Vec<(String, bool)>,
+    ) {
+        let revision = self.sm.revision();
+        for (path, headed) in queue {
+            let owned = self
+                .sm
+                .node_entry(&path)
+                .filter(|(_, n)| n.owner() == Some(session))
+                .map(|(k, _)| k.clone());
+            let Some(node) = owned else {
+                self.notify(outbox, EventKind::Deleted, revision, Arc::from(path));
+                continue;
+            };
+            let predecessor = self
+                .sm
+                .predecessor(&node)
+                .expect("the node exists")
+                .map(|(p, _)| p.clone());
+            let heads = predecessor.is_none();
+            self.queues.set(session, node.clone(), predecessor);
+            if heads && !headed {
+                self.notify(outbox, EventKind::Head, revision, node);
+            }
+        }
+    }
+
+    /// Queues one event for a connection, counting it if it was queued.
+    pub(super) fn notify(
+        &self,
+        conn: &Arc<Outbox>,
+        kind: EventKind,
+        revision: u64,
+        path: Arc<str>,
+    ) {
+        let event = Out::Event {
+            kind,
+            revision,
+            path,
+        };
+        if self.push(conn, event) {
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Queues the events a change made by `actor` fired, one per watching
+    /// session (`actor` is `None` for a session's expiry or close).
+    pub(super) fn dispatch(&mut self, triggers: &[Trigger], actor: Option<SessionId>) {
+        let revision = self.sm.revision();
+        for trigger in triggers {
+            if trigger.kind == EventKind::Deleted {
+                self.queues
+                    .on_deleted(&trigger.path, actor, &self.sm, &mut self.queue_events);
+                for (session, kind, node) in std::mem::take(&mut self.queue_events) {
+                    if let Some(conn) = self.live.get(&session).and_then(|l| l.conn.as_ref()) {
+                        self.notify(conn, kind, revision, node);
+                    }
+                }
+            }
+            self.fired.clear();
+            self.watches
+                .fire(&trigger.path, trigger.kind, &mut self.fired);
+            for session in &self.fired {
+                let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
+                    continue;
+                };
+                self.notify(conn, trigger.kind, revision, trigger.path.clone());
+            }
+        }
+    }
+}
