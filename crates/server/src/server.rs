@@ -123,6 +123,11 @@ impl Applier {
         self.shared.core().set_log(log);
     }
 
+    /// The state's revision now.
+    pub fn revision(&self) -> u64 {
+        self.shared.core().revision()
+    }
+
     /// The server's counters and sizes.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.core().stats_snapshot()

@@ -424,6 +424,11 @@ impl Core {
         snap
     }
 
+    /// The state's revision.
+    pub(crate) fn revision(&self) -> u64 {
+        self.sm.revision()
+    }
+
     /// A copy of the state (O(1)), for a snapshot.
     pub(crate) fn state(&self) -> StateMachine {
         self.sm.clone()

@@ -176,6 +176,15 @@ fn replay(listing: &Listing) -> Result<Replayed, PersistError> {
             .and_then(|mut f| f.read_to_end(&mut buf))
             .map_err(|e| PersistError::io(path, "reading the log", e))?;
         let damage = match segment::layout(&buf) {
+            Ok(layout) if layout.kind != segment::Kind::Changes => {
+                return Err(PersistError::Corrupt {
+                    file: path.clone(),
+                    offset: 0,
+                    what:
+                        "this is a cluster member's replicated log, not a server's log of changes"
+                            .into(),
+                })
+            }
             Ok(layout) => replay_segment(&mut out, path, &buf, layout)?
                 .map(|(at, why)| (at, why, Some(layout))),
             Err(LayoutError::Short) => {

@@ -16,7 +16,7 @@
 
 mod log;
 pub mod record;
-mod segment;
+pub mod segment;
 pub mod snapshot;
 
 use std::io;

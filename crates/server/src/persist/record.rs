@@ -38,16 +38,63 @@ pub(crate) const MAX_PAYLOAD: usize = 128 << 20;
 /// Appends one framed record to `out`: the proposal that produced
 /// `revision`.
 pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, proposal: &Proposal) {
+    frame(out, |out| {
+        put_u64(out, revision);
+        encode_proposal(out, proposal);
+    });
+}
+
+/// Appends a framed record whose payload `write` appends: the length and
+/// the two checksums are filled in around it.
+pub fn frame(out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
-    put_u64(out, revision);
-    encode_proposal(out, proposal);
+    write(out);
     let len = (out.len() - start - HEADER) as u32;
     let len_bytes = len.to_be_bytes();
     let payload_crc = crc32c::crc32c(&out[start + HEADER..]);
     out[start..start + 4].copy_from_slice(&len_bytes);
     out[start + 4..start + 8].copy_from_slice(&crc32c::crc32c(&len_bytes).to_be_bytes());
     out[start + 8..start + 12].copy_from_slice(&payload_crc.to_be_bytes());
+}
+
+/// What reading a framed record found.
+#[derive(Debug)]
+pub enum Frame<'a> {
+    /// A whole record whose checksums hold, `size` bytes with its header.
+    Whole { payload: &'a [u8], size: usize },
+    /// The bytes end before the record does.
+    Short,
+    /// A checksum or the length does not hold; the string says which.
+    Invalid(String),
+}
+
+/// Reads the framed record at the start of `buf`.
+pub fn read_frame(buf: &[u8]) -> Frame<'_> {
+    if buf.len() < HEADER {
+        return Frame::Short;
+    }
+    let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
+    let len_crc = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&len_bytes) != len_crc {
+        return Frame::Invalid("record length fails its checksum".into());
+    }
+    let len = u32::from_be_bytes(len_bytes) as usize;
+    if len > MAX_PAYLOAD {
+        return Frame::Invalid(format!("record length {len} is beyond any record"));
+    }
+    if buf.len() < HEADER + len {
+        return Frame::Short;
+    }
+    let payload = &buf[HEADER..HEADER + len];
+    let payload_crc = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
+    if crc32c::crc32c(payload) != payload_crc {
+        return Frame::Invalid("record payload fails its checksum".into());
+    }
+    Frame::Whole {
+        payload,
+        size: HEADER + len,
+    }
 }
 
 /// Appends a proposal (its time, the request it answers, its command) to
@@ -146,33 +193,17 @@ pub(crate) enum Read {
 
 /// Reads the record at the start of `buf`.
 pub(crate) fn read(buf: &[u8]) -> Read {
-    if buf.len() < HEADER {
-        return Read::Short;
-    }
-    let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
-    let len_crc = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&len_bytes) != len_crc {
-        return Read::Invalid("record length fails its checksum".into());
-    }
-    let len = u32::from_be_bytes(len_bytes) as usize;
-    if len > MAX_PAYLOAD {
-        return Read::Invalid(format!("record length {len} is beyond any record"));
-    }
-    if buf.len() < HEADER + len {
-        return Read::Short;
-    }
-    let payload = &buf[HEADER..HEADER + len];
-    let payload_crc = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
-    if crc32c::crc32c(payload) != payload_crc {
-        return Read::Invalid("record payload fails its checksum".into());
-    }
-    match decode_payload(payload) {
-        Ok((revision, proposal)) => Read::Record {
-            revision,
-            proposal,
-            size: HEADER + len,
+    match read_frame(buf) {
+        Frame::Short => Read::Short,
+        Frame::Invalid(why) => Read::Invalid(why),
+        Frame::Whole { payload, size } => match decode_payload(payload) {
+            Ok((revision, proposal)) => Read::Record {
+                revision,
+                proposal,
+                size,
+            },
+            Err(e) => Read::Invalid(format!("record does not decode: {e}")),
         },
-        Err(e) => Read::Invalid(format!("record does not decode: {e}")),
     }
 }
 

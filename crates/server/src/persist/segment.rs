@@ -7,7 +7,8 @@
 //!   magic       [8]  "BATNLOG\0"
 //!   format      u16  2
 //!   fsync       u8   0: written under --fsync always, 1: under --fsync never
-//!   reserved    u8   0
+//!   kind        u8   0: a server's log of changes, 1: a cluster member's
+//!                    replicated log
 //!   header_crc  u32  CRC32C of the 12 bytes before it
 //! batches, each written with one write call:
 //!   magic       u32  "BTCH"
@@ -36,10 +37,24 @@ const FORMAT: u16 = 2;
 pub(crate) const HEADER: usize = 16;
 const BATCH_MAGIC: [u8; 4] = *b"BTCH";
 /// Bytes of a batch header.
-pub(crate) const BATCH_HEADER: usize = 12;
+pub const BATCH_HEADER: usize = 12;
+
+/// What a segment holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A server's log of changes (records of proposals and revisions).
+    Changes = 0,
+    /// A cluster member's replicated log (records of log entries).
+    Replicated = 1,
+}
 
 /// A format-2 segment header for a writer with `fsync`.
 pub(crate) fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
+    header_of(fsync, Kind::Changes)
+}
+
+/// A format-2 segment header for a segment of `kind`, written with `fsync`.
+pub fn header_of(fsync: FsyncPolicy, kind: Kind) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[..8].copy_from_slice(MAGIC);
     h[8..10].copy_from_slice(&FORMAT.to_be_bytes());
@@ -47,6 +62,7 @@ pub(crate) fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
         FsyncPolicy::Always => 0,
         FsyncPolicy::Never => 1,
     };
+    h[11] = kind as u8;
     let crc = crc32c::crc32c(&h[..12]);
     h[12..].copy_from_slice(&crc.to_be_bytes());
     h
@@ -54,13 +70,15 @@ pub(crate) fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
 
 /// How a segment's bytes are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub struct Layout {
     /// 1 (records only) or 2 (header and batches).
-    pub(crate) format: u16,
+    pub format: u16,
     /// The writer's fsync policy, if the segment says (format 2).
-    pub(crate) fsync: Option<FsyncPolicy>,
+    pub fsync: Option<FsyncPolicy>,
+    /// What the segment holds (format 1 holds changes).
+    pub kind: Kind,
     /// Offset of the first batch or record.
-    pub(crate) start: usize,
+    pub start: usize,
 }
 
 /// The layout of a segment that begins with `buf`.
@@ -69,13 +87,14 @@ pub(crate) struct Layout {
 /// A damaged or unknown header, saying what is wrong; or
 /// [`LayoutError::Short`] if the file ends inside its header (a segment
 /// whose creation a crash cut short).
-pub(crate) fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
+pub fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
     // Format 1 starts with a record's length, whose first byte is never
     // the magic's (it would be a length past any record).
     if buf.first() != Some(&MAGIC[0]) {
         return Ok(Layout {
             format: 1,
             fsync: None,
+            kind: Kind::Changes,
             start: 0,
         });
     }
@@ -108,16 +127,26 @@ pub(crate) fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
             )))
         }
     };
+    let kind = match buf[11] {
+        0 => Kind::Changes,
+        1 => Kind::Replicated,
+        other => {
+            return Err(LayoutError::Damaged(format!(
+                "unknown segment kind {other} in the segment header"
+            )))
+        }
+    };
     Ok(Layout {
         format: FORMAT,
         fsync: Some(fsync),
+        kind,
         start: HEADER,
     })
 }
 
 /// Why a segment's header cannot be read.
 #[derive(Debug)]
-pub(crate) enum LayoutError {
+pub enum LayoutError {
     /// The file ends inside the header.
     Short,
     /// The header is damaged or of an unknown format.
@@ -126,7 +155,7 @@ pub(crate) enum LayoutError {
 
 /// Reserves a batch header at the end of `out`; returns where it starts,
 /// for [`end_batch`].
-pub(crate) fn begin_batch(out: &mut Vec<u8>) -> usize {
+pub fn begin_batch(out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0u8; BATCH_HEADER]);
     start
@@ -134,7 +163,7 @@ pub(crate) fn begin_batch(out: &mut Vec<u8>) -> usize {
 
 /// Fills in the header of the batch begun at `start`: it holds everything
 /// after the header.
-pub(crate) fn end_batch(out: &mut [u8], start: usize) {
+pub fn end_batch(out: &mut [u8], start: usize) {
     let len = (out.len() - start - BATCH_HEADER) as u32;
     out[start..start + 4].copy_from_slice(&BATCH_MAGIC);
     out[start + 4..start + 8].copy_from_slice(&len.to_be_bytes());
@@ -161,12 +190,8 @@ pub(crate) fn read_unit(
     let (body, end) = if layout.format == 1 {
         (&buf[at..], None)
     } else {
-        let len = batch_len(&buf[at..])?;
-        let end = at + BATCH_HEADER + len;
-        if end > buf.len() {
-            return Err("the file ends inside a batch".into());
-        }
-        (&buf[at + BATCH_HEADER..end], Some(end))
+        let (body, end) = read_batch(buf, at)?;
+        (body, Some(end))
     };
     let mut records = Vec::new();
     let mut pos = 0;
@@ -193,6 +218,21 @@ pub(crate) fn read_unit(
     Ok((records, end.unwrap_or(at + pos)))
 }
 
+/// The records of the format-2 batch at `at`, and where the next batch
+/// starts.
+///
+/// # Errors
+/// What is wrong with the batch's header, or a batch that runs past the
+/// end of `buf`.
+pub fn read_batch(buf: &[u8], at: usize) -> Result<(&[u8], usize), String> {
+    let len = batch_len(&buf[at..])?;
+    let end = at + BATCH_HEADER + len;
+    if end > buf.len() {
+        return Err("the file ends inside a batch".into());
+    }
+    Ok((&buf[at + BATCH_HEADER..end], end))
+}
+
 /// The length of the batch whose header starts `buf`.
 fn batch_len(buf: &[u8]) -> Result<usize, String> {
     if buf.len() < BATCH_HEADER {
@@ -208,7 +248,7 @@ fn batch_len(buf: &[u8]) -> Result<usize, String> {
 
 /// Whether a whole unit header starts anywhere after `at`: then damage at
 /// `at` is followed by data written later, and is not a torn last write.
-pub(crate) fn unit_after(buf: &[u8], at: usize, layout: Layout) -> bool {
+pub fn unit_after(buf: &[u8], at: usize, layout: Layout) -> bool {
     (at + 1..buf.len()).any(|p| {
         if layout.format == 1 {
             matches!(record::read(&buf[p..]), RecordRead::Record { .. })

@@ -76,12 +76,13 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<Path
     Ok(final_path)
 }
 
-/// Writes `sm` as a snapshot into `out`, which must be at its start (the
+/// Writes `sm` as a snapshot into `out`, from its current position (the
 /// header is written last, once the body's size and checksum are known).
 ///
 /// # Errors
 /// Any I/O failure of `out`.
 pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Result<()> {
+    let begin = out.stream_position()?;
     out.write_all(&[0u8; HEADER])?; // patched below
     let mut body = CrcWriter::new(&mut *out);
     let mut sessions = 0u64;
@@ -125,7 +126,7 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
     let header_crc = crc32c::crc32c(&header);
     header.extend_from_slice(&header_crc.to_be_bytes());
     let end = out.stream_position()?;
-    out.seek(SeekFrom::Start(0))?;
+    out.seek(SeekFrom::Start(begin))?;
     out.write_all(&header)?;
     out.seek(SeekFrom::Start(end))?;
     out.flush()

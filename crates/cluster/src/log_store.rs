@@ -1,0 +1,712 @@
+//! The replicated log on disk, in Baton's own log format.
+//!
+//! # Files (in the member's `raft/` directory)
+//! ```text
+//! log-<first index, 20 digits>.seg   segments: a format-2 segment header
+//!                                    (kind 1, "replicated"), then batches of
+//!                                    framed records, one batch per write;
+//!                                    each record's payload is one log entry
+//!                                    (bincode: log id, then the payload)
+//! vote                               the vote, as one framed record
+//! committed                          the last committed log id (not synced)
+//! purged                             the last purged log id
+//! ```
+//! Every entry is kept in memory as well (the log is purged behind
+//! snapshots, so it stays short); the files are for restarts.
+//!
+//! A writer thread appends, syncs (one `fdatasync` for every batch queued
+//! meanwhile) and reports each append flushed; truncations and purges go
+//! through it too, so they happen in order with the appends. Recovery drops
+//! a torn last batch of the last segment (it was never reported flushed)
+//! and refuses any other damage, naming the file and offset.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use baton_server::persist::record::{self, Frame};
+use baton_server::persist::segment::{self, Kind, LayoutError};
+use baton_server::persist::FsyncPolicy;
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tracing::warn;
+
+use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+
+/// A segment is closed and a new one started past this size.
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+fn segment_name(first: u64) -> String {
+    format!("log-{first:020}.seg")
+}
+
+fn io_error(
+    verb: ErrorVerb,
+    subject: ErrorSubject<u64>,
+    e: impl std::fmt::Display,
+) -> StorageError {
+    StorageError::IO {
+        source: StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())),
+    }
+}
+
+fn log_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    io_error(verb, ErrorSubject::Logs, e)
+}
+
+/// The replicated log of one member. Cheap to clone: clones share it.
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    state: Mutex<State>,
+    writer: Mutex<mpsc::Sender<Job>>,
+}
+
+struct State {
+    entries: BTreeMap<u64, Entry>,
+    purged: Option<LogId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+}
+
+/// Work for the writer thread, done in order.
+enum Job {
+    Append {
+        first: u64,
+        records: Vec<u8>,
+        count: usize,
+        flushed: LogFlushed<TypeConfig>,
+    },
+    Truncate {
+        from: u64,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    Purge {
+        upto: u64,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+impl LogStore {
+    /// Opens (or creates) the replicated log in `dir`, recovering what it
+    /// holds.
+    ///
+    /// # Errors
+    /// Damage in the log other than a torn last write, or an I/O error,
+    /// each naming the file.
+    pub fn open(dir: &Path, fsync: FsyncPolicy) -> Result<LogStore, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let vote = read_small(&dir.join("vote"))?;
+        let committed = read_small(&dir.join("committed"))?;
+        let purged: Option<LogId> = read_small(&dir.join("purged"))?;
+        let recovered = recover(dir, purged.map(|p| p.index))?;
+        let state = State {
+            entries: recovered.entries,
+            purged,
+            vote,
+            committed,
+        };
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer {
+            dir: dir.to_owned(),
+            fsync,
+            segments: recovered.segments,
+            current: None,
+        };
+        std::thread::Builder::new()
+            .name("baton-raft-log".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| format!("starting the log writer thread: {e}"))?;
+        Ok(LogStore {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                state: Mutex::new(state),
+                writer: Mutex::new(tx),
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, job: Job) -> Result<(), StorageError> {
+        self.inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .map_err(|_| log_error(ErrorVerb::Write, "the log writer thread stopped"))
+    }
+
+    /// The last log id in the log (or the last purged one).
+    pub fn last_log_id(&self) -> Option<LogId> {
+        let st = self.state();
+        st.entries
+            .values()
+            .next_back()
+            .map(|e| *e.get_log_id())
+            .or(st.purged)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let st = self.state();
+        Ok(st.entries.range(range).map(|(_, e)| e.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let st = self.state();
+        let last = st
+            .entries
+            .values()
+            .next_back()
+            .map(|e| *e.get_log_id())
+            .or(st.purged);
+        Ok(LogState {
+            last_purged_log_id: st.purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let path = self.inner.dir.join("vote");
+        let bytes = encode_small(vote);
+        let dir = self.inner.dir.clone();
+        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, true))
+            .await
+            .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?
+            .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?;
+        self.state().vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.state().vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Not synced: a committed id lost in a power failure is learnt again
+        // from the leader, and nothing is served before it is.
+        let path = self.inner.dir.join("committed");
+        let bytes = encode_small(&committed);
+        let dir = self.inner.dir.clone();
+        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, false))
+            .await
+            .map_err(|e| log_error(ErrorVerb::Write, e))?
+            .map_err(|e| log_error(ErrorVerb::Write, e))?;
+        self.state().committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.state().committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut records = Vec::new();
+        let mut first = None;
+        let mut count = 0;
+        {
+            let mut st = self.state();
+            for entry in entries {
+                let index = entry.get_log_id().index;
+                first.get_or_insert(index);
+                let payload =
+                    bincode::serialize(&entry).map_err(|e| log_error(ErrorVerb::Write, e))?;
+                record::frame(&mut records, |out| out.extend_from_slice(&payload));
+                st.entries.insert(index, entry);
+                count += 1;
+            }
+        }
+        let Some(first) = first else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        self.send(Job::Append {
+            first,
+            records,
+            count,
+            flushed: callback,
+        })
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.state().entries.split_off(&log_id.index);
+        let (done, result) = oneshot::channel();
+        self.send(Job::Truncate {
+            from: log_id.index,
+            done,
+        })?;
+        result
+            .await
+            .map_err(|e| log_error(ErrorVerb::Write, e))?
+            .map_err(|e| log_error(ErrorVerb::Write, e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let path = self.inner.dir.join("purged");
+        let bytes = encode_small(&Some(log_id));
+        let dir = self.inner.dir.clone();
+        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, true))
+            .await
+            .map_err(|e| log_error(ErrorVerb::Delete, e))?
+            .map_err(|e| log_error(ErrorVerb::Delete, e))?;
+        {
+            let mut st = self.state();
+            let kept = st.entries.split_off(&(log_id.index + 1));
+            st.entries = kept;
+            st.purged = Some(log_id);
+        }
+        let (done, result) = oneshot::channel();
+        self.send(Job::Purge {
+            upto: log_id.index,
+            done,
+        })?;
+        result
+            .await
+            .map_err(|e| log_error(ErrorVerb::Delete, e))?
+            .map_err(|e| log_error(ErrorVerb::Delete, e))
+    }
+}
+
+/// Where a segment's entries are: its first index, and for each entry the
+/// offset of the batch it is in.
+#[derive(Debug)]
+struct SegmentInfo {
+    first: u64,
+    path: PathBuf,
+    /// Entry index -> offset of the batch holding it.
+    batches: BTreeMap<u64, u64>,
+    len: u64,
+}
+
+struct Writer {
+    dir: PathBuf,
+    fsync: FsyncPolicy,
+    /// Every segment, oldest first.
+    segments: Vec<SegmentInfo>,
+    /// The file of the last segment, once opened for appending.
+    current: Option<File>,
+}
+
+impl Writer {
+    fn run(mut self, jobs: mpsc::Receiver<Job>) {
+        while let Ok(job) = jobs.recv() {
+            match job {
+                Job::Append {
+                    first,
+                    records,
+                    count,
+                    flushed,
+                } => {
+                    // Group commit: every append queued meanwhile goes out
+                    // with this one and shares its sync.
+                    let mut appends = vec![(first, records, count, flushed)];
+                    let mut next = None;
+                    while let Ok(job) = jobs.try_recv() {
+                        match job {
+                            Job::Append {
+                                first,
+                                records,
+                                count,
+                                flushed,
+                            } => appends.push((first, records, count, flushed)),
+                            other => {
+                                next = Some(other);
+                                break;
+                            }
+                        }
+                    }
+                    let result = self.append(&appends);
+                    for (_, _, _, flushed) in appends {
+                        flushed.log_io_completed(
+                            result
+                                .as_ref()
+                                .map(|_| ())
+                                .map_err(|e| std::io::Error::other(e.clone())),
+                        );
+                    }
+                    if let Err(e) = &result {
+                        tracing::error!("the replicated log can no longer be written: {e}");
+                    }
+                    if let Some(job) = next {
+                        self.other(job);
+                    }
+                }
+                job => self.other(job),
+            }
+        }
+    }
+
+    fn other(&mut self, job: Job) {
+        match job {
+            Job::Truncate { from, done } => {
+                let _ = done.send(self.truncate(from));
+            }
+            Job::Purge { upto, done } => {
+                let _ = done.send(self.purge(upto));
+            }
+            Job::Append { .. } => unreachable!("appends are batched by run"),
+        }
+    }
+
+    /// Writes each append as a batch, then syncs once.
+    fn append(
+        &mut self,
+        appends: &[(u64, Vec<u8>, usize, LogFlushed<TypeConfig>)],
+    ) -> Result<(), String> {
+        for (first, records, count, _) in appends {
+            let rotate = self.segments.last().is_none_or(|s| s.len >= SEGMENT_BYTES);
+            if rotate {
+                self.start_segment(*first)?;
+            }
+            let mut batch = Vec::with_capacity(records.len() + segment::BATCH_HEADER);
+            let start = segment::begin_batch(&mut batch);
+            batch.extend_from_slice(records);
+            segment::end_batch(&mut batch, start);
+            let file = self.current_file()?;
+            file.write_all(&batch)
+                .map_err(|e| format!("writing the replicated log: {e}"))?;
+            let seg = self.segments.last_mut().expect("a segment");
+            for index in *first..*first + *count as u64 {
+                seg.batches.insert(index, seg.len);
+            }
+            seg.len += batch.len() as u64;
+        }
+        if self.fsync == FsyncPolicy::Always {
+            self.current_file()?
+                .sync_data()
+                .map_err(|e| format!("syncing the replicated log: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn current_file(&mut self) -> Result<&mut File, String> {
+        if self.current.is_none() {
+            let seg = self.segments.last().ok_or("no segment")?;
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&seg.path)
+                .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
+            self.current = Some(file);
+        }
+        Ok(self.current.as_mut().expect("opened above"))
+    }
+
+    fn start_segment(&mut self, first: u64) -> Result<(), String> {
+        if let Some(file) = self.current.take() {
+            file.sync_data()
+                .map_err(|e| format!("syncing the replicated log: {e}"))?;
+        }
+        let path = self.dir.join(segment_name(first));
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let header = segment::header_of(self.fsync, Kind::Replicated);
+        file.write_all(&header)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        sync_dir(&self.dir)?;
+        self.segments.push(SegmentInfo {
+            first,
+            path,
+            batches: BTreeMap::new(),
+            len: header.len() as u64,
+        });
+        self.current = Some(
+            OpenOptions::new()
+                .append(true)
+                .open(&self.segments.last().expect("pushed").path)
+                .map_err(|e| format!("opening the new segment: {e}"))?,
+        );
+        Ok(())
+    }
+
+    /// Removes every entry from index `from` on: whole later segments go, and
+    /// the segment holding `from` is cut at the batch holding it; entries of
+    /// that batch before `from` are written again as a batch of their own.
+    fn truncate(&mut self, from: u64) -> Result<(), String> {
+        self.current = None;
+        while self.segments.last().is_some_and(|s| s.first >= from) {
+            let seg = self.segments.pop().expect("checked");
+            std::fs::remove_file(&seg.path)
+                .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+        }
+        let Some(seg) = self.segments.last_mut() else {
+            return Ok(());
+        };
+        let Some(&offset) = seg.batches.get(&from) else {
+            return Ok(()); // the segment ends before `from`
+        };
+        let mut bytes = Vec::new();
+        File::open(&seg.path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| format!("reading {}: {e}", seg.path.display()))?;
+        let (records, _) = segment::read_batch(&bytes, offset as usize)?;
+        let kept = keep_before(records, from)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(&seg.path)
+            .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
+        file.set_len(offset)
+            .map_err(|e| format!("cutting {}: {e}", seg.path.display()))?;
+        seg.batches.retain(|_, o| *o < offset);
+        seg.len = offset;
+        if !kept.is_empty() {
+            let mut batch = Vec::new();
+            let start = segment::begin_batch(&mut batch);
+            for (_, payload) in &kept {
+                record::frame(&mut batch, |out| out.extend_from_slice(payload));
+            }
+            segment::end_batch(&mut batch, start);
+            use std::io::{Seek, SeekFrom};
+            file.seek(SeekFrom::Start(offset))
+                .and_then(|_| file.write_all(&batch))
+                .map_err(|e| format!("writing {}: {e}", seg.path.display()))?;
+            for (index, _) in &kept {
+                seg.batches.insert(*index, offset);
+            }
+            seg.len += batch.len() as u64;
+        }
+        file.sync_all()
+            .map_err(|e| format!("syncing {}: {e}", seg.path.display()))
+    }
+
+    /// Removes the segments whose every entry is at most `upto` (all but
+    /// the last).
+    fn purge(&mut self, upto: u64) -> Result<(), String> {
+        while self.segments.len() > 1 && self.segments[1].first <= upto + 1 {
+            let seg = self.segments.remove(0);
+            std::fs::remove_file(&seg.path)
+                .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The indexes and payloads of the records in `records` whose entries come
+/// before index `from`.
+fn keep_before(records: &[u8], from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    let mut kept = Vec::new();
+    let mut at = 0;
+    while at < records.len() {
+        let Frame::Whole { payload, size } = record::read_frame(&records[at..]) else {
+            return Err("a damaged record in a batch being cut".into());
+        };
+        let entry: Entry = bincode::deserialize(payload).map_err(|e| e.to_string())?;
+        let index = entry.get_log_id().index;
+        if index < from {
+            kept.push((index, payload.to_vec()));
+        }
+        at += size;
+    }
+    Ok(kept)
+}
+
+struct Recovered {
+    entries: BTreeMap<u64, Entry>,
+    segments: Vec<SegmentInfo>,
+}
+
+/// Reads every segment: entries in order, and where each batch is.
+fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
+    let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| format!("listing {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let first = name
+                .strip_prefix("log-")?
+                .strip_suffix(".seg")?
+                .parse()
+                .ok()?;
+            Some((first, e.path()))
+        })
+        .collect();
+    names.sort();
+    let mut entries = BTreeMap::new();
+    let mut segments = Vec::new();
+    let last = names.len().saturating_sub(1);
+    for (i, (first, path)) in names.into_iter().enumerate() {
+        let mut bytes = Vec::new();
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let damaged = |offset: usize, what: &str| {
+            format!(
+                "{} is damaged at byte offset {offset}: {what}. The member does not start on a damaged log and changed nothing; restore its data directory from a copy, or wipe it to have the member catch up from the others",
+                path.display()
+            )
+        };
+        let layout = match segment::layout(&bytes) {
+            Ok(l) if l.kind == Kind::Replicated => l,
+            Ok(_) => return Err(damaged(0, "not a segment of a replicated log")),
+            Err(LayoutError::Short) if i == last => {
+                // Created, never written: a crash right after the rotation.
+                std::fs::remove_file(&path).map_err(|e| e.to_string())?;
+                continue;
+            }
+            Err(LayoutError::Short) => return Err(damaged(0, "the file ends inside its header")),
+            Err(LayoutError::Damaged(why)) => return Err(damaged(0, &why)),
+        };
+        let mut info = SegmentInfo {
+            first,
+            path: path.clone(),
+            batches: BTreeMap::new(),
+            len: bytes.len() as u64,
+        };
+        let mut at = layout.start;
+        while at < bytes.len() {
+            match read_entries(&bytes, at) {
+                Ok((batch, end)) => {
+                    for entry in batch {
+                        let index = entry.get_log_id().index;
+                        info.batches.insert(index, at as u64);
+                        entries.insert(index, entry);
+                    }
+                    at = end;
+                }
+                Err(why) => {
+                    if i == last && !segment::unit_after(&bytes, at, layout) {
+                        warn!(file = %path.display(), offset = at, "dropping a torn last write of the replicated log: {why}");
+                        let file = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(|e| e.to_string())?;
+                        file.set_len(at as u64)
+                            .and_then(|()| file.sync_all())
+                            .map_err(|e| format!("cutting {}: {e}", path.display()))?;
+                        info.len = at as u64;
+                        break;
+                    }
+                    return Err(damaged(at, &why));
+                }
+            }
+        }
+        segments.push(info);
+    }
+    if let Some(purged) = purged {
+        entries = entries.split_off(&(purged + 1));
+    }
+    // Entries follow one another, with no gap.
+    let mut expect = None;
+    for index in entries.keys() {
+        if let Some(e) = expect {
+            if *index != e {
+                return Err(format!(
+                    "the replicated log in {} skips from entry {} to {index}",
+                    dir.display(),
+                    e - 1
+                ));
+            }
+        }
+        expect = Some(index + 1);
+    }
+    Ok(Recovered { entries, segments })
+}
+
+/// The entries of the batch at `at`.
+fn read_entries(bytes: &[u8], at: usize) -> Result<(Vec<Entry>, usize), String> {
+    let (records, end) = segment::read_batch(bytes, at)?;
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < records.len() {
+        match record::read_frame(&records[pos..]) {
+            Frame::Whole { payload, size } => {
+                let entry: Entry = bincode::deserialize(payload)
+                    .map_err(|e| format!("an entry does not decode: {e}"))?;
+                out.push(entry);
+                pos += size;
+            }
+            Frame::Short => return Err("a record runs past the end of its batch".into()),
+            Frame::Invalid(why) => return Err(why),
+        }
+    }
+    Ok((out, end))
+}
+
+fn encode_small<T: Serialize>(value: &T) -> Vec<u8> {
+    let payload = bincode::serialize(value).expect("small values serialize");
+    let mut out = Vec::new();
+    record::frame(&mut out, |o| o.extend_from_slice(&payload));
+    out
+}
+
+/// Reads a small file written by [`write_atomic`]; `None` if absent.
+fn read_small<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    match record::read_frame(&bytes) {
+        Frame::Whole { payload, .. } => bincode::deserialize(payload)
+            .map(Some)
+            .map_err(|e| format!("{} does not decode: {e}", path.display())),
+        _ => Err(format!(
+            "{} is damaged; restore the data directory from a copy, or wipe it to have the member catch up from the others",
+            path.display()
+        )),
+    }
+}
+
+/// Replaces `path` with `bytes` in one step (a temporary file renamed over
+/// it), synced with its directory if `sync`.
+fn write_atomic(dir: &Path, path: &Path, bytes: &[u8], sync: bool) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let mut file = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    file.write_all(bytes)
+        .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    if sync {
+        file.sync_all()
+            .map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
+    }
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
+    if sync {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("syncing {}: {e}", dir.display()))
+}

@@ -1,0 +1,248 @@
+//! The replicated log's state machine: the member's own Baton state
+//! machine, fed through its server's [`Applier`].
+//!
+//! Committed entries are applied in log order; a proposal carries the time
+//! its leader stamped it with, so every member computes the same state,
+//! revisions, sequence numbers and fencing tokens included.
+//!
+//! # Snapshots
+//! A snapshot is Baton's own snapshot format after one framed record
+//! holding the log's metadata (the last log id it includes and the
+//! membership then):
+//! ```text
+//! record (len, len_crc, payload_crc), payload: bincode of the metadata
+//! then a Baton snapshot (docs: persist::snapshot)
+//! ```
+//! The same bytes are the file `raft/snapshot` and what a member far behind
+//! receives. Taking one costs an O(1) copy of the state; it is written out
+//! on a blocking thread.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use baton_server::persist::record::{self, Frame};
+use baton_server::persist::snapshot;
+use baton_server::Applier;
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
+use tracing::info;
+
+use crate::types::{
+    Applied, Change, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig,
+};
+
+/// The state machine of one member. Cheap to clone.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    applier: Applier,
+    path: PathBuf,
+    /// The log position of the state, and the membership as of it. Held
+    /// while an entry is applied, so a snapshot's copy and its metadata
+    /// always agree.
+    applied: Mutex<Position>,
+    /// The latest snapshot, as bytes.
+    current: Mutex<Option<(SnapshotMeta, Arc<Vec<u8>>)>>,
+    snapshots: AtomicU64,
+}
+
+#[derive(Clone, Default)]
+struct Position {
+    last: Option<LogId>,
+    membership: StoredMembership,
+}
+
+fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageError::IO {
+        source: StorageIOError::new(
+            ErrorSubject::Snapshot(None),
+            verb,
+            openraft::AnyError::error(e.to_string()),
+        ),
+    }
+}
+
+impl StateMachineStore {
+    /// The state machine behind `applier`, starting from the snapshot kept
+    /// in `dir`, if any.
+    ///
+    /// # Errors
+    /// A snapshot file that cannot be read or is damaged.
+    pub fn open(dir: &Path, applier: Applier) -> Result<StateMachineStore, String> {
+        let path = dir.join("snapshot");
+        let store = StateMachineStore {
+            inner: Arc::new(Inner {
+                applier,
+                path: path.clone(),
+                applied: Mutex::new(Position::default()),
+                current: Mutex::new(None),
+                snapshots: AtomicU64::new(0),
+            }),
+        };
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let meta = store
+                    .load(&bytes)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                info!(last = ?meta.last_log_id, "state restored from the member's snapshot");
+                *store.current() = Some((meta, Arc::new(bytes)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        }
+        Ok(store)
+    }
+
+    fn applied(&self) -> MutexGuard<'_, Position> {
+        self.inner.applied.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn current(&self) -> MutexGuard<'_, Option<(SnapshotMeta, Arc<Vec<u8>>)>> {
+        self.inner.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Installs the state a snapshot's bytes hold, returning its metadata.
+    fn load(&self, bytes: &[u8]) -> Result<SnapshotMeta, String> {
+        let Frame::Whole { payload, size } = record::read_frame(bytes) else {
+            return Err("the snapshot's metadata is damaged".into());
+        };
+        let meta: SnapshotMeta = bincode::deserialize(payload)
+            .map_err(|e| format!("the snapshot's metadata does not decode: {e}"))?;
+        let sm = snapshot::decode(&bytes[size..])
+            .map_err(|(offset, what)| format!("damaged at byte {}: {what}", offset + size))?;
+        let mut applied = self.applied();
+        self.inner.applier.install(sm);
+        applied.last = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        Ok(meta)
+    }
+}
+
+/// Writes a snapshot's bytes to `path` in one step, synced.
+fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (state, position) = {
+            let applied = self.applied();
+            (self.inner.applier.state(), applied.clone())
+        };
+        let n = self.inner.snapshots.fetch_add(1, Ordering::Relaxed) + 1;
+        let meta = SnapshotMeta {
+            last_log_id: position.last,
+            last_membership: position.membership,
+            snapshot_id: format!("{}-{n}", position.last.map_or(0, |l| l.index)),
+        };
+        let path = self.inner.path.clone();
+        let header = bincode::serialize(&meta).map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        let bytes = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            record::frame(&mut out, |o| o.extend_from_slice(&header));
+            let mut cursor = Cursor::new(out);
+            cursor.set_position(cursor.get_ref().len() as u64);
+            snapshot::encode(&state, &mut cursor)?;
+            let bytes = cursor.into_inner();
+            save(&path, &bytes)?;
+            Ok::<_, std::io::Error>(bytes)
+        })
+        .await
+        .map_err(|e| snapshot_error(ErrorVerb::Write, e))?
+        .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        let bytes = Arc::new(bytes);
+        *self.current() = Some((meta.clone(), bytes.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes.to_vec())),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.applied();
+        Ok((applied.last, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut out = Vec::new();
+        for entry in entries {
+            let mut applied = self.applied();
+            let revision = match entry.payload {
+                EntryPayload::Normal(Change(proposal)) => self.inner.applier.apply(&proposal),
+                EntryPayload::Membership(membership) => {
+                    applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    self.inner.applier.revision()
+                }
+                EntryPayload::Blank => self.inner.applier.revision(),
+            };
+            applied.last = Some(entry.log_id);
+            out.push(Applied { revision });
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let loaded = self
+            .load(&bytes)
+            .map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        if loaded.last_log_id != meta.last_log_id {
+            return Err(snapshot_error(
+                ErrorVerb::Read,
+                "the snapshot's metadata does not match what was sent with it",
+            ));
+        }
+        let path = self.inner.path.clone();
+        let to_save = bytes.clone();
+        tokio::task::spawn_blocking(move || save(&path, &to_save))
+            .await
+            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?
+            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        info!(last = ?meta.last_log_id, bytes = bytes.len(), "snapshot installed");
+        *self.current() = Some((meta.clone(), Arc::new(bytes)));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        Ok(self.current().as_ref().map(|(meta, bytes)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(Cursor::new(bytes.to_vec())),
+        }))
+    }
+}
