@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::error::{Error, Result};
 use crate::queue::{QueueTable, QueueWatch};
-use crate::session::{open, Answer, Cmd, Registration, SessionTask};
+use crate::session::{open_leader, Answer, Cmd, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 
@@ -87,17 +87,24 @@ impl ClientBuilder {
             timeout_ms: self.session_timeout.as_millis().min(u32::MAX as u128) as u32,
             resume: None,
         };
-        let mut last_error = None;
-        for addr in &self.addrs {
-            match open(addr, &request, self.connect_timeout).await {
-                Ok(conn) => return Ok(self.start(conn)),
-                Err(e) => last_error = Some(e),
+        // A cluster between leaders (an election) sends everyone away for a
+        // moment: keep trying, within the connect timeout.
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match open_leader(None, &self.addrs, &request, self.connect_timeout).await {
+                Ok((conn, addr)) => return Ok(self.start(conn, addr)),
+                Err(Error::NotLeader(why)) if tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::debug!("no leader yet ({why}); trying again in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
             }
         }
-        Err(last_error.expect("at least one address was tried"))
     }
 
-    fn start(self, conn: crate::session::Connection) -> Client {
+    fn start(self, conn: crate::session::Connection, addr: String) -> Client {
         let grant = conn.grant.clone();
         let (cmd_tx, cmd_rx) = mpsc::channel(1024);
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
@@ -120,6 +127,7 @@ impl ClientBuilder {
             last_revision: 0,
             next_xid: 0,
             deferred: VecDeque::new(),
+            leader: Some(addr),
             unanswered: VecDeque::new(),
         };
         tokio::spawn(task.run(conn));

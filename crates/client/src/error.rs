@@ -38,6 +38,10 @@ pub enum Error {
     /// No server could be reached to open the session.
     #[error("cannot connect to {addr}: {reason}")]
     Connect { addr: String, reason: String },
+    /// The cluster member reached does not lead, and no member that leads
+    /// could be reached (or none leads right now, during an election).
+    #[error("no cluster member that leads could be reached: {0}")]
+    NotLeader(String),
     #[error("server is shutting down: {0}")]
     ShuttingDown(String),
     #[error("server refused: too many connections: {0}")]
@@ -114,6 +118,7 @@ impl Error {
                 | Error::ShuttingDown(_)
                 | Error::TooManyConnections(_)
                 | Error::Connect { .. }
+                | Error::NotLeader(_)
         )
     }
 

@@ -126,6 +126,8 @@ pub(crate) async fn open(
                 ErrorCode::SessionExpired | ErrorCode::TooManyConnections => {
                     Error::from_wire(code, message)
                 }
+                // The message is the leader's client address, if known.
+                ErrorCode::NotLeader => Error::NotLeader(message),
                 _ => failed(format!("{code}: {message}")),
             }),
         }
@@ -137,6 +139,52 @@ pub(crate) async fn open(
             connect_timeout.as_millis()
         ))),
     }
+}
+
+/// Most redirects followed in one attempt to reach the leader.
+const MAX_REDIRECTS: usize = 3;
+
+/// Opens a connection to whichever member leads: `first` (the leader last
+/// heard of) if given, then each address in turn, following a member's
+/// answer that another leads. Returns the connection and its address.
+///
+/// # Errors
+/// The last failure; [`Error::SessionExpired`] at once.
+pub(crate) async fn open_leader(
+    first: Option<&str>,
+    addrs: &[String],
+    request: &ConnectRequest,
+    connect_timeout: Duration,
+) -> Result<(Connection, String)> {
+    let mut queue: VecDeque<String> = first
+        .map(str::to_owned)
+        .into_iter()
+        .chain(addrs.iter().cloned())
+        .collect();
+    let mut redirects = 0;
+    let mut last = None;
+    while let Some(addr) = queue.pop_front() {
+        match open(&addr, request, connect_timeout).await {
+            Ok(conn) => return Ok((conn, addr)),
+            Err(e @ Error::SessionExpired(_)) => return Err(e),
+            Err(Error::NotLeader(leader)) => {
+                if !leader.is_empty() && leader != addr && redirects < MAX_REDIRECTS {
+                    redirects += 1;
+                    queue.push_front(leader.clone());
+                }
+                last = Some(Error::NotLeader(if leader.is_empty() {
+                    format!("{addr} does not lead and knows of no leader right now")
+                } else {
+                    format!("{addr} does not lead; the leader is at {leader}")
+                }));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Connect {
+        addr: String::new(),
+        reason: "no server address given".into(),
+    }))
 }
 
 /// Why [`SessionTask::serve`] returned.
@@ -170,6 +218,9 @@ pub(crate) struct SessionTask {
     pub(crate) next_xid: u32,
     /// Requests made while disconnected, sent once reconnected.
     pub(crate) deferred: VecDeque<Cmd>,
+    /// The address of the server the session was last on, or of the leader
+    /// a member that does not lead sent it to: tried first on a reconnect.
+    pub(crate) leader: Option<String>,
     /// Requests a broken connection left unanswered, sent again (same xid,
     /// same order) once the session is resumed: the server answers one it
     /// had handled from the session's last reply rather than apply it twice.
@@ -243,11 +294,9 @@ impl SessionTask {
             resume: Some((self.session, self.secret)),
         };
         let mut backoff = Duration::from_millis(20);
-        let mut attempt = 0usize;
         loop {
-            let addr = self.addrs[attempt % self.addrs.len()].clone();
-            attempt += 1;
-            let opening = open(&addr, &request, self.connect_timeout);
+            let (hint, addrs) = (self.leader.clone(), self.addrs.clone());
+            let opening = open_leader(hint.as_deref(), &addrs, &request, self.connect_timeout);
             tokio::pin!(opening);
             let result = loop {
                 tokio::select! {
@@ -265,8 +314,9 @@ impl SessionTask {
                 }
             };
             match result {
-                Ok(conn) => {
+                Ok((conn, addr)) => {
                     info!(session = %self.session, %addr, "session resumed");
+                    self.leader = Some(addr);
                     return Ok(conn);
                 }
                 Err(Error::SessionExpired(message)) => return Err(End::Expired(message)),
@@ -601,6 +651,11 @@ impl SessionTask {
             }
             ServerMessage::Disconnect(d) => match d.code {
                 ErrorCode::SessionExpired => Some(End::Expired(d.message)),
+                ErrorCode::NotLeader => {
+                    info!(session = %self.session, leader = %d.message, "the server stopped leading; following the leader");
+                    self.leader = (!d.message.is_empty()).then(|| d.message.clone());
+                    Some(End::Lost(format!("the server does not lead any more (leader: {})", if d.message.is_empty() { "unknown" } else { &d.message })))
+                }
                 _ => {
                     if !matches!(d.code, ErrorCode::ShuttingDown | ErrorCode::SessionMoved) {
                         warn!(session = %self.session, "server closed the connection: {}: {}", d.code, d.message);

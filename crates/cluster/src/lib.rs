@@ -11,5 +11,10 @@
 #![allow(clippy::result_large_err)]
 
 pub mod log_store;
+pub mod member;
+pub mod network;
 pub mod state_machine;
 pub mod types;
+
+pub use member::{ClusterMember, MemberConfig, MemberError};
+pub use types::{Member, NodeId};

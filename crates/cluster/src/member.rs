@@ -1,0 +1,360 @@
+//! One cluster member: a Baton server whose changes go through the
+//! replicated log.
+//!
+//! The member's server serves clients only while the member leads and has
+//! proven it ([`Leadership`]): on becoming leader it first confirms it with a
+//! quorum and applies everything committed, then gives every session a full
+//! fresh timeout. A member that stops leading sends its clients to the new
+//! leader. Proposals go to openraft in the order they are made (one proposer
+//! task); reads wait for a batched read barrier (one quorum confirmation for
+//! every read that arrived before it began).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_server::datadir::DataDir;
+use baton_server::persist::FsyncPolicy;
+use baton_server::replicate::{Barrier, NotLeading, Proposed, Replicator};
+use baton_server::state::Proposal;
+use baton_server::{Applier, Config, Server, ServerError};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use openraft::ServerState;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::{info, warn};
+
+use crate::log_store::LogStore;
+use crate::network::{self, Network};
+use crate::state_machine::StateMachineStore;
+use crate::types::{Change, Member, NodeId, Raft};
+
+/// How a member is set up.
+#[derive(Clone, Debug)]
+pub struct MemberConfig {
+    /// This member's id.
+    pub id: NodeId,
+    /// The members a new cluster starts with (every member of a new cluster
+    /// is given the same list). Ignored once the member's log holds a
+    /// membership; `None` for a member that joins an existing cluster.
+    pub initial: Option<BTreeMap<NodeId, Member>>,
+    /// Where the member keeps its replicated log and snapshots.
+    pub data_dir: PathBuf,
+    /// Whether the replicated log is synced before a write counts as
+    /// stored on this member.
+    pub fsync: FsyncPolicy,
+    /// The shortest time a follower waits for its leader before it stands
+    /// for election (the longest is twice this).
+    pub election_timeout: Duration,
+    /// How often the leader heartbeats its followers.
+    pub heartbeat: Duration,
+    /// Entries kept in the log behind a snapshot, for followers just behind.
+    pub snapshot_every: u64,
+    /// Reach these members at these peer addresses instead of the ones
+    /// they advertise (a tunnel, a proxy).
+    pub routes: BTreeMap<NodeId, String>,
+    /// The member's server's settings (its data directory is unused: the
+    /// state comes from the replicated log).
+    pub server: Config,
+}
+
+impl MemberConfig {
+    /// Defaults: 300 ms election timeout, 60 ms heartbeats, a snapshot every
+    /// 10,000 entries.
+    pub fn new(id: NodeId, data_dir: PathBuf) -> Self {
+        MemberConfig {
+            id,
+            initial: None,
+            data_dir,
+            fsync: FsyncPolicy::Always,
+            election_timeout: Duration::from_millis(300),
+            heartbeat: Duration::from_millis(60),
+            snapshot_every: 10_000,
+            routes: BTreeMap::new(),
+            server: Config::default(),
+        }
+    }
+}
+
+/// Why a member could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemberError {
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("{0}")]
+    Storage(String),
+    #[error("the replicated log could not start: {0}")]
+    Raft(String),
+}
+
+/// A running member.
+pub struct ClusterMember {
+    server: Server,
+    raft: Raft,
+    stop: watch::Sender<bool>,
+    _data_dir: DataDir,
+}
+
+impl ClusterMember {
+    /// Starts a member serving clients on `clients` (while it leads) and
+    /// other members on `peers`.
+    ///
+    /// # Errors
+    /// An invalid configuration, a data directory that cannot be used (or
+    /// is in use), or a damaged replicated log.
+    pub async fn start(
+        config: MemberConfig,
+        clients: TcpListener,
+        peers: TcpListener,
+    ) -> Result<ClusterMember, MemberError> {
+        let data_dir = DataDir::open(&config.data_dir)
+            .map_err(|e| MemberError::Storage(e.to_string()))?;
+        let raft_dir = config.data_dir.join("raft");
+        let log = LogStore::open(&raft_dir, config.fsync).map_err(MemberError::Storage)?;
+        let mut server_config = config.server.clone();
+        server_config.data_dir = None;
+        let (server, applier) = Server::member(clients, server_config)?;
+        let sm = StateMachineStore::open(&raft_dir, applier.clone()).map_err(MemberError::Storage)?;
+        let election = config.election_timeout.as_millis() as u64;
+        let raft_config = openraft::Config {
+            cluster_name: "baton".into(),
+            election_timeout_min: election,
+            election_timeout_max: election * 2,
+            heartbeat_interval: config.heartbeat.as_millis() as u64,
+            install_snapshot_timeout: 10_000,
+            max_payload_entries: 64,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.snapshot_every,
+            ..Default::default()
+        };
+        let raft_config = Arc::new(
+            raft_config
+                .validate()
+                .map_err(|e| MemberError::Raft(e.to_string()))?,
+        );
+        let network = Network::new(config.id, config.routes.clone());
+        let raft = Raft::new(config.id, raft_config, network, log, sm)
+            .await
+            .map_err(|e| MemberError::Raft(e.to_string()))?;
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(network::serve(peers, raft.clone(), stopped.clone()));
+        let barriers = Barriers::start(raft.clone(), stopped.clone());
+        let proposals = start_proposer(raft.clone(), stopped.clone());
+        applier.set_log(Arc::new(ClusterLog {
+            proposals,
+            barriers,
+        }));
+        tokio::spawn(Leadership::watch(
+            raft.clone(),
+            applier,
+            config.id,
+            stopped,
+        ));
+        if let Some(initial) = config.initial {
+            if !raft
+                .is_initialized()
+                .await
+                .map_err(|e| MemberError::Raft(e.to_string()))?
+            {
+                info!(members = ?initial.keys().collect::<Vec<_>>(), "starting a new cluster");
+                if let Err(e) = raft.initialize(initial).await {
+                    // Another member of the new cluster got there first.
+                    info!("cluster already started: {e}");
+                }
+            }
+        }
+        Ok(ClusterMember {
+            server,
+            raft,
+            stop,
+            _data_dir: data_dir,
+        })
+    }
+
+    /// The address clients reach this member at.
+    pub fn client_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.server.local_addr()
+    }
+
+    /// The member's replicated log, for status and membership changes.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// A handle to the member's server, for its counters.
+    pub fn handle(&self) -> baton_server::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until `shutdown` completes, then stops the server and the
+    /// replicated log.
+    ///
+    /// # Errors
+    /// As [`Server::run`].
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        let ClusterMember {
+            server,
+            raft,
+            stop,
+            _data_dir,
+        } = self;
+        let result = server.run(shutdown).await;
+        stop.send_replace(true);
+        if let Err(e) = raft.shutdown().await {
+            warn!("stopping the replicated log: {e}");
+        }
+        result
+    }
+}
+
+/// How a member proposes and reads: the [`Replicator`] its server sees.
+struct ClusterLog {
+    proposals: mpsc::UnboundedSender<Proposal>,
+    barriers: Arc<Barriers>,
+}
+
+impl Replicator for ClusterLog {
+    fn propose(&self, proposal: &Proposal) -> Proposed {
+        match self.proposals.send(proposal.clone()) {
+            Ok(()) => Proposed::Later,
+            Err(_) => Proposed::NotLeader,
+        }
+    }
+
+    fn applies_at_once(&self) -> bool {
+        false
+    }
+
+    fn read_barrier(&self) -> Barrier {
+        self.barriers.wait()
+    }
+}
+
+/// Hands proposals to openraft in the order they were made. The answers
+/// come back through the state machine; the receivers are kept until they
+/// are answered only so that openraft has someone to answer.
+fn start_proposer(raft: Raft, mut stop: watch::Receiver<bool>) -> mpsc::UnboundedSender<Proposal> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Proposal>();
+    tokio::spawn(async move {
+        let mut answers = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                p = rx.recv() => {
+                    let Some(p) = p else { return };
+                    match raft.client_write_ff(Change(p)).await {
+                        Ok(answer) => answers.push(answer),
+                        Err(e) => {
+                            warn!("the replicated log stopped taking proposals: {e}");
+                            return;
+                        }
+                    }
+                }
+                Some(_) = answers.next(), if !answers.is_empty() => {}
+                _ = stop.changed() => return,
+            }
+        }
+    });
+    tx
+}
+
+/// Read barriers, batched: each round confirms leadership with a quorum once
+/// (and waits until everything committed is applied) for every read that
+/// was waiting when the round began.
+struct Barriers {
+    waiting: Mutex<Vec<oneshot::Sender<Result<(), NotLeading>>>>,
+    wake: Notify,
+}
+
+impl Barriers {
+    fn start(raft: Raft, mut stop: watch::Receiver<bool>) -> Arc<Barriers> {
+        let barriers = Arc::new(Barriers {
+            waiting: Mutex::new(Vec::new()),
+            wake: Notify::new(),
+        });
+        let this = barriers.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = this.wake.notified() => {}
+                    _ = stop.changed() => return,
+                }
+                loop {
+                    let round = std::mem::take(&mut *this.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+                    if round.is_empty() {
+                        break;
+                    }
+                    let result = match raft.ensure_linearizable().await {
+                        Ok(_) => Ok(()),
+                        Err(_) => Err(NotLeading),
+                    };
+                    for waiter in round {
+                        let _ = waiter.send(result.clone());
+                    }
+                }
+            }
+        });
+        barriers
+    }
+
+    fn wait(&self) -> Barrier {
+        let (tx, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        self.wake.notify_one();
+        Box::pin(async move { rx.await.unwrap_or(Err(NotLeading)) })
+    }
+}
+
+/// Tells the member's server when it leads, and whom clients should go to
+/// when it does not.
+struct Leadership;
+
+impl Leadership {
+    async fn watch(raft: Raft, applier: Applier, id: NodeId, mut stop: watch::Receiver<bool>) {
+        let mut metrics = raft.metrics();
+        // What the server was last told: Some(vote) while it leads, else the
+        // leader it sends clients to.
+        let mut leading: Option<crate::types::Vote> = None;
+        let mut following: Option<Option<NodeId>> = None;
+        loop {
+            let m = metrics.borrow_and_update().clone();
+            if m.state == ServerState::Leader && m.current_leader == Some(id) {
+                if leading != Some(m.vote) {
+                    // Prove leadership and catch up before serving anyone.
+                    match raft.ensure_linearizable().await {
+                        Ok(_) => {
+                            info!(term = m.current_term, "leading: serving clients");
+                            applier.lead();
+                            leading = Some(m.vote);
+                            following = None;
+                        }
+                        Err(e) => info!("not serving yet, leadership unconfirmed: {e}"),
+                    }
+                }
+            } else if leading.is_some() || following != Some(m.current_leader) {
+                let address = m.current_leader.and_then(|l| {
+                    m.membership_config
+                        .membership()
+                        .get_node(&l)
+                        .map(|n| n.client.clone())
+                });
+                if leading.is_some() {
+                    info!(leader = ?m.current_leader, "not leading any more: sending clients to the leader");
+                }
+                applier.follow(address);
+                leading = None;
+                following = Some(m.current_leader);
+            }
+            tokio::select! {
+                r = metrics.changed() => if r.is_err() { return },
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}

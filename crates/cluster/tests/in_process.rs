@@ -1,0 +1,113 @@
+//! A three-member cluster in one process, on loopback: the replicated path
+//! end to end, quickly.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_client::{Client, CreateMode, Lock};
+use baton_cluster::{ClusterMember, Member, MemberConfig};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+struct Running {
+    client: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
+    let root = std::env::temp_dir().join(format!("baton-inproc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut listeners = Vec::new();
+    let mut initial = BTreeMap::new();
+    for id in 1..=n {
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        initial.insert(
+            id,
+            Member {
+                peer: peers.local_addr().unwrap().to_string(),
+                client: clients.local_addr().unwrap().to_string(),
+            },
+        );
+        listeners.push((id, clients, peers));
+    }
+    let mut running = Vec::new();
+    for (id, clients, peers) in listeners {
+        let mut config = MemberConfig::new(id, root.join(format!("m{id}")));
+        config.initial = Some(initial.clone());
+        config.server.min_session_timeout = Duration::from_millis(500);
+        let member = ClusterMember::start(config, clients, peers).await.unwrap();
+        let client = member.client_addr().unwrap().to_string();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = member
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        running.push(Running {
+            client,
+            stop: Some(stop),
+            task,
+        });
+    }
+    (running, root)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
+    let (mut members, root) = cluster(3, "basic").await;
+    let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let client = Client::builder(&addrs.join(","))
+        .session_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("a session on the cluster");
+    client.create("/a", "one", CreateMode::Persistent).await.unwrap();
+    let (data, _) = client.get_data("/a").await.unwrap();
+    assert_eq!(&data[..], b"one");
+    let guard = Lock::new(&client, "/locks/x").acquire().await.unwrap();
+    let first = guard.token();
+    guard.release().await.unwrap();
+
+    // Stop whichever member the client is on (the leader).
+    let stats_before = client.server_stats().await.unwrap();
+    let leader_addr = {
+        // The member that answered is the leader; find it by trying each.
+        let mut found = None;
+        for (i, m) in members.iter().enumerate() {
+            if let Ok(c) = Client::builder(&m.client)
+                .connect_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+            {
+                c.close().await;
+                found = Some(i);
+                break;
+            }
+        }
+        found.expect("a leader")
+    };
+    let _ = stats_before;
+    let gone = members.remove(leader_addr);
+    let _ = gone.stop.map(|s| s.send(()));
+    let _ = gone.task.await;
+
+    let (data, _) = tokio::time::timeout(Duration::from_secs(10), client.get_data("/a"))
+        .await
+        .expect("the cluster answers after the leader went")
+        .unwrap();
+    assert_eq!(&data[..], b"one");
+    let guard = Lock::new(&client, "/locks/x").acquire().await.unwrap();
+    assert!(guard.token() > first, "{} after {first}", guard.token());
+    guard.release().await.unwrap();
+    client.close().await;
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
