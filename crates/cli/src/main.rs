@@ -1,9 +1,11 @@
 //! `baton`: run a Baton server, and inspect or change its nodes.
 
 mod bench;
+mod cluster;
 mod commands;
 mod elect;
 mod lease;
+mod local;
 mod lock;
 mod serve;
 mod signals;
@@ -70,6 +72,12 @@ enum Command {
     /// BATON_SERVER) names one, and prints a table (or JSON).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Manage a cluster: status, members, or a whole one on this machine.
+    ///
+    /// `status`, `add` and `remove` ask the members given with --server (any
+    /// of them: one that does not lead names the leader).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +111,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(&server, args).await,
             Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
+            Command::Cluster(cmd) => cluster::run(&server, cmd).await,
         }
     });
     match result {

@@ -20,6 +20,7 @@
 mod client;
 mod deadline;
 mod error;
+mod probe;
 mod queue;
 pub mod recipes;
 mod session;
@@ -32,6 +33,7 @@ pub use client::{
 };
 pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};
+pub use probe::probe;
 pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;

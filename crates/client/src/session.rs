@@ -654,7 +654,14 @@ impl SessionTask {
                 ErrorCode::NotLeader => {
                     info!(session = %self.session, leader = %d.message, "the server stopped leading; following the leader");
                     self.leader = (!d.message.is_empty()).then(|| d.message.clone());
-                    Some(End::Lost(format!("the server does not lead any more (leader: {})", if d.message.is_empty() { "unknown" } else { &d.message })))
+                    Some(End::Lost(format!(
+                        "the server does not lead any more (leader: {})",
+                        if d.message.is_empty() {
+                            "unknown"
+                        } else {
+                            &d.message
+                        }
+                    )))
                 }
                 _ => {
                     if !matches!(d.code, ErrorCode::ShuttingDown | ErrorCode::SessionMoved) {

@@ -10,6 +10,7 @@
 // node addresses); its API returns them by value.
 #![allow(clippy::result_large_err)]
 
+pub mod admin;
 pub mod log_store;
 pub mod member;
 pub mod network;

@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::{info, warn};
 
+use crate::admin::Status;
 use crate::log_store::LogStore;
 use crate::network::{self, Network};
 use crate::state_machine::StateMachineStore;
@@ -111,14 +112,15 @@ impl ClusterMember {
         clients: TcpListener,
         peers: TcpListener,
     ) -> Result<ClusterMember, MemberError> {
-        let data_dir = DataDir::open(&config.data_dir)
-            .map_err(|e| MemberError::Storage(e.to_string()))?;
+        let data_dir =
+            DataDir::open(&config.data_dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let raft_dir = config.data_dir.join("raft");
         let log = LogStore::open(&raft_dir, config.fsync).map_err(MemberError::Storage)?;
         let mut server_config = config.server.clone();
         server_config.data_dir = None;
         let (server, applier) = Server::member(clients, server_config)?;
-        let sm = StateMachineStore::open(&raft_dir, applier.clone()).map_err(MemberError::Storage)?;
+        let sm =
+            StateMachineStore::open(&raft_dir, applier.clone()).map_err(MemberError::Storage)?;
         let election = config.election_timeout.as_millis() as u64;
         let raft_config = openraft::Config {
             cluster_name: "baton".into(),
@@ -144,16 +146,19 @@ impl ClusterMember {
         tokio::spawn(network::serve(peers, raft.clone(), stopped.clone()));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
         let proposals = start_proposer(raft.clone(), stopped.clone());
+        let status = Status::default();
+        tokio::spawn(status.clone().refresh(
+            raft.clone(),
+            config.id,
+            config.routes.clone(),
+            stopped.clone(),
+        ));
         applier.set_log(Arc::new(ClusterLog {
             proposals,
             barriers,
+            status,
         }));
-        tokio::spawn(Leadership::watch(
-            raft.clone(),
-            applier,
-            config.id,
-            stopped,
-        ));
+        tokio::spawn(Leadership::watch(raft.clone(), applier, config.id, stopped));
         if let Some(initial) = config.initial {
             if !raft
                 .is_initialized()
@@ -215,6 +220,7 @@ impl ClusterMember {
 struct ClusterLog {
     proposals: mpsc::UnboundedSender<Proposal>,
     barriers: Arc<Barriers>,
+    status: Status,
 }
 
 impl Replicator for ClusterLog {
@@ -231,6 +237,10 @@ impl Replicator for ClusterLog {
 
     fn read_barrier(&self) -> Barrier {
         self.barriers.wait()
+    }
+
+    fn status(&self) -> Option<String> {
+        self.status.get()
     }
 }
 
@@ -283,7 +293,9 @@ impl Barriers {
                     _ = stop.changed() => return,
                 }
                 loop {
-                    let round = std::mem::take(&mut *this.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+                    let round = std::mem::take(
+                        &mut *this.waiting.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
                     if round.is_empty() {
                         break;
                     }

@@ -12,6 +12,8 @@
 //!   Snapshot(InstallSnapshotRequest, one chunk)
 //!                                  -> Snapshot(Result<InstallSnapshotResponse>)
 //!   Status                         -> Status(MemberStatus)
+//!   Change(add or remove a member) -> Changed(Result<message, error>)
+//!                                     (asked of the leader, by an operator)
 //! ```
 //! A member dials another when it first needs to and again after any
 //! failure; every call has the deadline openraft gives it, and a member that
@@ -66,6 +68,7 @@ enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Status,
+    Change(crate::admin::Change),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,6 +77,7 @@ enum Response {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Status(MemberStatus),
+    Changed(Result<String, String>),
 }
 
 /// What a member says of itself, for `baton cluster status`.
@@ -164,7 +168,12 @@ impl Peer {
         if self.conn.is_none() {
             let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&self.addr))
                 .await
-                .map_err(|_| Failed(format!("no connection to {} within {DIAL_TIMEOUT:?}", self.addr)))?
+                .map_err(|_| {
+                    Failed(format!(
+                        "no connection to {} within {DIAL_TIMEOUT:?}",
+                        self.addr
+                    ))
+                })?
                 .map_err(|e| Failed(format!("cannot connect to {}: {e}", self.addr)))?;
             let _ = stream.set_nodelay(true);
             let mut framed = Framed::new(stream, codec());
@@ -281,6 +290,30 @@ pub async fn status_of(from: NodeId, addr: &str, limit: Duration) -> Result<Memb
     }
 }
 
+/// Asks the member at `addr` (a peer address; the leader) to change the
+/// membership.
+///
+/// # Errors
+/// The member could not be reached, did not answer within `limit`, or
+/// refused (it does not lead; the change failed), saying why.
+pub async fn ask_change(
+    addr: &str,
+    change: crate::admin::Change,
+    limit: Duration,
+) -> Result<String, String> {
+    let mut peer = Peer {
+        from: 0,
+        target: 0,
+        addr: addr.to_owned(),
+        conn: None,
+    };
+    match peer.call(&Request::Change(change), limit).await {
+        Ok(Response::Changed(r)) => r,
+        Ok(_) => Err("an answer of the wrong kind".into()),
+        Err(e) => Err(e.0),
+    }
+}
+
 /// Answers other members on `listener` until `stop` is set.
 pub async fn serve(listener: TcpListener, raft: Raft, mut stop: watch::Receiver<bool>) {
     loop {
@@ -331,6 +364,7 @@ async fn answer(stream: TcpStream, peer: String, raft: Raft, mut stop: watch::Re
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
             Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
             Request::Status => Response::Status(MemberStatus::of(&raft)),
+            Request::Change(change) => Response::Changed(crate::admin::change(&raft, change).await),
         };
         let bytes = match bincode::serialize(&response) {
             Ok(b) => b,

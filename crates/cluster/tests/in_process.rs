@@ -66,7 +66,10 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
         .connect()
         .await
         .expect("a session on the cluster");
-    client.create("/a", "one", CreateMode::Persistent).await.unwrap();
+    client
+        .create("/a", "one", CreateMode::Persistent)
+        .await
+        .unwrap();
     let (data, _) = client.get_data("/a").await.unwrap();
     assert_eq!(&data[..], b"one");
     let guard = Lock::new(&client, "/locks/x").acquire().await.unwrap();

@@ -9,12 +9,14 @@
 //! first frame is a [`ConnectRequest`], answered by one [`ConnectResponse`];
 //! after that the client sends [`RequestFrame`]s and the server sends
 //! [`ServerMessage`]s (replies in request order, watch events, and a final
-//! session-end notice).
+//! session-end notice). A connection may instead open with a status probe
+//! ([`probe`]), which any server answers with a JSON description of itself.
 
 pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod path;
+pub mod probe;
 pub mod request;
 pub mod response;
 mod wire;

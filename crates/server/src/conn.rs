@@ -239,6 +239,12 @@ impl Conn {
             },
             _ = shutdown.changed() => return None,
         };
+        if baton_proto::probe::is_probe(&frame) {
+            let answer = crate::status::json(&self.shared);
+            baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
+            let _ = timeout(CLOSE_GRACE, self.write_all()).await;
+            return None;
+        }
         let request = match ConnectRequest::decode(frame) {
             Ok(r) => r,
             Err(e) => {

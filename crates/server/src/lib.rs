@@ -24,6 +24,7 @@ pub mod replicate;
 mod server;
 pub mod state;
 mod stats;
+mod status;
 mod watches;
 
 pub use config::{Config, ConfigError};

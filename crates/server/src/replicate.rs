@@ -74,6 +74,13 @@ pub trait Replicator: Send + Sync + 'static {
 
     /// Stops whatever the log runs (after writing what is queued).
     fn stop(&self) {}
+
+    /// What a replicated log says of the cluster (a JSON object: its
+    /// members, their roles and progress), for the status probe; `None` for
+    /// a single server.
+    fn status(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A server that keeps nothing: applies at once, logs nothing.

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) mark: Arc<DurableMark>,
     /// A cluster member: reads wait for read barriers.
     pub(crate) replicated: bool,
+    /// When the server was built.
+    pub(crate) started: std::time::Instant,
     /// Set when the server stops: handshakes under way and the expiry timer
     /// watch it (attached connections hear it through their outboxes).
     pub(crate) stopping: watch::Sender<bool>,
@@ -407,6 +409,7 @@ impl Parts {
                 connection_slots,
                 replicated: !log_applies_at_once,
                 stopping: watch::channel(false).0,
+                started: std::time::Instant::now(),
             }),
             data_dir,
             log_failed,

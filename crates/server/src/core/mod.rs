@@ -183,9 +183,14 @@ impl Core {
         self.log = log;
     }
 
-    /// The log, to stop it.
+    /// The log, to stop it or ask it about the cluster.
     pub(crate) fn log(&self) -> Arc<dyn Replicator> {
         self.log.clone()
+    }
+
+    /// Whether this server serves clients.
+    pub(crate) fn role(&self) -> Role {
+        self.role.clone()
     }
 
     /// Proposes a change a request (or this server) asks for. `Some` is the

@@ -43,6 +43,15 @@ pub enum FsyncPolicy {
     Never,
 }
 
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FsyncPolicy::Always => "always",
+            FsyncPolicy::Never => "never",
+        })
+    }
+}
+
 impl std::str::FromStr for FsyncPolicy {
     type Err = String;
 

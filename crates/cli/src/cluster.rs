@@ -1,0 +1,376 @@
+//! Cluster mode: `baton serve --node-id`, and `baton cluster status`,
+//! `add`, `remove` and `local`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_cluster::admin::Change;
+use baton_cluster::{ClusterMember, Member, MemberConfig};
+use baton_server::Config;
+use serde_json::Value;
+
+use crate::serve::{inherited, say_listening, shutdown_signal, ServeArgs};
+use crate::{CliError, CliResult};
+
+/// Manage a cluster: its status, its members, or a whole local one to try.
+#[derive(clap::Subcommand)]
+pub enum ClusterCommand {
+    Status(StatusArgs),
+    Add(AddArgs),
+    Remove(RemoveArgs),
+    Local(LocalArgs),
+}
+
+/// Show the cluster's members, their roles and progress.
+///
+/// Asks the servers given with --server (any member will do: one that does
+/// not lead names the leader) and prints, for every member, its id, role,
+/// addresses, applied index and how far it lags behind the leader; then the
+/// leader, the term and the commit index.
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// Print one JSON object: `leader` (member id), `term`, `commit_index`
+    /// and `members`, each with `id`, `client_addr`, `peer_addr`, `role`,
+    /// `voter`, `applied_index` and `lag`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Add a member to the running cluster.
+///
+/// Start the new member first (`baton serve --node-id ID --join
+/// --peer-listen ADDR ...`); this asks the leader to add it as a learner,
+/// waits until it has caught up (by snapshot if the cluster's log is long),
+/// then makes it a voter.
+#[derive(clap::Args)]
+pub struct AddArgs {
+    /// The new member's id (unique in the cluster).
+    #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+    node_id: u64,
+    /// Where the other members reach it (its --peer-listen address).
+    #[arg(long, value_name = "HOST:PORT")]
+    peer_addr: String,
+    /// Where clients reach it (its --listen address).
+    #[arg(long, value_name = "HOST:PORT")]
+    client_addr: String,
+}
+
+/// Remove a member from the cluster (stop its process afterwards).
+#[derive(clap::Args)]
+pub struct RemoveArgs {
+    /// The member's id.
+    #[arg(long, value_name = "ID")]
+    node_id: u64,
+}
+
+/// Start a whole cluster on this machine, to try it out.
+///
+/// Starts MEMBERS `baton serve` processes, each on free loopback ports
+/// with its data directory under --data-dir, prints one line per member
+/// (`member ID client ADDR peer ADDR pid PID`) and runs until Ctrl-C, when
+/// it stops them all. A member that dies (kill one to see a failover) is
+/// reported and not restarted; start it again by hand with the command
+/// printed in its log. Clients use all the client addresses:
+/// `baton --server A,B,C ...`.
+#[derive(clap::Args)]
+pub struct LocalArgs {
+    /// How many members: 3 or 5 survive the loss of 1 or 2.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub(crate) members: u64,
+    /// Directory for the members' data directories and logs.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: std::path::PathBuf,
+    /// Each member's election timeout, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 300)]
+    pub(crate) election_timeout: u64,
+}
+
+/// Parses `ID=PEER/CLIENT,...`.
+pub fn parse_members(spec: &str) -> Result<BTreeMap<u64, Member>, CliError> {
+    let mut members = BTreeMap::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = |why: &str| {
+            CliError::msg(format!(
+                "--peers: {item:?} {why}; write each member as ID=PEER_HOST:PEER_PORT/CLIENT_HOST:CLIENT_PORT, for example 1=10.0.0.1:4190/10.0.0.1:4181"
+            ))
+        };
+        let (id, addrs) = item.split_once('=').ok_or_else(|| bad("has no '='"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| *id > 0)
+            .ok_or_else(|| bad("does not start with a positive member id"))?;
+        let (peer, client) = addrs
+            .split_once('/')
+            .ok_or_else(|| bad("has no '/' between the peer and the client address"))?;
+        if peer.is_empty() || client.is_empty() {
+            return Err(bad("has an empty address"));
+        }
+        let member = Member {
+            peer: peer.trim().to_owned(),
+            client: client.trim().to_owned(),
+        };
+        if members.insert(id, member).is_some() {
+            return Err(bad("repeats a member id"));
+        }
+    }
+    if members.is_empty() {
+        return Err(CliError::msg("--peers names no member"));
+    }
+    Ok(members)
+}
+
+fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (id, addr) = item
+                .split_once('=')
+                .ok_or_else(|| CliError::msg(format!("--route: {item:?} is not ID=HOST:PORT")))?;
+            let id = id.trim().parse().map_err(|_| {
+                CliError::msg(format!("--route: {item:?} does not start with a member id"))
+            })?;
+            Ok((id, addr.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// `baton serve --node-id ID ...`: runs a cluster member.
+pub async fn serve_member(id: u64, args: &ServeArgs, mut server: Config) -> CliResult {
+    let members = args.peers.as_deref().map(parse_members).transpose()?;
+    let own = members.as_ref().and_then(|m| m.get(&id)).cloned();
+    if members.is_some() && own.is_none() {
+        return Err(CliError::msg(format!(
+            "--peers does not list member {id} itself; list every member of the new cluster, this one included"
+        )));
+    }
+    if members.is_none() && !args.join {
+        return Err(CliError::msg(
+            "a cluster member needs --peers (the members of a new cluster) or --join (to be added to a running one with `baton cluster add`)",
+        ));
+    }
+    let clients = match (args.listen_fd, &args.listen, &own) {
+        (Some(fd), _, _) => inherited(fd, "--listen-fd")?,
+        (None, Some(addr), _) => bind(addr, "clients").await?,
+        (None, None, Some(own)) => bind(&own.client, "clients").await?,
+        (None, None, None) => {
+            return Err(CliError::msg(
+                "give the address to listen on for clients with --listen",
+            ))
+        }
+    };
+    let peers = match (args.peer_listen_fd, &args.peer_listen, &own) {
+        (Some(fd), _, _) => inherited(fd, "--peer-listen-fd")?,
+        (None, Some(addr), _) => bind(addr, "the other members").await?,
+        (None, None, Some(own)) => bind(&own.peer, "the other members").await?,
+        (None, None, None) => {
+            return Err(CliError::msg(
+                "give the address to listen on for the other members with --peer-listen",
+            ))
+        }
+    };
+    let election = Duration::from_millis(args.election_timeout);
+    // A session must outlive a failover: the longest election, twice over,
+    // and the client's reconnect.
+    let floor = election * 4 + Duration::from_millis(500);
+    if server.min_session_timeout < floor {
+        tracing::warn!(
+            "--min-session-timeout {} ms is short for an election timeout of {} ms: sessions may expire during a failover (at least {} ms is advised)",
+            server.min_session_timeout.as_millis(),
+            election.as_millis(),
+            floor.as_millis()
+        );
+    }
+    server.data_dir = None;
+    let mut config = MemberConfig::new(id, args.data_dir.clone());
+    config.initial = members;
+    config.fsync = args.fsync;
+    config.election_timeout = election;
+    config.heartbeat = (election / 5).max(Duration::from_millis(10));
+    config.routes = args
+        .route
+        .as_deref()
+        .map(parse_routes)
+        .transpose()?
+        .unwrap_or_default();
+    config.server = server;
+    let peer_addr = peers
+        .local_addr()
+        .map_err(|e| CliError::msg(e.to_string()))?;
+    let member = ClusterMember::start(config, clients, peers)
+        .await
+        .map_err(|e| CliError::msg(format!("member {id} cannot start: {e}")))?;
+    let addr = member
+        .client_addr()
+        .map_err(|e| CliError::msg(e.to_string()))?;
+    tracing::info!(member = id, %addr, peer = %peer_addr, "cluster member ready; stop with Ctrl-C or SIGTERM");
+    say_listening(&addr.to_string());
+    member.run(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bind(addr: &str, whom: &str) -> Result<tokio::net::TcpListener, CliError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::msg(format!("cannot listen for {whom} on {addr}: {e}")))
+}
+
+pub async fn run(servers: &str, command: ClusterCommand) -> CliResult {
+    match command {
+        ClusterCommand::Status(args) => status(servers, args).await,
+        ClusterCommand::Add(args) => {
+            let member = Member {
+                peer: args.peer_addr,
+                client: args.client_addr,
+            };
+            change(
+                servers,
+                Change::Add {
+                    id: args.node_id,
+                    member,
+                },
+            )
+            .await
+        }
+        ClusterCommand::Remove(args) => change(servers, Change::Remove { id: args.node_id }).await,
+        ClusterCommand::Local(args) => crate::local::run(args).await,
+    }
+}
+
+/// The leader's description of the cluster, found from any of `servers`.
+async fn leader_view(servers: &str) -> Result<Value, CliError> {
+    let limit = Duration::from_secs(3);
+    let mut queue: Vec<String> = servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    queue.reverse();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last = String::from("no server address given");
+    while let Some(addr) = queue.pop() {
+        if !seen.insert(addr.clone()) {
+            continue;
+        }
+        let answer = match baton_client::probe(&addr, limit).await {
+            Ok(a) => a,
+            Err(e) => {
+                last = e.to_string();
+                continue;
+            }
+        };
+        let status: Value = serde_json::from_str(&answer).map_err(|e| {
+            CliError::msg(format!("{addr} answered something that is not JSON: {e}"))
+        })?;
+        match status["role"].as_str() {
+            Some("leader") => return Ok(status),
+            Some("single") => {
+                return Err(CliError::msg(format!(
+                    "{addr} is a single server, not a cluster member"
+                )))
+            }
+            _ => {}
+        }
+        match status["leader"].as_str() {
+            Some(leader) if !leader.is_empty() => queue.push(leader.to_owned()),
+            _ => {
+                last =
+                    format!("{addr} does not lead and knows of no leader right now (an election?)")
+            }
+        }
+    }
+    Err(CliError::msg(format!("no leader found: {last}")))
+}
+
+async fn status(servers: &str, args: StatusArgs) -> CliResult {
+    let leader = leader_view(servers).await?;
+    let cluster = &leader["cluster"];
+    let members = cluster["members"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        let out = serde_json::json!({
+            "leader": cluster["leader"],
+            "term": cluster["term"],
+            "commit_index": cluster["commit_index"],
+            "members": members.iter().map(|m| serde_json::json!({
+                "id": m["id"],
+                "client_addr": m["client_addr"],
+                "peer_addr": m["peer_addr"],
+                "role": m["role"],
+                "voter": m["voter"],
+                "applied_index": m["applied_index"],
+                "lag": m["lag"],
+            })).collect::<Vec<_>>(),
+        });
+        println!("{out}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let show = |v: &Value| match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    println!(
+        "leader {}, term {}, commit index {}",
+        show(&cluster["leader"]),
+        show(&cluster["term"]),
+        show(&cluster["commit_index"])
+    );
+    println!(
+        "{:<4} {:<12} {:<22} {:<22} {:>10} {:>8}",
+        "id", "role", "client", "peer", "applied", "lag"
+    );
+    for m in &members {
+        let role = if m["voter"] == Value::Bool(false) {
+            format!("{} (learner)", show(&m["role"]))
+        } else {
+            show(&m["role"])
+        };
+        println!(
+            "{:<4} {:<12} {:<22} {:<22} {:>10} {:>8}",
+            show(&m["id"]),
+            role,
+            show(&m["client_addr"]),
+            show(&m["peer_addr"]),
+            show(&m["applied_index"]),
+            show(&m["lag"])
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn change(servers: &str, change: Change) -> CliResult {
+    let leader = leader_view(servers).await?;
+    let cluster = &leader["cluster"];
+    let leader_id = cluster["leader"].as_u64();
+    let peer = cluster["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"].as_u64() == leader_id))
+        .and_then(|m| m["peer_addr"].as_str())
+        .ok_or_else(|| CliError::msg("the leader's description names no peer address for it"))?
+        .to_owned();
+    let done = baton_cluster::network::ask_change(&peer, change, Duration::from_secs(120))
+        .await
+        .map_err(CliError::msg)?;
+    println!("{done}");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_bad_ones_say_how_to_write_them() {
+        let m = parse_members("1=127.0.0.1:4190/127.0.0.1:4181, 2=h:2/h:3").unwrap();
+        assert_eq!(m[&1].peer, "127.0.0.1:4190");
+        assert_eq!(m[&2].client, "h:3");
+        for bad in ["1=a", "x=a/b", "0=a/b", "1=a/b,1=c/d", "1=/b", ""] {
+            let e = parse_members(bad).unwrap_err().to_string();
+            assert!(e.contains("--peers"), "{bad}: {e}");
+        }
+    }
+}

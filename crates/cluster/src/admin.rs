@@ -1,0 +1,204 @@
+//! What a member says about the cluster, and membership changes.
+//!
+//! Every member keeps a description of the cluster up to date (twice a
+//! second): its members and their addresses, and the leader's view of each
+//! one's progress, which the leader gathers from the others over the peer
+//! port. The status probe on the client port answers with it.
+//!
+//! Adding a member makes it a learner first, which catches up (by snapshot
+//! if it is far behind), then a voter; removing one is a membership change
+//! without it. Both are asked of the leader over the peer port.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::ServerState;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::network::{self, MemberStatus};
+use crate::types::{Member, NodeId, Raft};
+
+/// How often the description of the cluster is refreshed.
+const REFRESH: Duration = Duration::from_millis(500);
+/// How long the leader waits for another member's status.
+const ASK: Duration = Duration::from_millis(300);
+
+/// A change of membership, asked of the leader.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    /// Add this member: as a learner, then, once it has caught up, as a
+    /// voter.
+    Add { id: NodeId, member: Member },
+    /// Remove this member from the voters (and the cluster).
+    Remove { id: NodeId },
+}
+
+/// The latest description of the cluster, as JSON text.
+#[derive(Clone, Default)]
+pub struct Status(Arc<Mutex<Option<String>>>);
+
+impl Status {
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, json: String) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(json);
+    }
+
+    /// Keeps the description of the cluster up to date until `stop`.
+    pub async fn refresh(
+        self,
+        raft: Raft,
+        id: NodeId,
+        routes: BTreeMap<NodeId, String>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            self.set(describe(&raft, id, &routes).await.to_string());
+            tokio::select! {
+                _ = tokio::time::sleep(REFRESH) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+/// The cluster as this member sees it; the leader asks every other member
+/// for its progress.
+async fn describe(raft: &Raft, id: NodeId, routes: &BTreeMap<NodeId, String>) -> serde_json::Value {
+    let m = raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership().clone();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let leading = m.state == ServerState::Leader;
+    let mut asked: BTreeMap<NodeId, Option<MemberStatus>> = BTreeMap::new();
+    if leading {
+        let asks = membership
+            .nodes()
+            .filter(|(n, _)| **n != id)
+            .map(|(n, node)| {
+                let addr = routes.get(n).cloned().unwrap_or_else(|| node.peer.clone());
+                let n = *n;
+                async move { (n, network::status_of(id, &addr, ASK).await.ok()) }
+            });
+        asked = futures::future::join_all(asks).await.into_iter().collect();
+    }
+    let replication = m.replication.clone().unwrap_or_default();
+    let last_log = m.last_log_index.unwrap_or(0);
+    let members: Vec<serde_json::Value> = membership
+        .nodes()
+        .map(|(n, node)| {
+            let status = if *n == id {
+                Some(MemberStatus::of(raft))
+            } else {
+                asked.get(n).cloned().flatten()
+            };
+            let matched = replication.get(n).cloned().flatten().map(|l| l.index);
+            let role = match &status {
+                Some(s) => s.role.clone(),
+                None if voters.contains(n) => "unreachable".into(),
+                None => "learner".into(),
+            };
+            json!({
+                "id": n,
+                "client_addr": node.client,
+                "peer_addr": node.peer,
+                "voter": voters.contains(n),
+                "role": role,
+                "applied_index": status.as_ref().and_then(|s| s.applied_index),
+                "last_log_index": status.as_ref().and_then(|s| s.last_log_index),
+                "lag": if leading && *n != id {
+                    Some(last_log.saturating_sub(matched.unwrap_or(0)))
+                } else if leading { Some(0) } else { None },
+            })
+        })
+        .collect();
+    json!({
+        "id": id,
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "commit_index": if leading { commit_index(last_log, &voters, id, &replication) } else { None },
+        "applied_index": m.last_applied.map(|l| l.index),
+        "members": members,
+    })
+}
+
+/// The highest index a majority of voters holds, as the leader sees it.
+fn commit_index(
+    leader_last: u64,
+    voters: &BTreeSet<NodeId>,
+    leader: NodeId,
+    replication: &BTreeMap<NodeId, Option<crate::types::LogId>>,
+) -> Option<u64> {
+    let mut held: Vec<u64> = voters
+        .iter()
+        .map(|v| {
+            if *v == leader {
+                leader_last
+            } else {
+                replication.get(v).cloned().flatten().map_or(0, |l| l.index)
+            }
+        })
+        .collect();
+    if held.is_empty() {
+        return None;
+    }
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    Some(held[held.len() / 2])
+}
+
+/// Carries out a membership change on the leader.
+///
+/// # Errors
+/// What went wrong, for the operator: this member does not lead (with the
+/// leader's peer address), or the change failed.
+pub async fn change(raft: &Raft, change: Change) -> Result<String, String> {
+    let m = raft.metrics().borrow().clone();
+    if m.state != ServerState::Leader {
+        let leader = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.peer.clone())
+        });
+        return Err(match leader {
+            Some(addr) => {
+                format!("this member does not lead; ask the leader at peer address {addr}")
+            }
+            None => "this member does not lead and no leader is known right now; try again".into(),
+        });
+    }
+    let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+    match change {
+        Change::Add { id, member } => {
+            raft.add_learner(id, member.clone(), true)
+                .await
+                .map_err(|e| format!("adding member {id} as a learner: {e}"))?;
+            let mut next = voters;
+            next.insert(id);
+            raft.change_membership(next, false)
+                .await
+                .map_err(|e| format!("making member {id} a voter: {e}"))?;
+            Ok(format!(
+                "member {id} ({member}) added; it has caught up and votes"
+            ))
+        }
+        Change::Remove { id } => {
+            if !voters.contains(&id) {
+                return Err(format!("member {id} is not a voter of this cluster"));
+            }
+            let mut next = voters;
+            next.remove(&id);
+            if next.is_empty() {
+                return Err("the last member cannot be removed".into());
+            }
+            raft.change_membership(next, false)
+                .await
+                .map_err(|e| format!("removing member {id}: {e}"))?;
+            Ok(format!("member {id} removed"))
+        }
+    }
+}
