@@ -190,6 +190,7 @@ pub async fn serve_member(id: u64, args: &ServeArgs, mut server: Config) -> CliR
     config.fsync = args.fsync;
     config.election_timeout = election;
     config.heartbeat = (election / 5).max(Duration::from_millis(10));
+    config.snapshot_every = args.snapshot_entries.max(1);
     config.routes = args
         .route
         .as_deref()

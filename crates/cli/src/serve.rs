@@ -66,6 +66,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = 300, requires = "node_id")]
     pub(crate) election_timeout: u64,
 
+    /// Take a snapshot of the state (and let the replicated log behind it
+    /// go) after this many entries. A member far behind catches up from
+    /// the snapshot.
+    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "node_id")]
+    pub(crate) snapshot_entries: u64,
+
     /// Reach member ID at ADDR instead of the peer address it advertises
     /// (through a tunnel or a proxy), as ID=ADDR, separated by commas.
     #[arg(long, value_name = "ROUTES", requires = "node_id")]

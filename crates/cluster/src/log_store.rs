@@ -108,9 +108,11 @@ impl LogStore {
     /// each naming the file.
     pub fn open(dir: &Path, fsync: FsyncPolicy) -> Result<LogStore, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let vote = read_small(&dir.join("vote"))?;
-        let committed = read_small(&dir.join("committed"))?;
-        let purged: Option<LogId> = read_small(&dir.join("purged"))?;
+        let vote: Option<Vote> = read_small(&dir.join("vote"))?;
+        // Both are written as an Option of a log id.
+        let committed: Option<LogId> =
+            read_small::<Option<LogId>>(&dir.join("committed"))?.flatten();
+        let purged: Option<LogId> = read_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
         let recovered = recover(dir, purged.map(|p| p.index))?;
         let state = State {
             entries: recovered.entries,

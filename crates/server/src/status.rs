@@ -31,6 +31,7 @@ pub(crate) fn json(shared: &Shared) -> String {
         "nodes": stats.nodes,
         "watches": stats.watches,
         "connections": stats.connections_open,
+        "sessions_expired": stats.sessions_expired,
         "fsync": shared.config.fsync.to_string(),
         "cluster": cluster,
     })

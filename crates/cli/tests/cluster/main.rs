@@ -1,0 +1,572 @@
+//! Cluster mode, multi-process on loopback: members are `baton serve
+//! --node-id` processes, each link between two members goes through a
+//! proxy the test can cut, and clients are the library's.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod harness;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_client::{Client, CreateMode, Lock};
+use harness::{connect, Cluster, Journal};
+
+const SESSION: Duration = Duration::from_secs(4);
+
+/// Waits until a fresh client of `addrs` is served (a read on the leader,
+/// which proves it leads); returns when.
+async fn first_served(addrs: &str, limit: Duration) -> Instant {
+    let deadline = Instant::now() + limit;
+    loop {
+        let attempt = async {
+            let c = Client::builder(addrs)
+                .connect_timeout(Duration::from_millis(300))
+                .connect()
+                .await?;
+            let r = c.exists("/").await;
+            c.close().await;
+            r
+        };
+        if let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::from_millis(500), attempt).await {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no member served within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One lock grant as a client saw it.
+#[derive(Clone, Debug)]
+struct Grant {
+    token: u64,
+    at: Instant,
+    client: usize,
+}
+
+/// Pins: kill -9 of the leader while 50 clients take and release one lock.
+/// A new leader serves within 2 s of the kill; every acknowledged write is
+/// there afterwards; every grant's token is above every earlier one; holders
+/// whose sessions resumed kept their locks (their fenced writes after the
+/// failover were accepted and their releases went through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_under_a_contended_lock_loses_nothing() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let setup = cluster.client(SESSION).await;
+    setup
+        .create("/res", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    setup
+        .create("/log", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    setup.close().await;
+
+    let grants = Arc::new(Mutex::new(Vec::<Grant>::new()));
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let journal = Journal::default();
+    let count = Arc::new(AtomicU64::new(0));
+    const CLIENTS: usize = 50;
+    const ROUNDS: usize = 4;
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let c = cluster.client(SESSION).await;
+        let (grants, acked, journal, count) = (
+            grants.clone(),
+            acked.clone(),
+            journal.clone(),
+            count.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let guard = Lock::new(&c, "/locks/one")
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("client {i} round {round}: acquire: {e}"))?;
+                let token = guard.token().get();
+                grants.lock().unwrap().push(Grant {
+                    token,
+                    at: Instant::now(),
+                    client: i,
+                });
+                count.fetch_add(1, Ordering::Relaxed);
+                c.set_data_fenced("/res", token.to_string(), token)
+                    .await
+                    .map_err(|e| format!("client {i} token {token}: fenced write: {e}"))?;
+                let created = c
+                    .create(
+                        "/log/g-",
+                        token.to_string(),
+                        CreateMode::PersistentSequential,
+                    )
+                    .await
+                    .map_err(|e| format!("client {i} token {token}: create: {e}"))?;
+                acked.lock().unwrap().push(created.path);
+                if guard.is_lost() {
+                    return Err(format!(
+                        "client {i} lost its lock {token} although its session lived"
+                    ));
+                }
+                guard
+                    .release()
+                    .await
+                    .map_err(|e| format!("client {i} token {token}: release: {e}"))?;
+                journal.note(format!("client {i} round {round} token {token}"));
+            }
+            c.close().await;
+            Ok::<_, String>(())
+        }));
+    }
+    // Kill the leader a little way in.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count.load(Ordering::Relaxed) < 30 {
+        assert!(Instant::now() < deadline, "the clients made no progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.kill9(leader);
+    let killed = Instant::now();
+    let probe_at = first_served(&cluster.clients_but(leader), Duration::from_secs(10)).await;
+    let failover = probe_at - killed;
+    eprintln!(
+        "failover: a new leader served {} ms after kill -9 of the leader",
+        failover.as_millis()
+    );
+    assert!(
+        failover < Duration::from_secs(2),
+        "the new leader served only {} ms after the kill; logs:\n{}",
+        failover.as_millis(),
+        cluster.logs()
+    );
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("a client hung")
+            .unwrap()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}\njournal:\n{}\nlogs:\n{}",
+                    journal.dump(),
+                    cluster.logs()
+                )
+            });
+    }
+
+    // Every grant's token is above every earlier grant's.
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort_by_key(|g| g.at);
+    assert_eq!(grants.len(), CLIENTS * ROUNDS);
+    for pair in grants.windows(2) {
+        assert!(
+            pair[1].token > pair[0].token,
+            "token {} (client {}) after {} (client {})",
+            pair[1].token,
+            pair[1].client,
+            pair[0].token,
+            pair[0].client
+        );
+    }
+    // Every acknowledged write is there, and the fenced resource holds the
+    // last grant's token.
+    let check = cluster.client(SESSION).await;
+    let (names, _) = check.get_children("/log").await.unwrap();
+    let present: std::collections::HashSet<String> =
+        names.iter().map(|n| format!("/log/{n}")).collect();
+    for path in acked.lock().unwrap().iter() {
+        assert!(
+            present.contains(path),
+            "{path} was acknowledged and is gone"
+        );
+    }
+    let (data, _) = check.get_data("/res").await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&data),
+        grants.last().unwrap().token.to_string()
+    );
+    check.close().await;
+}
+
+/// Pins: a leader cut off from the majority cannot grant a lock or accept
+/// a fenced write; the majority elects a leader and goes on; once the
+/// network heals, the old leader steps down and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
+    let cluster = Cluster::start(3, &[]).await;
+    let old = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let setup = cluster.client(SESSION).await;
+    setup
+        .create("/res", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    setup.close().await;
+    // A client that knows only the old leader.
+    let pinned = connect(&cluster.members[&old].client, Duration::from_secs(30)).await;
+    pinned.ping().await.unwrap();
+
+    cluster.isolate(old, true);
+    let lock = tokio::time::timeout(
+        Duration::from_secs(3),
+        Lock::new(&pinned, "/locks/cut").acquire(),
+    )
+    .await;
+    assert!(
+        lock.is_err() || lock.as_ref().unwrap().is_err(),
+        "the cut-off leader granted a lock"
+    );
+    let fenced = tokio::time::timeout(
+        Duration::from_secs(2),
+        pinned.set_data_fenced("/res", "from the cut-off side", 1_000_000),
+    )
+    .await;
+    assert!(
+        !matches!(fenced, Ok(Ok(_))),
+        "the cut-off leader accepted a fenced write"
+    );
+    // The client gives up (its requests would otherwise be sent again, to
+    // the new leader, once the network heals).
+    drop(pinned);
+
+    // The majority goes on.
+    let new = cluster.wait_leader(&[old], Duration::from_secs(10)).await;
+    let majority = connect(&cluster.clients_but(old), SESSION).await;
+    let guard = Lock::new(&majority, "/locks/cut").acquire().await.unwrap();
+    majority
+        .set_data_fenced("/res", "from the majority", guard.token().get())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    // Healed: the old leader follows and catches up.
+    cluster.isolate(old, false);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(s) = cluster.status(old).await {
+            if s["role"] == "follower" {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old leader did not step down; logs:\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster
+        .wait_caught_up(&[old], Duration::from_secs(15))
+        .await;
+    assert_eq!(cluster.leader_now().await, Some(new));
+    let (data, _) = majority.get_data("/res").await.unwrap();
+    assert_eq!(&data[..], b"from the majority");
+    majority.close().await;
+}
+
+/// Pins: a member restarted from its data directory catches up, and a
+/// member whose data directory was wiped (removed from the cluster, then
+/// added again) catches up from a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_and_wiped_members_catch_up() {
+    let mut cluster = Cluster::start(3, &["--snapshot-entries", "50"]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let followers: Vec<u64> = cluster
+        .members
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    let (restarted, wiped) = (followers[0], followers[1]);
+    let c = cluster.client(SESSION).await;
+    c.create("/n", "", CreateMode::Persistent).await.unwrap();
+
+    cluster.kill9(restarted);
+    for i in 0..40 {
+        c.create(&format!("/n/a{i}"), "x", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    cluster.restart(restarted, false);
+    cluster
+        .wait_caught_up(&[restarted], Duration::from_secs(20))
+        .await;
+
+    // Wiped: out of the cluster, its data gone, back in as a new member.
+    let servers = cluster.clients();
+    let out = common::baton()
+        .args([
+            "--server",
+            &servers,
+            "cluster",
+            "remove",
+            "--node-id",
+            &wiped.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "remove: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.kill9(wiped);
+    std::fs::remove_dir_all(&cluster.members[&wiped].dir).unwrap();
+    // Enough entries that the log the member would need is gone behind a
+    // snapshot.
+    for i in 0..200 {
+        c.create(&format!("/n/b{i}"), "y", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    cluster.restart(wiped, true);
+    let (peer, client) = (
+        cluster.members[&wiped].peer.clone(),
+        cluster.members[&wiped].client.clone(),
+    );
+    let out = common::baton()
+        .args([
+            "--server",
+            &servers,
+            "cluster",
+            "add",
+            "--node-id",
+            &wiped.to_string(),
+        ])
+        .args(["--peer-addr", &peer, "--client-addr", &client])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "add: {}\nlogs:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.logs()
+    );
+    cluster
+        .wait_caught_up(&[wiped, restarted], Duration::from_secs(30))
+        .await;
+    let log = std::fs::read_to_string(&cluster.members[&wiped].log).unwrap();
+    assert!(
+        log.contains("snapshot installed"),
+        "the wiped member did not catch up from a snapshot:\n{log}"
+    );
+    // And it serves once it leads: make every other member go away.
+    let (children, _) = c.get_children("/n").await.unwrap();
+    assert_eq!(children.len(), 240);
+    c.close().await;
+}
+
+/// Pins: the whole cluster killed at once comes back with every
+/// acknowledged change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_restarted_at_once_keeps_every_acknowledged_change() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let c = cluster.client(SESSION).await;
+    c.create("/all", "", CreateMode::Persistent).await.unwrap();
+    let mut acked = Vec::new();
+    for i in 0..100 {
+        let created = c
+            .create("/all/n-", format!("v{i}"), CreateMode::PersistentSequential)
+            .await
+            .unwrap();
+        acked.push((created.path, format!("v{i}")));
+    }
+    let ids: Vec<u64> = cluster.members.keys().copied().collect();
+    for id in &ids {
+        cluster.kill9(*id);
+    }
+    drop(c);
+    for id in &ids {
+        cluster.restart(*id, false);
+    }
+    cluster.wait_leader(&[], Duration::from_secs(15)).await;
+    let c = cluster.client(SESSION).await;
+    for (path, value) in &acked {
+        let (data, _) = c
+            .get_data(path)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(String::from_utf8_lossy(&data), *value);
+    }
+    // Sequence numbers go on growing.
+    let next = c
+        .create("/all/n-", "after", CreateMode::PersistentSequential)
+        .await
+        .unwrap();
+    let last: u64 = acked
+        .last()
+        .unwrap()
+        .0
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(next.sequence.unwrap() > last);
+    c.close().await;
+}
+
+/// Pins: a session expires once in the whole cluster, its ephemerals
+/// deleted in one step, also across a failover; and a holder paused
+/// (SIGSTOP) past its session's end is refused by the fence after the
+/// failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_expires_once_and_a_paused_holder_is_fenced_after_a_failover() {
+    let mut cluster = Cluster::start(3, &["--min-session-timeout", "1000"]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let servers = cluster.clients();
+    let observer = cluster.client(Duration::from_secs(30)).await;
+    observer
+        .create("/eph", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    observer
+        .create("/res", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+
+    // A session with three ephemerals, left to expire.
+    let doomed = cluster.client(Duration::from_millis(2_000)).await;
+    for i in 0..3 {
+        doomed
+            .create(&format!("/eph/e{i}"), "", CreateMode::Ephemeral)
+            .await
+            .unwrap();
+    }
+
+    // A holder, run by `baton lock`, that writes with its token when told.
+    let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--server", &servers, "lock", "--session-timeout", "2000", "/locks/f", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo $BATON_FENCING_TOKEN; read go; exec \"$BATON\" --server \"$BATON_SERVER\" set /res late --fence $BATON_FENCING_TOKEN",
+        ])
+        .env("BATON", env!("CARGO_BIN_EXE_baton"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let paused_token: u64 = line.trim().parse().unwrap();
+    // Pause the holder, its supervisor and the command alike.
+    let command_pid = child_of(holder.id());
+    for pid in [holder.id(), command_pid] {
+        // SAFETY: kill has no memory effects.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    }
+
+    // The doomed session's client goes silent too, and the leader dies.
+    let (children, _, watcher) = observer.get_children_watch("/eph").await.unwrap();
+    assert_eq!(children.len(), 3);
+    drop(doomed);
+    cluster.kill9(leader);
+    let new = cluster
+        .wait_leader(&[leader], Duration::from_secs(10))
+        .await;
+
+    // The ephemerals go in one step: one event, and then none is left.
+    let event = tokio::time::timeout(Duration::from_secs(15), watcher)
+        .await
+        .expect("the doomed session expired")
+        .unwrap();
+    let (left, stat) = observer.get_children("/eph").await.unwrap();
+    assert!(left.is_empty(), "{left:?} outlived their session");
+    assert_eq!(
+        stat.pzxid, event.revision,
+        "all deleted by the one change that fired the watch"
+    );
+
+    // The next holder gets the lock once the paused one's session expired,
+    // and writes with its token.
+    let next = Lock::new(&observer, "/locks/f").acquire().await.unwrap();
+    assert!(next.token().get() > paused_token);
+    observer
+        .set_data_fenced("/res", "current", next.token().get())
+        .await
+        .unwrap();
+
+    // The paused command wakes and writes with its old token: refused.
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(command_pid as i32, libc::SIGCONT) };
+    use std::io::Write;
+    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let refused = loop {
+        let (data, _) = observer.get_data("/res").await.unwrap();
+        assert_eq!(
+            &data[..],
+            b"current",
+            "the paused holder's write was accepted"
+        );
+        if !pid_alive(command_pid) {
+            break true;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the paused command never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(refused);
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGCONT) };
+    let status = holder.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("stale fencing token"),
+        "the late write was not refused by the fence ({status}): {stderr}"
+    );
+    next.release().await.unwrap();
+
+    // The expiries (of the doomed session and of the paused holder's) were
+    // proposed once, by the new leader; the other member proposed none.
+    for id in cluster.members.keys().copied().filter(|id| *id != leader) {
+        let s = cluster.status(id).await.unwrap();
+        let want = if id == new { 2 } else { 0 };
+        assert_eq!(s["sessions_expired"], want, "member {id}: {s}");
+    }
+    observer.close().await;
+}
+
+/// The pid of `parent`'s only child (the command `baton lock` runs, from
+/// one of its threads).
+fn child_of(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{parent}/task"))
+            .map(|d| d.filter_map(|e| e.ok()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for task in tasks {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            if let Some(pid) = children
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+            {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "baton lock started no command");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has exited.
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
