@@ -2,7 +2,8 @@
 //! Baton's own coordination server.
 //!
 //! This facade re-exports the client (the usual entry point), the server for
-//! embedding it in a process or a test, and the wire protocol.
+//! embedding it in a process or a test, a cluster member (the server behind
+//! a replicated log), and the wire protocol.
 //!
 //! ```no_run
 //! # async fn demo() -> baton::Result<()> {
@@ -13,5 +14,6 @@
 //! ```
 
 pub use baton_client::*;
+pub use baton_cluster as cluster;
 pub use baton_proto as proto;
 pub use baton_server as server;

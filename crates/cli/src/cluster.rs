@@ -82,7 +82,7 @@ pub struct LocalArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) data_dir: std::path::PathBuf,
     /// Each member's election timeout, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 300)]
+    #[arg(long, value_name = "MS", default_value_t = 150)]
     pub(crate) election_timeout: u64,
 }
 
@@ -189,7 +189,7 @@ pub async fn serve_member(id: u64, args: &ServeArgs, mut server: Config) -> CliR
     config.initial = members;
     config.fsync = args.fsync;
     config.election_timeout = election;
-    config.heartbeat = (election / 5).max(Duration::from_millis(10));
+    config.heartbeat = (election / 3).max(Duration::from_millis(10));
     config.snapshot_every = args.snapshot_entries.max(1);
     config.routes = args
         .route

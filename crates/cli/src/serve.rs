@@ -63,7 +63,7 @@ pub struct ServeArgs {
     /// How long a follower waits without hearing from its leader before it
     /// stands for election, in milliseconds (the longest wait is twice
     /// this). Failover takes about this long.
-    #[arg(long, value_name = "MS", default_value_t = 300, requires = "node_id")]
+    #[arg(long, value_name = "MS", default_value_t = 150, requires = "node_id")]
     pub(crate) election_timeout: u64,
 
     /// Take a snapshot of the state (and let the replicated log behind it

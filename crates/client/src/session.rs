@@ -323,7 +323,9 @@ impl SessionTask {
                 Err(e) => debug!(session = %self.session, "resume failed: {e}"),
             }
             let wake = Instant::now() + backoff;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            // A cluster electing a leader answers again within a few hundred
+            // ms: keep the retries that close together.
+            backoff = (backoff * 2).min(Duration::from_millis(250));
             loop {
                 tokio::select! {
                     _ = sleep_until(wake) => break,

@@ -63,7 +63,7 @@ pub struct MemberConfig {
 }
 
 impl MemberConfig {
-    /// Defaults: 300 ms election timeout, 60 ms heartbeats, a snapshot every
+    /// Defaults: 150 ms election timeout, 50 ms heartbeats, a snapshot every
     /// 10,000 entries.
     pub fn new(id: NodeId, data_dir: PathBuf) -> Self {
         MemberConfig {
@@ -71,8 +71,8 @@ impl MemberConfig {
             initial: None,
             data_dir,
             fsync: FsyncPolicy::Always,
-            election_timeout: Duration::from_millis(300),
-            heartbeat: Duration::from_millis(60),
+            election_timeout: Duration::from_millis(150),
+            heartbeat: Duration::from_millis(50),
             snapshot_every: 10_000,
             routes: BTreeMap::new(),
             server: Config::default(),
