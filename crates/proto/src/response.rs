@@ -18,9 +18,11 @@
 //! 3 disconnect   code u16, message str; the last frame before the server
 //!                closes the connection. The code says why: the session
 //!                expired (session expired), was resumed on another connection
-//!                (session moved), the server is stopping (shutting down), or
-//!                the client broke the protocol (frame too large, malformed
-//!                request). Only "session expired" means the session is gone;
+//!                (session moved), the server is stopping (shutting down), a
+//!                cluster member stopped leading (not leader: the message is
+//!                the new leader's client address), or the client broke the
+//!                protocol (frame too large, malformed request). Only
+//!                "session expired" means the session is gone;
 //!                otherwise the client may resume it on a new connection.
 //!
 //! reply bodies by op:
