@@ -1,5 +1,5 @@
 //! `baton cluster local`: a whole cluster on this machine, one process per
-//! member, for trying cluster mode out.
+//! member, for trying cluster mode out (and for `baton bench cluster`).
 //!
 //! The listeners are bound here, on free loopback ports, and handed to each
 //! member process as inherited file descriptors, so no port can be taken in
@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -17,39 +18,77 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::cluster::LocalArgs;
 use crate::{CliError, CliResult};
 
-struct Running {
-    id: u64,
-    child: Child,
-    pid: u32,
+/// One member process of a local cluster.
+pub struct LocalMember {
+    pub id: u64,
+    pub client: String,
+    pub peer: String,
+    child: Option<Child>,
 }
 
-pub async fn run(args: LocalArgs) -> CliResult {
-    std::fs::create_dir_all(&args.data_dir)
-        .map_err(|e| CliError::msg(format!("cannot create {}: {e}", args.data_dir.display())))?;
-    let bind = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .map_err(|e| CliError::msg(format!("cannot bind a loopback port: {e}")))
-    };
-    let mut listeners = BTreeMap::new();
-    for id in 1..=args.members {
-        listeners.insert(id, (bind()?, bind()?));
+impl LocalMember {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().and_then(Child::id).unwrap_or(0)
     }
-    let addr = |l: &std::net::TcpListener| {
-        l.local_addr()
-            .map(|a| a.to_string())
-            .map_err(|e| CliError::msg(e.to_string()))
-    };
-    let mut peers = Vec::new();
-    for (id, (client, peer)) in &listeners {
-        peers.push(format!("{id}={}/{}", addr(peer)?, addr(client)?));
+}
+
+/// Members on loopback ports, started and stopped as processes.
+pub struct LocalCluster {
+    pub members: BTreeMap<u64, LocalMember>,
+    dir: PathBuf,
+    peers: String,
+    extra: Vec<String>,
+}
+
+fn bind(addr: &str) -> Result<std::net::TcpListener, CliError> {
+    std::net::TcpListener::bind(addr).map_err(|e| CliError::msg(format!("cannot bind {addr}: {e}")))
+}
+
+fn local_addr(l: &std::net::TcpListener) -> Result<String, CliError> {
+    l.local_addr()
+        .map(|a| a.to_string())
+        .map_err(|e| CliError::msg(e.to_string()))
+}
+
+impl LocalCluster {
+    /// Starts `n` members with data directories and logs under `dir`, each
+    /// with `extra` arguments to `baton serve`.
+    pub fn start(n: u64, dir: &Path, extra: &[String]) -> Result<LocalCluster, CliError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
+        let mut listeners = BTreeMap::new();
+        for id in 1..=n {
+            listeners.insert(id, (bind("127.0.0.1:0")?, bind("127.0.0.1:0")?));
+        }
+        let mut peers = Vec::new();
+        for (id, (client, peer)) in &listeners {
+            peers.push(format!(
+                "{id}={}/{}",
+                local_addr(peer)?,
+                local_addr(client)?
+            ));
+        }
+        let mut cluster = LocalCluster {
+            members: BTreeMap::new(),
+            dir: dir.to_owned(),
+            peers: peers.join(","),
+            extra: extra.to_vec(),
+        };
+        for (id, (client, peer)) in listeners {
+            cluster.spawn(id, client, peer)?;
+        }
+        Ok(cluster)
     }
-    let peers = peers.join(",");
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
-    let mut running = Vec::new();
-    for (id, (client, peer)) in &listeners {
-        let dir = args.data_dir.join(format!("member-{id}"));
-        let log_path = args.data_dir.join(format!("member-{id}.log"));
+
+    fn spawn(
+        &mut self,
+        id: u64,
+        client: std::net::TcpListener,
+        peer: std::net::TcpListener,
+    ) -> Result<(), CliError> {
+        let exe = std::env::current_exe()
+            .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
+        let log_path = self.dir.join(format!("member-{id}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -58,15 +97,22 @@ pub async fn run(args: LocalArgs) -> CliResult {
         let (client_fd, peer_fd) = (client.as_raw_fd(), peer.as_raw_fd());
         let mut command = Command::new(&exe);
         command
-            .args(["serve", "--node-id", &id.to_string(), "--peers", &peers])
-            .args(["--election-timeout", &args.election_timeout.to_string()])
+            .args([
+                "serve",
+                "--node-id",
+                &id.to_string(),
+                "--peers",
+                &self.peers,
+            ])
             .arg("--data-dir")
-            .arg(&dir)
+            .arg(self.dir.join(format!("member-{id}")))
             .args(["--listen-fd", &client_fd.to_string()])
             .args(["--peer-listen-fd", &peer_fd.to_string()])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CliError::msg(e.to_string()))?)
-            .stderr(log);
+            .stderr(log)
+            .kill_on_drop(true);
         // SAFETY: fcntl only changes the flags of the two descriptors this
         // member is to inherit; nothing is allocated in the child.
         unsafe {
@@ -82,57 +128,147 @@ pub async fn run(args: LocalArgs) -> CliResult {
         let child = command
             .spawn()
             .map_err(|e| CliError::msg(format!("cannot start member {id}: {e}")))?;
-        let pid = child.id().unwrap_or(0);
-        println!(
-            "member {id} client {} peer {} pid {pid}",
-            addr(client)?,
-            addr(peer)?
+        self.members.insert(
+            id,
+            LocalMember {
+                id,
+                client: local_addr(&client)?,
+                peer: local_addr(&peer)?,
+                child: Some(child),
+            },
         );
-        running.push(Running {
-            id: *id,
-            child,
-            pid,
-        });
+        Ok(())
     }
-    // The members hold the listeners now.
-    drop(listeners);
-    let clients: Vec<String> = peers
-        .split(',')
-        .filter_map(|m| m.split('/').nth(1).map(str::to_owned))
-        .collect();
-    let clients = clients.join(",");
-    println!(
-        "cluster of {} running; logs in {}/member-N.log; try: baton --server {clients} cluster status",
-        args.members,
-        args.data_dir.display()
-    );
-    match wait_for_leader(&clients).await {
-        Some(leader) => println!("member {leader} leads"),
-        None => println!("no member leads yet; see the members' logs"),
-    }
-    supervise(running).await
-}
 
-/// The id of the leader, once one leads (within ten seconds).
-async fn wait_for_leader(clients: &str) -> Option<u64> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        for addr in clients.split(',') {
-            if let Ok(answer) = baton_client::probe(addr, Duration::from_millis(500)).await {
+    /// Every member's client address, comma-separated.
+    pub fn clients(&self) -> String {
+        self.members
+            .values()
+            .map(|m| m.client.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILL to member `id`, reaped.
+    pub async fn kill9(&mut self, id: u64) {
+        if let Some(child) = self.members.get_mut(&id).and_then(|m| m.child.as_mut()) {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts member `id` again on its ports, from its data directory.
+    pub async fn restart(&mut self, id: u64) -> Result<(), CliError> {
+        let (client, peer) = {
+            let m = &self.members[&id];
+            (m.client.clone(), m.peer.clone())
+        };
+        self.kill9(id).await;
+        // The ports are free again once the member is gone; a moment may
+        // pass before the kernel lets go of them.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let (client, peer) = loop {
+            match (bind(&client), bind(&peer)) {
+                (Ok(c), Ok(p)) => break (c, p),
+                (Err(e), _) | (_, Err(e)) if tokio::time::Instant::now() > deadline => {
+                    return Err(e)
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        self.spawn(id, client, peer)
+    }
+
+    /// The id of the member that leads now, if one answers that it does.
+    pub async fn leader(&self) -> Option<u64> {
+        for m in self.members.values() {
+            if let Ok(answer) = baton_client::probe(&m.client, Duration::from_millis(500)).await {
                 let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
                 if status["role"] == "leader" {
                     return status["cluster"]["id"].as_u64();
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        None
     }
-    None
+
+    /// Waits (within `limit`) until a member leads; returns it.
+    pub async fn wait_leader(&self, limit: Duration) -> Option<u64> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(id) = self.leader().await {
+                return Some(id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// Member `id`'s applied index, from its status.
+    pub async fn applied(&self, id: u64) -> Option<u64> {
+        let answer = baton_client::probe(&self.members[&id].client, Duration::from_millis(500))
+            .await
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        status["cluster"]["applied_index"].as_u64()
+    }
+
+    /// Stops every member: SIGTERM, then SIGKILL after ten seconds.
+    pub async fn stop(mut self) {
+        for m in self.members.values() {
+            if m.child.is_some() {
+                // SAFETY: kill has no memory effects; the child is not reaped.
+                unsafe {
+                    libc::kill(m.pid() as i32, libc::SIGTERM);
+                }
+            }
+        }
+        for m in self.members.values_mut() {
+            if let Some(child) = m.child.as_mut() {
+                if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = child.kill().await;
+                }
+            }
+        }
+    }
+}
+
+pub async fn run(args: LocalArgs) -> CliResult {
+    let extra = vec![
+        "--election-timeout".to_string(),
+        args.election_timeout.to_string(),
+    ];
+    let mut cluster = LocalCluster::start(args.members, &args.data_dir, &extra)?;
+    for m in cluster.members.values() {
+        println!(
+            "member {} client {} peer {} pid {}",
+            m.id,
+            m.client,
+            m.peer,
+            m.pid()
+        );
+    }
+    let clients = cluster.clients();
+    println!(
+        "cluster of {} running; logs in {}/member-N.log; try: baton --server {clients} cluster status",
+        args.members,
+        args.data_dir.display()
+    );
+    match cluster.wait_leader(Duration::from_secs(10)).await {
+        Some(leader) => println!("member {leader} leads"),
+        None => println!("no member leads yet; see the members' logs"),
+    }
+    supervise(&mut cluster).await?;
+    println!("stopping the cluster");
+    cluster.stop().await;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Waits for Ctrl-C (or SIGTERM, SIGHUP), reporting members that exit
-/// meanwhile; then stops the rest.
-async fn supervise(mut running: Vec<Running>) -> CliResult {
+/// meanwhile.
+async fn supervise(cluster: &mut LocalCluster) -> Result<(), CliError> {
     let listen =
         |kind| signal(kind).map_err(|e| CliError::msg(format!("cannot listen for signals: {e}")));
     let (mut int, mut term, mut hup) = (
@@ -140,48 +276,41 @@ async fn supervise(mut running: Vec<Running>) -> CliResult {
         listen(SignalKind::terminate())?,
         listen(SignalKind::hangup())?,
     );
-    while !running.is_empty() {
+    loop {
         let exited = {
-            let exits = running
-                .iter_mut()
-                .enumerate()
-                .map(|(i, r)| Box::pin(async move { (i, r.child.wait().await) }));
+            let exits: Vec<_> = cluster
+                .members
+                .values_mut()
+                .filter_map(|m| {
+                    let id = m.id;
+                    m.child
+                        .as_mut()
+                        .map(|c| Box::pin(async move { (id, c.wait().await) }))
+                })
+                .collect();
+            if exits.is_empty() {
+                return Ok(());
+            }
             tokio::select! {
-                ((i, status), _, _) = futures::future::select_all(exits) => Some((i, status)),
+                ((id, status), _, _) = futures::future::select_all(exits) => Some((id, status)),
                 _ = int.recv() => None,
                 _ = term.recv() => None,
                 _ = hup.recv() => None,
             }
         };
-        match exited {
-            None => break,
-            Some((i, status)) => {
-                let gone = running.remove(i);
-                let how = match status {
-                    Ok(s) if s.signal().is_some() => {
-                        format!("was killed by signal {}", s.signal().unwrap_or(0))
-                    }
-                    Ok(s) => format!("exited with status {}", s.code().unwrap_or(-1)),
-                    Err(e) => format!("could not be waited for: {e}"),
-                };
-                println!("member {} (pid {}) {how}; not restarted", gone.id, gone.pid);
+        let Some((id, status)) = exited else {
+            return Ok(());
+        };
+        let member = cluster.members.get_mut(&id).expect("a member");
+        let pid = member.pid();
+        member.child = None;
+        let how = match status {
+            Ok(s) if s.signal().is_some() => {
+                format!("was killed by signal {}", s.signal().unwrap_or(0))
             }
-        }
+            Ok(s) => format!("exited with status {}", s.code().unwrap_or(-1)),
+            Err(e) => format!("could not be waited for: {e}"),
+        };
+        println!("member {id} (pid {pid}) {how}; not restarted");
     }
-    println!("stopping the cluster");
-    for r in &running {
-        // SAFETY: kill has no memory effects; the child is not reaped yet.
-        unsafe {
-            libc::kill(r.pid as i32, libc::SIGTERM);
-        }
-    }
-    for mut r in running {
-        if tokio::time::timeout(Duration::from_secs(10), r.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = r.child.kill().await;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

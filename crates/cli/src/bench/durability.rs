@@ -208,7 +208,11 @@ pub(super) fn fdatasync_floor(
 
 /// Each writer sets its own node's data, one write at a time, for
 /// `duration`; returns the number of acknowledged writes.
-async fn write_run(addr: &str, writers: usize, duration: Duration) -> Result<u64, CliError> {
+pub(super) async fn write_run(
+    addr: &str,
+    writers: usize,
+    duration: Duration,
+) -> Result<u64, CliError> {
     let mut clients = Vec::with_capacity(writers);
     for i in 0..writers {
         let c = Client::connect(addr).await?;
@@ -245,7 +249,11 @@ async fn write_run(addr: &str, writers: usize, duration: Duration) -> Result<u64
 
 /// Contenders that acquire, release and queue again on one lock for
 /// `duration`; returns the number of grants.
-async fn handover_run(addr: &str, contenders: usize, duration: Duration) -> Result<u64, CliError> {
+pub(super) async fn handover_run(
+    addr: &str,
+    contenders: usize,
+    duration: Duration,
+) -> Result<u64, CliError> {
     let grants = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + duration;
     let mut tasks = Vec::new();

@@ -6,6 +6,7 @@
 //! /proc without the load generator mixed in.
 
 mod chart;
+mod cluster;
 mod durability;
 mod herd;
 mod ops;
@@ -20,6 +21,7 @@ pub enum BenchCommand {
     Ops(ops::OpsArgs),
     Durability(durability::DurabilityArgs),
     Herd(herd::HerdArgs),
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Runs a benchmark against `server` if one was named (--server or
@@ -29,6 +31,7 @@ pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
         BenchCommand::Ops(args) => ops::run(server, args).await,
         BenchCommand::Durability(args) => durability::run(args).await,
         BenchCommand::Herd(args) => herd::run(server, args).await,
+        BenchCommand::Cluster(args) => cluster::run(args).await,
     }
     .map(|()| ExitCode::SUCCESS)
 }
