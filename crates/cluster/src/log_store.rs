@@ -8,15 +8,16 @@
 //!                                    each record's payload is one log entry
 //!                                    (bincode: log id, then the payload)
 //! vote                               the vote, as one framed record
-//! committed                          the last committed log id (not synced)
+//! committed                          the last committed log id (a hint:
+//!                                    written in place, never synced)
 //! purged                             the last purged log id
 //! ```
 //! Every entry is kept in memory as well (the log is purged behind
 //! snapshots, so it stays short); the files are for restarts.
 //!
-//! A writer thread appends, syncs (one `fdatasync` for every batch queued
-//! meanwhile) and reports each append flushed; truncations and purges go
-//! through it too, so they happen in order with the appends. Recovery drops
+//! Each append is written as one batch and synced before it is reported
+//! flushed, on the calling task's thread (openraft waits for it anyway).
+//! Recovery drops
 //! a torn last batch of the last segment (it was never reported flushed)
 //! and refuses any other damage, naming the file and offset.
 
@@ -26,7 +27,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use baton_server::persist::record::{self, Frame};
@@ -36,13 +36,17 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::oneshot;
 use tracing::warn;
 
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 /// A segment is closed and a new one started past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
+/// With `--fsync always`, the last segment grows this much at a time,
+/// written with zeros and synced once: a sync of an append then flushes
+/// only the append, not the file's new size as well (which takes the file
+/// system's journal and about doubles the time of each sync).
+const PREALLOCATE: u64 = 1 << 20;
 
 fn segment_name(first: u64) -> String {
     format!("log-{first:020}.seg")
@@ -71,7 +75,7 @@ pub struct LogStore {
 struct Inner {
     dir: PathBuf,
     state: Mutex<State>,
-    writer: Mutex<mpsc::Sender<Job>>,
+    writer: Mutex<Writer>,
 }
 
 struct State {
@@ -81,22 +85,17 @@ struct State {
     committed: Option<LogId>,
 }
 
-/// Work for the writer thread, done in order.
-enum Job {
-    Append {
-        first: u64,
-        records: Vec<u8>,
-        count: usize,
-        flushed: LogFlushed<TypeConfig>,
-    },
-    Truncate {
-        from: u64,
-        done: oneshot::Sender<Result<(), String>>,
-    },
-    Purge {
-        upto: u64,
-        done: oneshot::Sender<Result<(), String>>,
-    },
+/// Runs file I/O on the calling task's thread. openraft (0.9) waits for
+/// each write of the log to be durable before it goes on, so handing the
+/// write to another thread would only add two wake-ups to every commit; on
+/// a multi-threaded runtime the thread's other tasks move to another thread
+/// meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 impl LogStore {
@@ -107,35 +106,64 @@ impl LogStore {
     /// Damage in the log other than a torn last write, or an I/O error,
     /// each naming the file.
     pub fn open(dir: &Path, fsync: FsyncPolicy) -> Result<LogStore, String> {
+        Self::open_with_segments_of(dir, fsync, SEGMENT_BYTES)
+    }
+
+    /// As [`open`](Self::open), starting a new segment past `segment_bytes`
+    /// (for tests of the rotation).
+    #[doc(hidden)]
+    pub fn open_with_segments_of(
+        dir: &Path,
+        fsync: FsyncPolicy,
+        segment_bytes: u64,
+    ) -> Result<LogStore, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let vote: Option<Vote> = read_small(&dir.join("vote"))?;
         // Both are written as an Option of a log id.
-        let committed: Option<LogId> =
-            read_small::<Option<LogId>>(&dir.join("committed"))?.flatten();
         let purged: Option<LogId> = read_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
         let recovered = recover(dir, purged.map(|p| p.index))?;
+        // The committed id is a hint, overwritten in place and never synced:
+        // a damaged one is dropped, and one past the end of the log (whose
+        // tail a power loss took) is cut back to the last entry, which is
+        // committed as the log is a prefix of what it was.
+        let committed = match read_small::<Option<LogId>>(&dir.join("committed")) {
+            Ok(c) => c.flatten(),
+            Err(e) => {
+                warn!("ignoring the committed log id: {e}");
+                None
+            }
+        };
+        let last = recovered
+            .entries
+            .values()
+            .next_back()
+            .map(|e| *e.get_log_id())
+            .or(purged);
+        let committed = match (committed, last) {
+            (Some(c), Some(l)) if c.index > l.index => Some(l),
+            (Some(_), None) => None,
+            (c, _) => c,
+        };
         let state = State {
             entries: recovered.entries,
             purged,
             vote,
             committed,
         };
-        let (tx, rx) = mpsc::channel();
         let writer = Writer {
             dir: dir.to_owned(),
             fsync,
+            segment_bytes,
             segments: recovered.segments,
             current: None,
+            committed: None,
+            broken: None,
         };
-        std::thread::Builder::new()
-            .name("baton-raft-log".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| format!("starting the log writer thread: {e}"))?;
         Ok(LogStore {
             inner: Arc::new(Inner {
                 dir: dir.to_owned(),
                 state: Mutex::new(state),
-                writer: Mutex::new(tx),
+                writer: Mutex::new(writer),
             }),
         })
     }
@@ -144,13 +172,8 @@ impl LogStore {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn send(&self, job: Job) -> Result<(), StorageError> {
-        self.inner
-            .writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(job)
-            .map_err(|_| log_error(ErrorVerb::Write, "the log writer thread stopped"))
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.inner.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The last log id in the log (or the last purged one).
@@ -198,10 +221,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         let path = self.inner.dir.join("vote");
         let bytes = encode_small(vote);
-        let dir = self.inner.dir.clone();
-        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, true))
-            .await
-            .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?
+        blocking(|| write_atomic(&self.inner.dir, &path, &bytes, true))
             .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?;
         self.state().vote = Some(*vote);
         Ok(())
@@ -212,16 +232,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        // Not synced: a committed id lost in a power failure is learnt again
-        // from the leader, and nothing is served before it is.
-        let path = self.inner.dir.join("committed");
-        let bytes = encode_small(&committed);
-        let dir = self.inner.dir.clone();
-        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, false))
-            .await
-            .map_err(|e| log_error(ErrorVerb::Write, e))?
-            .map_err(|e| log_error(ErrorVerb::Write, e))?;
+        // Overwritten in place, never synced: a member that restarts without
+        // it learns it again from its leader.
         self.state().committed = committed;
+        self.writer().write_committed(committed);
         Ok(())
     }
 
@@ -238,53 +252,45 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut records = Vec::new();
-        let mut first = None;
-        let mut count = 0;
+        let mut batch = Vec::new();
+        let start = segment::begin_batch(&mut batch);
+        let mut indexes = Vec::new();
         {
             let mut st = self.state();
             for entry in entries {
                 let index = entry.get_log_id().index;
-                first.get_or_insert(index);
-                let payload =
-                    bincode::serialize(&entry).map_err(|e| log_error(ErrorVerb::Write, e))?;
-                record::frame(&mut records, |out| out.extend_from_slice(&payload));
+                let mut encoded = Ok(());
+                record::frame(&mut batch, |out| {
+                    encoded = bincode::serialize_into(out, &entry);
+                });
+                encoded.map_err(|e| log_error(ErrorVerb::Write, e))?;
                 st.entries.insert(index, entry);
-                count += 1;
+                indexes.push(index);
             }
         }
-        let Some(first) = first else {
+        if indexes.is_empty() {
             callback.log_io_completed(Ok(()));
             return Ok(());
-        };
-        self.send(Job::Append {
-            first,
-            records,
-            count,
-            flushed: callback,
-        })
+        }
+        segment::end_batch(&mut batch, start);
+        let result = blocking(|| self.writer().append(&indexes, &batch));
+        if let Err(e) = &result {
+            tracing::error!("the replicated log can no longer be written: {e}");
+        }
+        callback.log_io_completed(result.map_err(std::io::Error::other));
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.state().entries.split_off(&log_id.index);
-        let (done, result) = oneshot::channel();
-        self.send(Job::Truncate {
-            from: log_id.index,
-            done,
-        })?;
-        result
-            .await
-            .map_err(|e| log_error(ErrorVerb::Write, e))?
+        blocking(|| self.writer().truncate(log_id.index))
             .map_err(|e| log_error(ErrorVerb::Write, e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let path = self.inner.dir.join("purged");
         let bytes = encode_small(&Some(log_id));
-        let dir = self.inner.dir.clone();
-        tokio::task::spawn_blocking(move || write_atomic(&dir, &path, &bytes, true))
-            .await
-            .map_err(|e| log_error(ErrorVerb::Delete, e))?
+        blocking(|| write_atomic(&self.inner.dir, &path, &bytes, true))
             .map_err(|e| log_error(ErrorVerb::Delete, e))?;
         {
             let mut st = self.state();
@@ -292,15 +298,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             st.entries = kept;
             st.purged = Some(log_id);
         }
-        let (done, result) = oneshot::channel();
-        self.send(Job::Purge {
-            upto: log_id.index,
-            done,
-        })?;
-        result
-            .await
-            .map_err(|e| log_error(ErrorVerb::Delete, e))?
-            .map_err(|e| log_error(ErrorVerb::Delete, e))
+        blocking(|| self.writer().purge(log_id.index)).map_err(|e| log_error(ErrorVerb::Delete, e))
     }
 }
 
@@ -312,107 +310,112 @@ struct SegmentInfo {
     path: PathBuf,
     /// Entry index -> offset of the batch holding it.
     batches: BTreeMap<u64, u64>,
+    /// Where its data ends.
     len: u64,
+    /// The file's length: past `len` the last segment holds zeros, space
+    /// written ahead of the appends (see [`PREALLOCATE`]).
+    allocated: u64,
 }
 
 struct Writer {
     dir: PathBuf,
     fsync: FsyncPolicy,
+    /// A new segment is started past this size.
+    segment_bytes: u64,
     /// Every segment, oldest first.
     segments: Vec<SegmentInfo>,
     /// The file of the last segment, once opened for appending.
     current: Option<File>,
+    /// The committed file, once opened.
+    committed: Option<File>,
+    /// Why a write failed, once one has: nothing is appended after it.
+    broken: Option<String>,
 }
 
 impl Writer {
-    fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            match job {
-                Job::Append {
-                    first,
-                    records,
-                    count,
-                    flushed,
-                } => {
-                    // Group commit: every append queued meanwhile goes out
-                    // with this one and shares its sync.
-                    let mut appends = vec![(first, records, count, flushed)];
-                    let mut next = None;
-                    while let Ok(job) = jobs.try_recv() {
-                        match job {
-                            Job::Append {
-                                first,
-                                records,
-                                count,
-                                flushed,
-                            } => appends.push((first, records, count, flushed)),
-                            other => {
-                                next = Some(other);
-                                break;
-                            }
-                        }
-                    }
-                    let result = self.append(&appends);
-                    for (_, _, _, flushed) in appends {
-                        flushed.log_io_completed(
-                            result
-                                .as_ref()
-                                .map(|_| ())
-                                .map_err(|e| std::io::Error::other(e.clone())),
-                        );
-                    }
-                    if let Err(e) = &result {
-                        tracing::error!("the replicated log can no longer be written: {e}");
-                    }
-                    if let Some(job) = next {
-                        self.other(job);
-                    }
+    /// Overwrites the committed file in place, unsynced: it only spares a
+    /// restarted member from waiting for its leader before applying what it
+    /// already has, so a lost or torn write costs nothing but that.
+    fn write_committed(&mut self, id: Option<LogId>) {
+        use std::os::unix::fs::FileExt;
+        let bytes = encode_small(&id);
+        if self.committed.is_none() {
+            let path = self.dir.join("committed");
+            match OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(&path)
+            {
+                Ok(f) => self.committed = Some(f),
+                Err(e) => {
+                    warn!("opening {}: {e}", path.display());
+                    return;
                 }
-                job => self.other(job),
             }
+        }
+        let file = self.committed.as_ref().expect("opened above");
+        if let Err(e) = file.write_all_at(&bytes, 0) {
+            warn!("writing the committed log id: {e}");
+            self.committed = None;
         }
     }
 
-    fn other(&mut self, job: Job) {
-        match job {
-            Job::Truncate { from, done } => {
-                let _ = done.send(self.truncate(from));
-            }
-            Job::Purge { upto, done } => {
-                let _ = done.send(self.purge(upto));
-            }
-            Job::Append { .. } => unreachable!("appends are batched by run"),
+    /// Writes one batch (of the entries at `indexes`) and, with `--fsync
+    /// always`, syncs it.
+    fn append(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(format!(
+                "an earlier write of the replicated log failed: {why}"
+            ));
         }
+        let result = self.write_batch(indexes, batch);
+        if let Err(e) = &result {
+            // Whatever part of the batch reached the file is a torn last
+            // write, which recovery drops; nothing may be written after it.
+            self.broken = Some(e.clone());
+        }
+        result
     }
 
-    /// Writes each append as a batch, then syncs once.
-    fn append(
-        &mut self,
-        appends: &[(u64, Vec<u8>, usize, LogFlushed<TypeConfig>)],
-    ) -> Result<(), String> {
-        for (first, records, count, _) in appends {
-            let rotate = self.segments.last().is_none_or(|s| s.len >= SEGMENT_BYTES);
-            if rotate {
-                self.start_segment(*first)?;
-            }
-            let mut batch = Vec::with_capacity(records.len() + segment::BATCH_HEADER);
-            let start = segment::begin_batch(&mut batch);
-            batch.extend_from_slice(records);
-            segment::end_batch(&mut batch, start);
+    fn write_batch(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        let first = indexes[0];
+        if self
+            .segments
+            .last()
+            .is_none_or(|s| s.len >= self.segment_bytes)
+        {
+            self.start_segment(first)?;
+        }
+        let sync = self.fsync == FsyncPolicy::Always;
+        let (at, allocated) = {
+            let seg = self.segments.last().expect("a segment");
+            (seg.len, seg.allocated)
+        };
+        let end = at + batch.len() as u64;
+        if sync && end > allocated {
+            let upto = end.div_ceil(PREALLOCATE) * PREALLOCATE;
+            let zeros = vec![0; (upto - allocated) as usize];
             let file = self.current_file()?;
-            file.write_all(&batch)
-                .map_err(|e| format!("writing the replicated log: {e}"))?;
-            let seg = self.segments.last_mut().expect("a segment");
-            for index in *first..*first + *count as u64 {
-                seg.batches.insert(index, seg.len);
-            }
-            seg.len += batch.len() as u64;
+            file.write_all_at(&zeros, allocated)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| format!("extending the replicated log: {e}"))?;
+            self.segments.last_mut().expect("a segment").allocated = upto;
         }
-        if self.fsync == FsyncPolicy::Always {
-            self.current_file()?
-                .sync_data()
+        let file = self.current_file()?;
+        file.write_all_at(batch, at)
+            .map_err(|e| format!("writing the replicated log: {e}"))?;
+        if sync {
+            file.sync_data()
                 .map_err(|e| format!("syncing the replicated log: {e}"))?;
         }
+        let seg = self.segments.last_mut().expect("a segment");
+        for index in indexes {
+            seg.batches.insert(*index, at);
+        }
+        seg.len = end;
+        seg.allocated = seg.allocated.max(end);
         Ok(())
     }
 
@@ -420,7 +423,7 @@ impl Writer {
         if self.current.is_none() {
             let seg = self.segments.last().ok_or("no segment")?;
             let file = OpenOptions::new()
-                .append(true)
+                .write(true)
                 .open(&seg.path)
                 .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
             self.current = Some(file);
@@ -429,10 +432,23 @@ impl Writer {
     }
 
     fn start_segment(&mut self, first: u64) -> Result<(), String> {
-        if let Some(file) = self.current.take() {
-            file.sync_data()
-                .map_err(|e| format!("syncing the replicated log: {e}"))?;
+        // The segment being closed loses the zeros past its data (and is
+        // synced) before the next one exists: only the last segment may end
+        // in zeros.
+        if let Some(seg) = self.segments.last_mut() {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&seg.path)
+                .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
+            if seg.allocated > seg.len {
+                file.set_len(seg.len)
+                    .map_err(|e| format!("cutting {}: {e}", seg.path.display()))?;
+                seg.allocated = seg.len;
+            }
+            file.sync_all()
+                .map_err(|e| format!("syncing {}: {e}", seg.path.display()))?;
         }
+        self.current = None;
         let path = self.dir.join(segment_name(first));
         let mut file = OpenOptions::new()
             .create(true)
@@ -450,13 +466,9 @@ impl Writer {
             path,
             batches: BTreeMap::new(),
             len: header.len() as u64,
+            allocated: header.len() as u64,
         });
-        self.current = Some(
-            OpenOptions::new()
-                .append(true)
-                .open(&self.segments.last().expect("pushed").path)
-                .map_err(|e| format!("opening the new segment: {e}"))?,
-        );
+        self.current = Some(file);
         Ok(())
     }
 
@@ -490,6 +502,7 @@ impl Writer {
             .map_err(|e| format!("cutting {}: {e}", seg.path.display()))?;
         seg.batches.retain(|_, o| *o < offset);
         seg.len = offset;
+        seg.allocated = offset;
         if !kept.is_empty() {
             let mut batch = Vec::new();
             let start = segment::begin_batch(&mut batch);
@@ -505,6 +518,7 @@ impl Writer {
                 seg.batches.insert(*index, offset);
             }
             seg.len += batch.len() as u64;
+            seg.allocated = seg.len;
         }
         file.sync_all()
             .map_err(|e| format!("syncing {}: {e}", seg.path.display()))
@@ -592,6 +606,7 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
             path: path.clone(),
             batches: BTreeMap::new(),
             len: bytes.len() as u64,
+            allocated: bytes.len() as u64,
         };
         let mut at = layout.start;
         while at < bytes.len() {
@@ -604,6 +619,11 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
                     }
                     at = end;
                 }
+                Err(_) if i == last && bytes[at..].iter().all(|b| *b == 0) => {
+                    // Space written ahead of the appends: the log ends here.
+                    info.len = at as u64;
+                    break;
+                }
                 Err(why) => {
                     if i == last && !segment::unit_after(&bytes, at, layout) {
                         warn!(file = %path.display(), offset = at, "dropping a torn last write of the replicated log: {why}");
@@ -615,6 +635,7 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
                             .and_then(|()| file.sync_all())
                             .map_err(|e| format!("cutting {}: {e}", path.display()))?;
                         info.len = at as u64;
+                        info.allocated = at as u64;
                         break;
                     }
                     return Err(damaged(at, &why));

@@ -1,0 +1,122 @@
+//! The replicated log's files: space written ahead of the appends, segments
+//! started as the log grows, and a torn last write.
+
+use baton_cluster::log_store::LogStore;
+use baton_cluster::types::{Entry, LogId};
+use baton_server::persist::{segment, FsyncPolicy};
+use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
+use openraft::{CommittedLeaderId, EntryPayload};
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-logfiles-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn log_id(index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+fn blanks(range: std::ops::Range<u64>) -> Vec<Entry> {
+    range
+        .map(|i| Entry {
+            log_id: log_id(i),
+            payload: EntryPayload::Blank,
+        })
+        .collect()
+}
+
+/// The segment files in `dir`, oldest first.
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Where the batches of a segment end.
+fn data_end(bytes: &[u8]) -> usize {
+    let mut at = segment::layout(bytes).unwrap().start;
+    while let Ok((_, end)) = segment::read_batch(bytes, at) {
+        at = end;
+    }
+    at
+}
+
+async fn indexes(log: &mut LogStore) -> Vec<u64> {
+    let entries = log.try_get_log_entries(0..u64::MAX).await.unwrap();
+    entries.iter().map(|e| e.log_id.index).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_last_segment_ends_in_space_written_ahead() {
+    let dir = scratch("rotate");
+    {
+        let mut log = LogStore::open_with_segments_of(&dir, FsyncPolicy::Always, 2048).unwrap();
+        for start in (0..300).step_by(10) {
+            log.blocking_append(blanks(start..start + 10))
+                .await
+                .unwrap();
+        }
+    }
+    let files = segments(&dir);
+    assert!(
+        files.len() > 3,
+        "the log was split into segments: {files:?}"
+    );
+    let (last, closed) = files.split_last().unwrap();
+    for file in closed {
+        let bytes = std::fs::read(file).unwrap();
+        assert_eq!(
+            data_end(&bytes),
+            bytes.len(),
+            "{} was cut to its data when the next segment began",
+            file.display()
+        );
+    }
+    let bytes = std::fs::read(last).unwrap();
+    assert!(
+        bytes.len() >= 1 << 20 && data_end(&bytes) < bytes.len(),
+        "the last segment has space written ahead ({} bytes, data up to {})",
+        bytes.len(),
+        data_end(&bytes)
+    );
+    // Reopened (by the normal path), every entry is there, and the log goes on.
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..300).collect::<Vec<_>>());
+    log.blocking_append(blanks(300..310)).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..310).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_torn_write_in_the_space_written_ahead_is_dropped() {
+    let dir = scratch("torn");
+    {
+        let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+        log.blocking_append(blanks(0..50)).await.unwrap();
+    }
+    // A write that reached the disk only in part: the start of a batch
+    // where the zeros were.
+    let file = segments(&dir).pop().unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let end = data_end(&bytes);
+    assert!(bytes[end..].iter().all(|b| *b == 0), "zeros after the data");
+    bytes[end..end + 6].copy_from_slice(b"BTCH\0\x07");
+    std::fs::write(&file, &bytes).unwrap();
+
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..50).collect::<Vec<_>>());
+    log.blocking_append(blanks(50..60)).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..60).collect::<Vec<_>>());
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(log_id(59)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
