@@ -154,11 +154,17 @@ impl ClusterMember {
             stopped.clone(),
         ));
         applier.set_log(Arc::new(ClusterLog {
-            proposals,
+            proposals: proposals.clone(),
             barriers,
             status,
         }));
-        tokio::spawn(Leadership::watch(raft.clone(), applier, config.id, stopped));
+        tokio::spawn(Leadership::watch(
+            raft.clone(),
+            applier,
+            proposals,
+            config.id,
+            stopped,
+        ));
         if let Some(initial) = config.initial {
             if !raft
                 .is_initialized()
@@ -218,14 +224,14 @@ impl ClusterMember {
 
 /// How a member proposes and reads: the [`Replicator`] its server sees.
 struct ClusterLog {
-    proposals: mpsc::UnboundedSender<Proposal>,
+    proposals: mpsc::UnboundedSender<ToProposer>,
     barriers: Arc<Barriers>,
     status: Status,
 }
 
 impl Replicator for ClusterLog {
     fn propose(&self, proposal: &Proposal) -> Proposed {
-        match self.proposals.send(proposal.clone()) {
+        match self.proposals.send(ToProposer::Propose(proposal.clone())) {
             Ok(()) => Proposed::Later,
             Err(_) => Proposed::NotLeader,
         }
@@ -244,26 +250,65 @@ impl Replicator for ClusterLog {
     }
 }
 
-/// Hands proposals to openraft in the order they were made. The answers
-/// come back through the state machine; the receivers are kept until they
-/// are answered only so that openraft has someone to answer.
-fn start_proposer(raft: Raft, mut stop: watch::Receiver<bool>) -> mpsc::UnboundedSender<Proposal> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Proposal>();
+/// What the member's server asks of the proposer.
+enum ToProposer {
+    /// Propose this change.
+    Propose(Proposal),
+    /// The member stopped leading: drop what is not yet proposed (its
+    /// requests were failed; a later term must not commit them).
+    Drop,
+}
+
+/// Entries proposed and not yet applied, at most. openraft (0.9) writes and
+/// syncs each entry of its leader before it takes up the next, so each
+/// proposal of its own would cost a sync of the leader's log: instead the
+/// proposals made while this many entries are on their way go together in
+/// the next entry.
+const ENTRIES_IN_FLIGHT: usize = 4;
+/// Proposals in one entry, at most.
+const ENTRY_PROPOSALS: usize = 1024;
+
+/// Hands proposals to openraft in the order they were made, batched into
+/// entries. The answers come back through the state machine; openraft's
+/// receivers are kept until they are answered only so that it has someone
+/// to answer.
+fn start_proposer(
+    raft: Raft,
+    mut stop: watch::Receiver<bool>,
+) -> mpsc::UnboundedSender<ToProposer> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<ToProposer>();
     tokio::spawn(async move {
-        let mut answers = FuturesUnordered::new();
+        let mut in_flight = FuturesUnordered::new();
+        let mut pending: Vec<Proposal> = Vec::new();
         loop {
+            if !pending.is_empty() && in_flight.len() < ENTRIES_IN_FLIGHT {
+                let take = pending.len().min(ENTRY_PROPOSALS);
+                let batch: Vec<Proposal> = pending.drain(..take).collect();
+                match raft.client_write_ff(Change(batch)).await {
+                    Ok(answer) => in_flight.push(answer),
+                    Err(e) => {
+                        warn!("the replicated log stopped taking proposals: {e}");
+                        return;
+                    }
+                }
+                continue;
+            }
             tokio::select! {
-                p = rx.recv() => {
-                    let Some(p) = p else { return };
-                    match raft.client_write_ff(Change(p)).await {
-                        Ok(answer) => answers.push(answer),
-                        Err(e) => {
-                            warn!("the replicated log stopped taking proposals: {e}");
-                            return;
+                message = rx.recv() => {
+                    let mut message = message;
+                    loop {
+                        match message {
+                            Some(ToProposer::Propose(p)) => pending.push(p),
+                            Some(ToProposer::Drop) => pending.clear(),
+                            None => return,
+                        }
+                        match rx.try_recv() {
+                            Ok(m) => message = Some(m),
+                            Err(_) => break,
                         }
                     }
                 }
-                Some(_) = answers.next(), if !answers.is_empty() => {}
+                Some(_) = in_flight.next(), if !in_flight.is_empty() => {}
                 _ = stop.changed() => return,
             }
         }
@@ -328,7 +373,13 @@ impl Barriers {
 struct Leadership;
 
 impl Leadership {
-    async fn watch(raft: Raft, applier: Applier, id: NodeId, mut stop: watch::Receiver<bool>) {
+    async fn watch(
+        raft: Raft,
+        applier: Applier,
+        proposer: mpsc::UnboundedSender<ToProposer>,
+        id: NodeId,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut metrics = raft.metrics();
         // What the server was last told: Some(vote) while it leads, else the
         // leader it sends clients to.
@@ -360,6 +411,7 @@ impl Leadership {
                     info!(leader = ?m.current_leader, "not leading any more: sending clients to the leader");
                 }
                 applier.follow(address);
+                let _ = proposer.send(ToProposer::Drop);
                 leading = None;
                 following = Some(m.current_leader);
             }

@@ -192,7 +192,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for entry in entries {
             let mut applied = self.applied();
             let revision = match entry.payload {
-                EntryPayload::Normal(Change(proposal)) => self.inner.applier.apply(&proposal),
+                EntryPayload::Normal(Change(proposals)) => self.inner.applier.apply(&proposals),
                 EntryPayload::Membership(membership) => {
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     self.inner.applier.revision()

@@ -45,22 +45,33 @@ impl fmt::Display for Member {
     }
 }
 
-/// A proposal as the replicated log carries it: serialized in Baton's own
-/// binary form (the body of a log record), whatever serde format carries
-/// the entry around it.
+/// The proposals of one entry of the replicated log, in the order they were
+/// made: the leader puts every proposal made while the entries before it
+/// were being written into one entry. Serialized in Baton's own binary form
+/// (for each proposal its length, a u32, then the body of a log record),
+/// whatever serde format carries the entry around it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change(pub Proposal);
+pub struct Change(pub Vec<Proposal>);
 
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.0.command)
+        match self.0.as_slice() {
+            [one] => write!(f, "{:?}", one.command),
+            many => write!(f, "{} changes", many.len()),
+        }
     }
 }
 
 impl Serialize for Change {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut bytes = Vec::new();
-        encode_proposal(&mut bytes, &self.0);
+        for proposal in &self.0 {
+            let at = bytes.len();
+            bytes.extend_from_slice(&[0; 4]);
+            encode_proposal(&mut bytes, proposal);
+            let len = u32::try_from(bytes.len() - at - 4).map_err(serde::ser::Error::custom)?;
+            bytes[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        }
         s.serialize_bytes(&bytes)
     }
 }
@@ -68,10 +79,27 @@ impl Serialize for Change {
 impl<'de> Deserialize<'de> for Change {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let bytes: serde_bytes_like::Bytes = Deserialize::deserialize(d)?;
-        decode_proposal(&bytes.0)
+        decode_change(&bytes.0)
             .map(Change)
             .map_err(serde::de::Error::custom)
     }
+}
+
+fn decode_change(mut bytes: &[u8]) -> Result<Vec<Proposal>, String> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let (len, rest) = bytes
+            .split_first_chunk::<4>()
+            .ok_or("an entry ends inside a proposal's length")?;
+        let len = u32::from_be_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err("an entry ends inside a proposal".into());
+        }
+        let (body, rest) = rest.split_at(len);
+        out.push(decode_proposal(body)?);
+        bytes = rest;
+    }
+    Ok(out)
 }
 
 /// What applying an entry gave: the state's revision after it.
@@ -114,5 +142,53 @@ mod serde_bytes_like {
             }
             d.deserialize_byte_buf(V)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_proto::SessionId;
+    use baton_server::state::{Command, Origin};
+
+    #[test]
+    fn a_change_of_several_proposals_round_trips_and_damage_is_refused() {
+        let change = Change(vec![
+            Proposal {
+                now_ms: 7,
+                origin: Some(Origin {
+                    session: SessionId(3),
+                    xid: 9,
+                }),
+                command: Command::SetData {
+                    path: "/a".into(),
+                    data: bytes::Bytes::from_static(b"value"),
+                    version: Some(2),
+                    fence: Some(40),
+                },
+            },
+            Proposal {
+                now_ms: 8,
+                origin: None,
+                command: Command::ExpireSession {
+                    session: SessionId(3),
+                },
+            },
+        ]);
+        let bytes = bincode::serialize(&change).unwrap();
+        let back: Change = bincode::deserialize(&bytes).unwrap();
+        assert_eq!(back, change);
+        assert_eq!(change.to_string(), "2 changes");
+
+        let empty: Change =
+            bincode::deserialize(&bincode::serialize(&Change(vec![])).unwrap()).unwrap();
+        assert!(empty.0.is_empty());
+
+        // Cut anywhere inside, the entry does not decode.
+        let mut cut = bytes.clone();
+        cut.truncate(bytes.len() - 3);
+        let len = (cut.len() - 8) as u64;
+        cut[..8].copy_from_slice(&len.to_le_bytes());
+        assert!(bincode::deserialize::<Change>(&cut).is_err());
     }
 }

@@ -91,10 +91,16 @@ pub struct Applier {
 }
 
 impl Applier {
-    /// Applies a committed proposal, in log order; answers the request it
-    /// came from if that was made here. Returns the revision after it.
-    pub fn apply(&self, proposal: &Proposal) -> u64 {
-        self.shared.core().apply_committed(proposal)
+    /// Applies committed proposals, in log order, under one hold of the
+    /// core; answers each request that was made here. Returns the revision
+    /// after them.
+    pub fn apply(&self, proposals: &[Proposal]) -> u64 {
+        let mut core = self.shared.core();
+        let mut revision = core.revision();
+        for proposal in proposals {
+            revision = core.apply_committed(proposal);
+        }
+        revision
     }
 
     /// A copy of the state, in O(1), to write a snapshot from.
