@@ -84,10 +84,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve(_)));
     sys::raise_fd_limit();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = match &cli.command {
+        Command::Serve(args) if args.runtime_threads() == Some(1) => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        Command::Serve(args) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = args.runtime_threads() {
+                b.worker_threads(n);
+            }
+            b
+        }
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("baton: cannot start the async runtime: {e}");

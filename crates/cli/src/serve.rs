@@ -125,6 +125,26 @@ pub struct ServeArgs {
     /// with a `too many watches` error.
     #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
     pub(crate) max_watch_bytes: usize,
+
+    /// Threads that serve clients (and, in a cluster, the other members).
+    /// By default a single server uses one per core and a cluster member
+    /// one in all: a member's every change passes between several tasks
+    /// (proposal, replication, the followers' answers, applying it), and on
+    /// a few cores handing them between threads costs more than it gains
+    /// (see docs/benchmarks.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) threads: Option<u16>,
+}
+
+impl ServeArgs {
+    /// How many threads the runtime gets: `None` for one per core.
+    pub(crate) fn runtime_threads(&self) -> Option<usize> {
+        match (self.threads, self.node_id) {
+            (Some(n), _) => Some(n as usize),
+            (None, Some(_)) => Some(1),
+            (None, None) => None,
+        }
+    }
 }
 
 pub async fn run(args: ServeArgs) -> CliResult {
