@@ -137,7 +137,11 @@ fn main() -> ExitCode {
 /// client commands so that their stdout and stderr stay quiet.
 fn init_tracing(server: bool) {
     use tracing_subscriber::EnvFilter;
-    let default = if server { "info" } else { "warn" };
+    // openraft's own messages are many (several per election, one per
+    // failed call to a member that is down) and are off unless RUST_LOG
+    // asks for them: a member logs elections, leadership, unreachable
+    // members and storage failures itself.
+    let default = if server { "info,openraft=off" } else { "warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

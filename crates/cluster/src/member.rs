@@ -146,13 +146,12 @@ impl ClusterMember {
         tokio::spawn(network::serve(peers, raft.clone(), stopped.clone()));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
         let proposals = start_proposer(raft.clone(), stopped.clone());
-        let status = Status::default();
-        tokio::spawn(status.clone().refresh(
-            raft.clone(),
-            config.id,
-            config.routes.clone(),
-            stopped.clone(),
-        ));
+        let status = Status::new(raft.clone(), config.id);
+        tokio::spawn(
+            status
+                .clone()
+                .refresh(config.routes.clone(), stopped.clone()),
+        );
         applier.set_log(Arc::new(ClusterLog {
             proposals: proposals.clone(),
             barriers,
@@ -202,10 +201,11 @@ impl ClusterMember {
     }
 
     /// Serves until `shutdown` completes, then stops the server and the
-    /// replicated log.
+    /// replicated log. A replicated log that stops on its own (its storage
+    /// failed) stops the member too.
     ///
     /// # Errors
-    /// As [`Server::run`].
+    /// As [`Server::run`], or [`ServerError::ReplicationStopped`].
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
         let ClusterMember {
             server,
@@ -213,12 +213,37 @@ impl ClusterMember {
             stop,
             _data_dir,
         } = self;
-        let result = server.run(shutdown).await;
+        let failed = Mutex::new(None);
+        let stopped_alone = async {
+            let mut metrics = raft.metrics();
+            let why = loop {
+                if let Err(e) = &metrics.borrow_and_update().running_state {
+                    break e.to_string();
+                }
+                if metrics.changed().await.is_err() {
+                    break "its core ended".to_string();
+                }
+            };
+            tracing::error!("the replicated log stopped: {why}; stopping the member");
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        };
+        let result = server
+            .run(async {
+                tokio::select! {
+                    () = shutdown => {}
+                    () = stopped_alone => {}
+                }
+            })
+            .await;
         stop.send_replace(true);
         if let Err(e) = raft.shutdown().await {
             warn!("stopping the replicated log: {e}");
         }
-        result
+        result?;
+        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(why) => Err(ServerError::ReplicationStopped(why)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -409,6 +434,11 @@ impl Leadership {
                 });
                 if leading.is_some() {
                     info!(leader = ?m.current_leader, "not leading any more: sending clients to the leader");
+                } else if following != Some(m.current_leader) {
+                    match m.current_leader {
+                        Some(leader) => info!(term = m.current_term, "member {leader} leads"),
+                        None => info!(term = m.current_term, "no member is known to lead"),
+                    }
                 }
                 applier.follow(address);
                 let _ = proposer.send(ToProposer::Drop);

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::types::{Member, NodeId, Raft, TypeConfig};
 
@@ -147,6 +147,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr,
             conn: None,
+            failures: Some(0),
         }
     }
 }
@@ -157,6 +158,10 @@ pub struct Peer {
     target: NodeId,
     addr: String,
     conn: Option<Framed<TcpStream, LengthDelimitedCodec>>,
+    /// Calls failed in a row, for the replicated log's own connections
+    /// (`None` for an operator's one-off question): the first failure and
+    /// the recovery are logged, not every retry.
+    failures: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +221,28 @@ impl Peer {
         if result.is_err() {
             self.conn = None;
         }
+        if let Some(failures) = self.failures.as_mut() {
+            match &result {
+                Err(e) if *failures == 0 => {
+                    warn!(
+                        member = self.target,
+                        "cannot reach member {} ({e}); trying again", self.target
+                    );
+                    *failures = 1;
+                }
+                Err(_) => *failures += 1,
+                Ok(_) if *failures > 0 => {
+                    info!(
+                        member = self.target,
+                        "member {} is reachable again, after {} failed calls",
+                        self.target,
+                        *failures
+                    );
+                    *failures = 0;
+                }
+                Ok(_) => {}
+            }
+        }
         result
     }
 
@@ -270,6 +297,18 @@ impl RaftNetwork<TypeConfig> for Peer {
             Err(e) => Err(self.unreachable(e)),
         }
     }
+
+    /// After a member could not be reached: 50 ms, doubling up to 500 ms,
+    /// so that a member back from a restart is caught up at once and one
+    /// that stays away is dialed twice a second.
+    fn backoff(&self) -> openraft::network::Backoff {
+        let mut next = Duration::from_millis(50);
+        openraft::network::Backoff::new(std::iter::from_fn(move || {
+            let now = next;
+            next = (next * 2).min(Duration::from_millis(500));
+            Some(now)
+        }))
+    }
 }
 
 /// Asks the member at `addr` (a peer address) for its status.
@@ -282,6 +321,7 @@ pub async fn status_of(from: NodeId, addr: &str, limit: Duration) -> Result<Memb
         target: 0,
         addr: addr.to_owned(),
         conn: None,
+        failures: None,
     };
     match peer.call(&Request::Status, limit).await {
         Ok(Response::Status(s)) => Ok(s),
@@ -306,6 +346,7 @@ pub async fn ask_change(
         target: 0,
         addr: addr.to_owned(),
         conn: None,
+        failures: None,
     };
     match peer.call(&Request::Change(change), limit).await {
         Ok(Response::Changed(r)) => r,

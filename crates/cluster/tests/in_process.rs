@@ -114,3 +114,36 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A member whose replicated log stops on its own (as when its storage
+/// fails) does not go on serving as if nothing happened: it stops, saying
+/// why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_replicated_log_stops_stops_with_an_error() {
+    let root = std::env::temp_dir().join(format!("baton-inproc-stops-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = MemberConfig::new(1, root.join("m1"));
+    config.initial = Some(BTreeMap::from([(
+        1,
+        Member {
+            peer: peers.local_addr().unwrap().to_string(),
+            client: clients.local_addr().unwrap().to_string(),
+        },
+    )]));
+    let member = ClusterMember::start(config, clients, peers).await.unwrap();
+    let raft = member.raft().clone();
+    let run = tokio::spawn(member.run(std::future::pending()));
+    raft.shutdown().await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the member stops")
+        .unwrap();
+    let err = result.expect_err("the member reports why it stopped");
+    assert!(
+        err.to_string().contains("the replicated log stopped"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

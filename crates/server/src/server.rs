@@ -70,6 +70,8 @@ pub enum ServerError {
     LogFailed(String),
     #[error("listener failed: {0}")]
     Io(#[from] io::Error),
+    #[error("the replicated log stopped ({0}); this member stopped serving: restart it, and it catches up from the others")]
+    ReplicationStopped(String),
 }
 
 /// A Baton server bound to a listener, ready to [`run`](Server::run).
