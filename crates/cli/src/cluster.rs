@@ -355,7 +355,11 @@ async fn change(servers: &str, change: Change) -> CliResult {
         .as_array()
         .and_then(|ms| ms.iter().find(|m| m["id"].as_u64() == leader_id))
         .and_then(|m| m["peer_addr"].as_str())
-        .ok_or_else(|| CliError::msg("the leader's description names no peer address for it"))?
+        .ok_or_else(|| {
+            CliError::msg(
+                "the leader does not list itself among the members yet (it has just started?); try again",
+            )
+        })?
         .to_owned();
     let done = baton_cluster::network::ask_change(&peer, change, Duration::from_secs(120))
         .await

@@ -23,13 +23,9 @@ pub struct LocalMember {
     pub id: u64,
     pub client: String,
     pub peer: String,
+    /// The process id it was started with.
+    pub pid: u32,
     child: Option<Child>,
-}
-
-impl LocalMember {
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().and_then(Child::id).unwrap_or(0)
-    }
 }
 
 /// Members on loopback ports, started and stopped as processes.
@@ -134,6 +130,7 @@ impl LocalCluster {
                 id,
                 client: local_addr(&client)?,
                 peer: local_addr(&peer)?,
+                pid: child.id().unwrap_or(0),
                 child: Some(child),
             },
         );
@@ -214,11 +211,16 @@ impl LocalCluster {
 
     /// Stops every member: SIGTERM, then SIGKILL after ten seconds.
     pub async fn stop(mut self) {
-        for m in self.members.values() {
-            if m.child.is_some() {
-                // SAFETY: kill has no memory effects; the child is not reaped.
+        for m in self.members.values_mut() {
+            let running = m
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+            if running && m.pid > 0 {
+                // SAFETY: kill has no memory effects; the child is running
+                // and not yet reaped, so the pid is still its own.
                 unsafe {
-                    libc::kill(m.pid() as i32, libc::SIGTERM);
+                    libc::kill(m.pid as i32, libc::SIGTERM);
                 }
             }
         }
@@ -246,10 +248,7 @@ pub async fn run(args: LocalArgs) -> CliResult {
     for m in cluster.members.values() {
         println!(
             "member {} client {} peer {} pid {}",
-            m.id,
-            m.client,
-            m.peer,
-            m.pid()
+            m.id, m.client, m.peer, m.pid
         );
     }
     let clients = cluster.clients();
@@ -304,7 +303,7 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), CliError> {
             return Ok(());
         };
         let member = cluster.members.get_mut(&id).expect("a member");
-        let pid = member.pid();
+        let pid = member.pid;
         member.child = None;
         let how = match status {
             Ok(s) if s.signal().is_some() => {

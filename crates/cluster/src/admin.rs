@@ -3,7 +3,8 @@
 //! Every member keeps a description of the cluster up to date (twice a
 //! second): its members and their addresses, and the leader's view of each
 //! one's progress, which the leader gathers from the others over the peer
-//! port. The status probe on the client port answers with it.
+//! port. The status probe on the client port answers with it, and with the
+//! member's own role and progress as they are when asked.
 //!
 //! Adding a member makes it a learner first, which catches up (by snapshot
 //! if it is far behind), then a voter; removing one is a membership change
@@ -36,33 +37,91 @@ pub enum Change {
     Remove { id: NodeId },
 }
 
-/// The latest description of the cluster, as JSON text.
-#[derive(Clone, Default)]
-pub struct Status(Arc<Mutex<Option<String>>>);
+/// The latest description of the cluster. What this member says of itself
+/// is read when asked; what the leader gathered from the others is up to
+/// [`REFRESH`] old.
+#[derive(Clone)]
+pub struct Status {
+    raft: Raft,
+    id: NodeId,
+    described: Arc<Mutex<Option<serde_json::Value>>>,
+}
 
 impl Status {
+    pub fn new(raft: Raft, id: NodeId) -> Status {
+        Status {
+            raft,
+            id,
+            described: Arc::default(),
+        }
+    }
+
+    /// The description, as JSON text; `None` until the first is made.
     pub fn get(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn set(&self, json: String) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(json);
-    }
-
-    /// Keeps the description of the cluster up to date until `stop`.
-    pub async fn refresh(
-        self,
-        raft: Raft,
-        id: NodeId,
-        routes: BTreeMap<NodeId, String>,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        loop {
-            self.set(describe(&raft, id, &routes).await.to_string());
-            tokio::select! {
-                _ = tokio::time::sleep(REFRESH) => {}
-                _ = stop.changed() => return,
+        let mut described = self
+            .described
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let m = self.raft.metrics().borrow().clone();
+        let me = MemberStatus::of(&self.raft);
+        described["leader"] = json!(m.current_leader);
+        described["term"] = json!(m.current_term);
+        described["applied_index"] = json!(me.applied_index);
+        if let Some(members) = described["members"].as_array_mut() {
+            for member in members {
+                if member["id"] == json!(self.id) {
+                    member["role"] = json!(me.role);
+                    member["applied_index"] = json!(me.applied_index);
+                    member["last_log_index"] = json!(me.last_log_index);
+                }
             }
+        }
+        Some(described.to_string())
+    }
+
+    /// Keeps the description of the cluster up to date until `stop`: every
+    /// [`REFRESH`], and at once when the member's role, its leader or the
+    /// membership changes.
+    pub async fn refresh(self, routes: BTreeMap<NodeId, String>, mut stop: watch::Receiver<bool>) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let shape = Shape::of(&metrics.borrow_and_update());
+            let described = describe(&self.raft, self.id, &routes).await;
+            *self.described.lock().unwrap_or_else(|e| e.into_inner()) = Some(described);
+            let next = tokio::time::Instant::now() + REFRESH;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => break,
+                    changed = metrics.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if Shape::of(&metrics.borrow_and_update()) != shape {
+                            break;
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// What, when it changes, makes the description out of date at once.
+#[derive(PartialEq)]
+struct Shape {
+    state: ServerState,
+    leader: Option<NodeId>,
+    membership: Option<crate::types::LogId>,
+}
+
+impl Shape {
+    fn of(m: &crate::types::Metrics) -> Shape {
+        Shape {
+            state: m.state,
+            leader: m.current_leader,
+            membership: *m.membership_config.log_id(),
         }
     }
 }

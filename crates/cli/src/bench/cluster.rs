@@ -173,12 +173,19 @@ async fn first_write(addrs: &str, deadline: Instant) -> Result<Duration, CliErro
     }
 }
 
-/// Waits until member `id` has applied what the leader has.
+/// Waits until member `id` has applied what the leader had applied when
+/// the wait began (each member reports its own applied index as it is when
+/// asked).
 async fn wait_caught_up(cluster: &LocalCluster, id: u64) -> Result<(), CliError> {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut want = None;
     loop {
-        if let Some(leader) = cluster.leader().await {
-            let want = cluster.applied(leader).await.unwrap_or(u64::MAX);
+        if want.is_none() {
+            if let Some(leader) = cluster.leader().await {
+                want = cluster.applied(leader).await;
+            }
+        }
+        if let Some(want) = want {
             if cluster.applied(id).await.unwrap_or(0) >= want {
                 return Ok(());
             }
