@@ -255,6 +255,23 @@ impl Conn {
                 return None;
             }
         };
+        // A cluster member resumes a session only once it has proven, after
+        // the handshake arrived, that it still leads: a leader cut off from
+        // the majority still believes it leads, and an answered resume tells
+        // the client its session is alive (its lease runs from there) while
+        // the majority may already be expiring it.
+        if request.resume.is_some() && self.shared.replicated {
+            let barrier = self.shared.core().log().read_barrier();
+            let proven = tokio::select! {
+                r = timeout(limit, barrier) => matches!(r, Ok(Ok(()))),
+                _ = shutdown.changed() => return None,
+            };
+            if !proven {
+                let (code, message) = self.shared.core().not_leader_notice();
+                self.refuse(code, message).await;
+                return None;
+            }
+        }
         let connecting = self.shared.core().connect(&request, outbox, Instant::now());
         let connected = match connecting {
             Ok(Connecting::Done(connected)) => Ok(connected),

@@ -207,8 +207,15 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
     // A client that knows only the old leader.
     let pinned = connect(&cluster.members[&old].client, Duration::from_secs(30)).await;
     pinned.ping().await.unwrap();
+    // And a lock holder that knows only the old leader: once cut off, it
+    // must not be told its session lives on (a resume answered there would
+    // move its deadline while the majority expires it).
+    let holder = connect(&cluster.members[&old].client, SESSION).await;
+    let held = Lock::new(&holder, "/locks/held").acquire().await.unwrap();
+    let alarm = holder.deadline_alarm(Duration::from_millis(200));
 
     cluster.isolate(old, true);
+    let cut = Instant::now();
     let lock = tokio::time::timeout(
         Duration::from_secs(3),
         Lock::new(&pinned, "/locks/cut").acquire(),
@@ -230,6 +237,18 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
     // The client gives up (its requests would otherwise be sent again, to
     // the new leader, once the network heals).
     drop(pinned);
+    tokio::time::timeout(SESSION + Duration::from_secs(3), alarm.fired())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the holder cut off with the old leader still believed its session alive {} ms after the cut (its session timeout is {} ms); logs:\n{}",
+                cut.elapsed().as_millis(),
+                SESSION.as_millis(),
+                cluster.logs()
+            )
+        });
+    drop(held);
+    drop(holder);
 
     // The majority goes on.
     let new = cluster.wait_leader(&[old], Duration::from_secs(10)).await;
