@@ -472,15 +472,23 @@ impl Writer {
         Ok(())
     }
 
-    /// Removes every entry from index `from` on: whole later segments go, and
-    /// the segment holding `from` is cut at the batch holding it; entries of
-    /// that batch before `from` are written again as a batch of their own.
+    /// Removes every entry from index `from` on: whole later segments go,
+    /// and the segment holding `from` is cut at the batch holding it, the
+    /// entries of that batch before `from` written again as a batch of
+    /// their own. The cut segment is written whole to a new file renamed
+    /// over it, so that a crash leaves either the old segment or the new
+    /// one, never the kept entries lost (they may be committed).
     fn truncate(&mut self, from: u64) -> Result<(), String> {
         self.current = None;
+        let mut removed = false;
         while self.segments.last().is_some_and(|s| s.first >= from) {
             let seg = self.segments.pop().expect("checked");
             std::fs::remove_file(&seg.path)
                 .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
         }
         let Some(seg) = self.segments.last_mut() else {
             return Ok(());
@@ -494,43 +502,41 @@ impl Writer {
             .map_err(|e| format!("reading {}: {e}", seg.path.display()))?;
         let (records, _) = segment::read_batch(&bytes, offset as usize)?;
         let kept = keep_before(records, from)?;
-        let mut file = OpenOptions::new()
-            .write(true)
-            .open(&seg.path)
-            .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
-        file.set_len(offset)
-            .map_err(|e| format!("cutting {}: {e}", seg.path.display()))?;
-        seg.batches.retain(|_, o| *o < offset);
-        seg.len = offset;
-        seg.allocated = offset;
+        bytes.truncate(offset as usize);
         if !kept.is_empty() {
-            let mut batch = Vec::new();
-            let start = segment::begin_batch(&mut batch);
+            let start = segment::begin_batch(&mut bytes);
             for (_, payload) in &kept {
-                record::frame(&mut batch, |out| out.extend_from_slice(payload));
+                record::frame(&mut bytes, |out| out.extend_from_slice(payload));
             }
-            segment::end_batch(&mut batch, start);
-            use std::io::{Seek, SeekFrom};
-            file.seek(SeekFrom::Start(offset))
-                .and_then(|_| file.write_all(&batch))
-                .map_err(|e| format!("writing {}: {e}", seg.path.display()))?;
-            for (index, _) in &kept {
-                seg.batches.insert(*index, offset);
-            }
-            seg.len += batch.len() as u64;
-            seg.allocated = seg.len;
+            segment::end_batch(&mut bytes, start);
         }
-        file.sync_all()
-            .map_err(|e| format!("syncing {}: {e}", seg.path.display()))
+        let tmp = seg.path.with_extension("seg.tmp");
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &seg.path));
+        written.map_err(|e| format!("rewriting {}: {e}", seg.path.display()))?;
+        sync_dir(&self.dir)?;
+        seg.batches.retain(|_, o| *o < offset);
+        for (index, _) in &kept {
+            seg.batches.insert(*index, offset);
+        }
+        seg.len = bytes.len() as u64;
+        seg.allocated = seg.len;
+        Ok(())
     }
 
     /// Removes the segments whose every entry is at most `upto` (all but
     /// the last).
     fn purge(&mut self, upto: u64) -> Result<(), String> {
+        let mut removed = false;
         while self.segments.len() > 1 && self.segments[1].first <= upto + 1 {
             let seg = self.segments.remove(0);
             std::fs::remove_file(&seg.path)
                 .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
         }
         Ok(())
     }
@@ -562,9 +568,20 @@ struct Recovered {
 
 /// Reads every segment: entries in order, and where each batch is.
 fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
-    let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+    let listed: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
         .map_err(|e| format!("listing {}: {e}", dir.display()))?
         .filter_map(|e| e.ok())
+        .collect();
+    // A segment being rewritten by a truncation when the member stopped:
+    // the segment itself is whole (the rename had not happened).
+    for e in &listed {
+        if e.file_name().to_string_lossy().ends_with(".seg.tmp") {
+            std::fs::remove_file(e.path())
+                .map_err(|err| format!("removing {}: {err}", e.path().display()))?;
+        }
+    }
+    let mut names: Vec<(u64, PathBuf)> = listed
+        .into_iter()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let first = name
@@ -576,6 +593,16 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
         })
         .collect();
     names.sort();
+    // A last segment created by a rotation whose header never reached the
+    // disk (a crash right after it) holds nothing.
+    while let Some((_, path)) = names.last() {
+        let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if !bytes.iter().all(|b| *b == 0) {
+            break;
+        }
+        std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        names.pop();
+    }
     let mut entries = BTreeMap::new();
     let mut segments = Vec::new();
     let last = names.len().saturating_sub(1);

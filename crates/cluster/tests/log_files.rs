@@ -120,3 +120,50 @@ async fn a_torn_write_in_the_space_written_ahead_is_dropped() {
     assert_eq!(state.last_log_id, Some(log_id(59)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_segment_created_but_never_written_is_passed_over() {
+    let dir = scratch("empty");
+    {
+        let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+        log.blocking_append(blanks(0..20)).await.unwrap();
+    }
+    // A crash right after a rotation created the next segment: its header
+    // never reached the disk. And a truncation's rewrite that was never
+    // renamed into place.
+    std::fs::write(dir.join("log-00000000000000000020.seg"), b"").unwrap();
+    std::fs::write(
+        dir.join("log-00000000000000000000.seg.tmp"),
+        b"half a rewrite",
+    )
+    .unwrap();
+
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..20).collect::<Vec<_>>());
+    assert!(!dir.join("log-00000000000000000000.seg.tmp").exists());
+    log.blocking_append(blanks(20..30)).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..30).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncation_inside_a_batch_keeps_the_entries_before_it_across_segments() {
+    let dir = scratch("truncate");
+    {
+        let mut log = LogStore::open_with_segments_of(&dir, FsyncPolicy::Always, 2048).unwrap();
+        for start in (0..200).step_by(10) {
+            log.blocking_append(blanks(start..start + 10))
+                .await
+                .unwrap();
+        }
+        // Into the middle of a batch of an early segment: the later
+        // segments go, the batch keeps 0..=4 of its ten.
+        log.truncate(log_id(45)).await.unwrap();
+        log.blocking_append(blanks(45..50)).await.unwrap();
+    }
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(indexes(&mut log).await, (0..50).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
