@@ -16,9 +16,10 @@
 //!                                     (asked of the leader, by an operator)
 //! ```
 //! A member dials another when it first needs to and again after any
-//! failure; every call has the deadline openraft gives it, and a member that
-//! cannot be reached or does not answer in time is reported unreachable, so
-//! that openraft backs off before trying again.
+//! failure; connections of short-lived clients are kept for the next ones.
+//! Every call has the deadline openraft gives it, and a member that cannot
+//! be reached or does not answer in time is reported unreachable, so that
+//! openraft backs off before trying again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -122,6 +123,7 @@ impl MemberStatus {
 pub struct Network {
     id: NodeId,
     routes: Arc<BTreeMap<NodeId, String>>,
+    idle: Idle,
 }
 
 impl Network {
@@ -129,6 +131,34 @@ impl Network {
         Network {
             id,
             routes: Arc::new(routes),
+            idle: Idle::default(),
+        }
+    }
+}
+
+type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+
+/// Connections left open by the short-lived clients openraft makes for
+/// every read barrier and election, for the next ones to use: dialing
+/// afresh each time would cost a connection per round and leave a socket
+/// waiting out TIME_WAIT for each.
+#[derive(Clone, Default)]
+struct Idle(Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<Conn>>>>);
+
+/// Idle connections kept per member address, at most.
+const IDLE_PER_MEMBER: usize = 4;
+
+impl Idle {
+    fn take(&self, addr: &str) -> Option<Conn> {
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        idle.get_mut(addr)?.pop()
+    }
+
+    fn put(&self, addr: &str, conn: Conn) {
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = idle.entry(addr.to_owned()).or_default();
+        if kept.len() < IDLE_PER_MEMBER {
+            kept.push(conn);
         }
     }
 }
@@ -147,17 +177,24 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr,
             conn: None,
+            reused: false,
+            idle: Some(self.idle.clone()),
             failures: Some(0),
         }
     }
 }
 
-/// One connection to one other member, dialed when needed.
+/// One connection to one other member, dialed when needed (or taken from
+/// the idle ones), and left for others to use when the client is dropped.
 pub struct Peer {
     from: NodeId,
     target: NodeId,
     addr: String,
-    conn: Option<Framed<TcpStream, LengthDelimitedCodec>>,
+    conn: Option<Conn>,
+    /// Whether `conn` was taken from the idle ones (and may have been
+    /// closed by the other side meanwhile).
+    reused: bool,
+    idle: Option<Idle>,
     /// Calls failed in a row, for the replicated log's own connections
     /// (`None` for an operator's one-off question): the first failure and
     /// the recovery are logged, not every retry.
@@ -168,9 +205,23 @@ pub struct Peer {
 #[error("{0}")]
 struct Failed(String);
 
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let (Some(conn), Some(idle)) = (self.conn.take(), &self.idle) {
+            idle.put(&self.addr, conn);
+        }
+    }
+}
+
 impl Peer {
-    async fn dial(&mut self) -> Result<&mut Framed<TcpStream, LengthDelimitedCodec>, Failed> {
+    async fn dial(&mut self) -> Result<&mut Conn, Failed> {
         if self.conn.is_none() {
+            if let Some(conn) = self.idle.as_ref().and_then(|idle| idle.take(&self.addr)) {
+                self.conn = Some(conn);
+                self.reused = true;
+                return Ok(self.conn.as_mut().expect("taken above"));
+            }
+            self.reused = false;
             let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&self.addr))
                 .await
                 .map_err(|_| {
@@ -200,18 +251,48 @@ impl Peer {
     /// One call: the request out, its response back, within `limit`.
     async fn call(&mut self, request: &Request, limit: Duration) -> Result<Response, Failed> {
         let bytes = bincode::serialize(request).map_err(|e| Failed(e.to_string()))?;
+        self.call_bytes(bytes::Bytes::from(bytes), limit).await
+    }
+
+    /// One call of a request already encoded. A connection taken from the
+    /// idle ones that turns out broken is replaced by a fresh one, once:
+    /// every request between members may be made twice.
+    async fn call_bytes(
+        &mut self,
+        bytes: bytes::Bytes,
+        limit: Duration,
+    ) -> Result<Response, Failed> {
         let addr = self.addr.clone();
         let result = tokio::time::timeout(limit, async {
-            let conn = self.dial().await?;
-            conn.send(bytes::Bytes::from(bytes))
-                .await
-                .map_err(|e| Failed(format!("sending to {addr}: {e}")))?;
-            let frame = conn
-                .next()
-                .await
-                .ok_or_else(|| Failed(format!("{addr} closed the connection")))?
-                .map_err(|e| Failed(format!("reading from {addr}: {e}")))?;
-            bincode::deserialize(&frame).map_err(|e| Failed(format!("bad answer from {addr}: {e}")))
+            loop {
+                let conn = self.dial().await?;
+                let exchanged = async {
+                    conn.send(bytes.clone())
+                        .await
+                        .map_err(|e| Failed(format!("sending to {addr}: {e}")))?;
+                    conn.next()
+                        .await
+                        .ok_or_else(|| Failed(format!("{addr} closed the connection")))?
+                        .map_err(|e| Failed(format!("reading from {addr}: {e}")))
+                }
+                .await;
+                match exchanged {
+                    Ok(frame) => {
+                        return bincode::deserialize(&frame)
+                            .map_err(|e| Failed(format!("bad answer from {addr}: {e}")))
+                    }
+                    Err(_) if self.reused => {
+                        self.conn = None;
+                        self.reused = false;
+                        // Not from the idle ones again: a fresh dial.
+                        let idle = self.idle.take();
+                        let dialed = self.dial().await.map(|_| ());
+                        self.idle = idle;
+                        dialed?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         })
         .await;
         let result = match result {
@@ -258,7 +339,27 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        match self.call(&Request::Append(rpc), option.hard_ttl()).await {
+        // Entries that do not fit in one frame go in several calls: this one
+        // sends those that fit and reports the rest unsent (openraft sends
+        // them next). One entry always fits (see MAX_MEMBER_DATA).
+        let mut partial = None;
+        let request = Request::Append(rpc);
+        let mut bytes = bincode::serialize(&request)
+            .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
+        let Request::Append(mut rpc) = request else {
+            unreachable!("made above")
+        };
+        if bytes.len() > MAX_FRAME && rpc.entries.len() > 1 {
+            let keep = entries_that_fit(&rpc.entries, MAX_FRAME - 64 * 1024);
+            rpc.entries.truncate(keep);
+            partial = rpc.entries.last().map(|e| e.log_id);
+            bytes = bincode::serialize(&Request::Append(rpc))
+                .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
+        }
+        match self.call_bytes(bytes.into(), option.hard_ttl()).await {
+            Ok(Response::Append(Ok(AppendEntriesResponse::Success))) if partial.is_some() => {
+                Ok(AppendEntriesResponse::PartialSuccess(partial))
+            }
             Ok(Response::Append(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
             Ok(_) => Err(RPCError::Network(NetworkError::new(&Failed(
                 "an answer of the wrong kind".into(),
@@ -311,6 +412,22 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// How many of `entries`, from the first, fit in `budget` bytes encoded
+/// (at least one).
+fn entries_that_fit(entries: &[crate::types::Entry], budget: usize) -> usize {
+    let mut used = 0usize;
+    let mut keep = 0;
+    for entry in entries {
+        let size = bincode::serialized_size(entry).map_or(usize::MAX, |n| n as usize);
+        if keep > 0 && used.saturating_add(size) > budget {
+            break;
+        }
+        used = used.saturating_add(size);
+        keep += 1;
+    }
+    keep
+}
+
 /// Asks the member at `addr` (a peer address) for its status.
 ///
 /// # Errors
@@ -321,6 +438,8 @@ pub async fn status_of(from: NodeId, addr: &str, limit: Duration) -> Result<Memb
         target: 0,
         addr: addr.to_owned(),
         conn: None,
+        reused: false,
+        idle: None,
         failures: None,
     };
     match peer.call(&Request::Status, limit).await {
@@ -346,6 +465,8 @@ pub async fn ask_change(
         target: 0,
         addr: addr.to_owned(),
         conn: None,
+        reused: false,
+        idle: None,
         failures: None,
     };
     match peer.call(&Request::Change(change), limit).await {
@@ -417,5 +538,108 @@ async fn answer(stream: TcpStream, peer: String, raft: Raft, mut stop: watch::Re
         if framed.send(bytes::Bytes::from(bytes)).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Change, Entry, LogId};
+    use baton_server::state::{Command, Proposal};
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(index: u64, data: usize) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Change(vec![Proposal {
+                now_ms: 1,
+                origin: None,
+                command: Command::SetData {
+                    path: "/a".into(),
+                    data: vec![7u8; data].into(),
+                    version: None,
+                    fence: None,
+                },
+            }])),
+        }
+    }
+
+    /// A stand-in member that answers every request with its status,
+    /// counting connections; with `close_after_answer` it hangs up after
+    /// each answer.
+    async fn fake_member(
+        close_after_answer: bool,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut framed = Framed::new(stream, codec());
+                    let _hello = framed.next().await;
+                    while let Some(Ok(_request)) = framed.next().await {
+                        let answer =
+                            bincode::serialize(&Response::Status(MemberStatus::default())).unwrap();
+                        if framed.send(bytes::Bytes::from(answer)).await.is_err()
+                            || close_after_answer
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn ask(network: &mut Network, addr: &str) -> Result<Response, Failed> {
+        let member = Member {
+            peer: addr.to_owned(),
+            client: String::new(),
+        };
+        let mut peer = network.new_client(2, &member).await;
+        peer.call(&Request::Status, Duration::from_secs(5)).await
+    }
+
+    #[tokio::test]
+    async fn short_lived_clients_share_one_connection() {
+        let (addr, accepted) = fake_member(false).await;
+        let mut network = Network::new(1, BTreeMap::new());
+        for _ in 0..20 {
+            assert!(matches!(
+                ask(&mut network, &addr).await,
+                Ok(Response::Status(_))
+            ));
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_other_side_closed_is_replaced() {
+        let (addr, accepted) = fake_member(true).await;
+        let mut network = Network::new(1, BTreeMap::new());
+        for _ in 0..5 {
+            assert!(matches!(
+                ask(&mut network, &addr).await,
+                Ok(Response::Status(_))
+            ));
+        }
+        // Each call after the first found its idle connection closed and
+        // dialed again.
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+    }
+
+    #[test]
+    fn entries_are_sent_as_many_as_fit_and_never_none() {
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1000)).collect();
+        let one = bincode::serialized_size(&entries[0]).unwrap() as usize;
+        assert_eq!(entries_that_fit(&entries, 10 * one), 10);
+        assert_eq!(entries_that_fit(&entries, 3 * one + one / 2), 3);
+        // One entry larger than the budget still goes, alone.
+        assert_eq!(entries_that_fit(&entries, one / 2), 1);
     }
 }
