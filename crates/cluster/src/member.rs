@@ -90,6 +90,8 @@ pub enum MemberError {
     Storage(String),
     #[error("the replicated log could not start: {0}")]
     Raft(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// A running member.
@@ -112,6 +114,13 @@ impl ClusterMember {
         clients: TcpListener,
         peers: TcpListener,
     ) -> Result<ClusterMember, MemberError> {
+        if config.server.max_data > MAX_MEMBER_DATA {
+            return Err(MemberError::Config(format!(
+                "a cluster member accepts node data of at most {} MiB (--max-data {}): each change travels between members in one frame",
+                MAX_MEMBER_DATA >> 20,
+                config.server.max_data
+            )));
+        }
         let data_dir =
             DataDir::open(&config.data_dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let raft_dir = config.data_dir.join("raft");
@@ -292,6 +301,28 @@ enum ToProposer {
 const ENTRIES_IN_FLIGHT: usize = 4;
 /// Proposals in one entry, at most.
 const ENTRY_PROPOSALS: usize = 1024;
+/// Bytes of proposals (about) past which no more join an entry; one
+/// proposal alone may be larger, up to [`MAX_MEMBER_DATA`] and its path.
+const ENTRY_BYTES: usize = 1 << 20;
+/// The largest node data a cluster member accepts (`--max-data`): every
+/// change travels between members in one frame (of at most 256 MiB, with
+/// the entries sent along with it).
+pub const MAX_MEMBER_DATA: usize = 64 << 20;
+
+/// About how many bytes a proposal takes in an entry.
+fn proposal_bytes(p: &Proposal) -> usize {
+    use baton_server::state::Command;
+    let carried = match &p.command {
+        Command::Create { path, data, .. }
+        | Command::SetData { path, data, .. }
+        | Command::Enqueue { path, data, .. } => path.len() + data.len(),
+        Command::Delete { path, .. } => path.len(),
+        Command::OpenSession { .. }
+        | Command::CloseSession { .. }
+        | Command::ExpireSession { .. } => 0,
+    };
+    carried + 64
+}
 
 /// Hands proposals to openraft in the order they were made, batched into
 /// entries. The answers come back through the state machine; openraft's
@@ -307,7 +338,14 @@ fn start_proposer(
         let mut pending: Vec<Proposal> = Vec::new();
         loop {
             if !pending.is_empty() && in_flight.len() < ENTRIES_IN_FLIGHT {
-                let take = pending.len().min(ENTRY_PROPOSALS);
+                let mut take = 0;
+                let mut bytes = 0;
+                while take < pending.len().min(ENTRY_PROPOSALS)
+                    && (take == 0 || bytes < ENTRY_BYTES)
+                {
+                    bytes += proposal_bytes(&pending[take]);
+                    take += 1;
+                }
                 let batch: Vec<Proposal> = pending.drain(..take).collect();
                 match raft.client_write_ff(Change(batch)).await {
                     Ok(answer) => in_flight.push(answer),
@@ -324,7 +362,16 @@ fn start_proposer(
                     loop {
                         match message {
                             Some(ToProposer::Propose(p)) => pending.push(p),
-                            Some(ToProposer::Drop) => pending.clear(),
+                            Some(ToProposer::Drop) => {
+                                // openraft answers an entry only once it is
+                                // applied or cut from the log, and an entry
+                                // of a deposed leader that a snapshot later
+                                // passes over is neither: the answers are of
+                                // no use, and waiting for them could hold up
+                                // the next term's proposals for good.
+                                pending.clear();
+                                in_flight = FuturesUnordered::new();
+                            }
                             None => return,
                         }
                         match rx.try_recv() {
@@ -413,6 +460,19 @@ impl Leadership {
         loop {
             let m = metrics.borrow_and_update().clone();
             if m.state == ServerState::Leader && m.current_leader == Some(id) {
+                if leading.is_some() && leading != Some(m.vote) {
+                    // Leading again in a later term, the steps between
+                    // unseen (metrics keep only their latest value): step
+                    // down first, as if they had been seen.
+                    info!(
+                        term = m.current_term,
+                        "leading in a new term: sending clients away until it is proven"
+                    );
+                    applier.follow(None);
+                    let _ = proposer.send(ToProposer::Drop);
+                    leading = None;
+                    following = Some(None);
+                }
                 if leading != Some(m.vote) {
                     // Prove leadership and catch up before serving anyone.
                     match raft.ensure_linearizable().await {
