@@ -601,7 +601,9 @@ impl SessionTask {
                     }
                     return Some(end);
                 }
-                self.liveness.answered(p.sent);
+                if shows_session_alive(&reply.result) {
+                    self.liveness.answered(p.sent);
+                }
                 let result = match reply.result {
                     Ok(r) => {
                         match p.watch {
@@ -692,5 +694,47 @@ fn answer_ended(cmd: Cmd, error: &Error) {
         Cmd::Close { done } => {
             let _ = done.send(());
         }
+    }
+}
+
+/// Whether an answer shows that the session was alive after its request
+/// was sent: a success, or a refusal that came from the state (a cluster
+/// member gives those only once it has proven that it leads). A request
+/// refused on its form (an invalid path, data too large, bad arguments) is
+/// answered at once, even by a leader cut off from the majority that does
+/// not know it is deposed, so it shows nothing.
+fn shows_session_alive(result: &Result<Reply, baton_proto::ErrorReply>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(e) => matches!(
+            e.code,
+            ErrorCode::NoNode
+                | ErrorCode::NodeExists
+                | ErrorCode::BadVersion
+                | ErrorCode::NotEmpty
+                | ErrorCode::NoChildrenForEphemerals
+                | ErrorCode::StaleFence
+                | ErrorCode::ResultLost
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_proto::ErrorReply;
+
+    #[test]
+    fn only_successes_and_refusals_from_the_state_show_a_session_alive() {
+        assert!(shows_session_alive(&Ok(Reply::Ping)));
+        let alive: Vec<u16> = (0..=30)
+            .filter(|code| {
+                let reply = ErrorReply::new(ErrorCode::from_u16(*code), String::new());
+                shows_session_alive(&Err(reply))
+            })
+            .collect();
+        // no node, node exists, bad version, not empty, no children for
+        // ephemerals, stale fence, result lost.
+        assert_eq!(alive, [1, 2, 3, 4, 5, 19, 21]);
     }
 }

@@ -137,10 +137,17 @@ impl Core {
         timeout_ms: u32,
         revision: u64,
     ) {
+        let now = Instant::now();
         let Some(Opening { outbox, done }) = self.opening.remove(&secret) else {
+            // Asked elsewhere, or here by a handshake that gave up before it
+            // was committed: the session lives with no connection, and the
+            // leader must still see it expire.
+            if self.role == Role::Leader && !self.live.contains_key(&id) {
+                self.live.insert(id, Live::new(None, now));
+                self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+            }
             return;
         };
-        let now = Instant::now();
         self.live.insert(id, Live::new(Some(outbox), now));
         self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
         let _ = done.send(Ok(Connected {
