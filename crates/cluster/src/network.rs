@@ -214,9 +214,12 @@ impl Drop for Peer {
 }
 
 impl Peer {
-    async fn dial(&mut self) -> Result<&mut Conn, Failed> {
+    /// The connection, dialed if there is none (or taken from the idle
+    /// ones, if `idle_ok`).
+    async fn dial(&mut self, idle_ok: bool) -> Result<&mut Conn, Failed> {
         if self.conn.is_none() {
-            if let Some(conn) = self.idle.as_ref().and_then(|idle| idle.take(&self.addr)) {
+            let idle = self.idle.as_ref().filter(|_| idle_ok);
+            if let Some(conn) = idle.and_then(|idle| idle.take(&self.addr)) {
                 self.conn = Some(conn);
                 self.reused = true;
                 return Ok(self.conn.as_mut().expect("taken above"));
@@ -265,7 +268,7 @@ impl Peer {
         let addr = self.addr.clone();
         let result = tokio::time::timeout(limit, async {
             loop {
-                let conn = self.dial().await?;
+                let conn = self.dial(true).await?;
                 let exchanged = async {
                     conn.send(bytes.clone())
                         .await
@@ -282,13 +285,9 @@ impl Peer {
                             .map_err(|e| Failed(format!("bad answer from {addr}: {e}")))
                     }
                     Err(_) if self.reused => {
-                        self.conn = None;
-                        self.reused = false;
                         // Not from the idle ones again: a fresh dial.
-                        let idle = self.idle.take();
-                        let dialed = self.dial().await.map(|_| ());
-                        self.idle = idle;
-                        dialed?;
+                        self.conn = None;
+                        self.dial(false).await?;
                     }
                     Err(e) => return Err(e),
                 }
