@@ -103,16 +103,13 @@ pub async fn run(args: DurabilityArgs) -> Result<(), CliError> {
     let result = measure(&args, &root).await;
     let _ = std::fs::remove_dir_all(&root);
     let report = result?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).expect("report serializes")
-        );
-    } else if args.markdown {
-        print_markdown(&report);
-    } else {
-        print_table(&report);
-    }
+    super::emit(
+        &report,
+        args.json,
+        args.markdown,
+        print_markdown,
+        print_table,
+    );
     Ok(())
 }
 

@@ -68,3 +68,24 @@ impl Summary {
 pub fn progress(msg: impl std::fmt::Display) {
     eprintln!("bench: {msg}");
 }
+
+/// Prints a benchmark's report: one JSON object with `json`, Markdown
+/// tables with `markdown`, else the plain table.
+pub fn emit<R: serde::Serialize>(
+    report: &R,
+    json: bool,
+    markdown: bool,
+    print_markdown: impl FnOnce(&R),
+    print_table: impl FnOnce(&R),
+) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(report).expect("report serializes")
+        );
+    } else if markdown {
+        print_markdown(report);
+    } else {
+        print_table(report);
+    }
+}

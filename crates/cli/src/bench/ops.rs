@@ -157,16 +157,13 @@ pub async fn run(target: Option<String>, args: OpsArgs) -> Result<(), CliError> 
         create_delete,
         memory,
     };
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).expect("report serializes")
-        );
-    } else if args.markdown {
-        print_markdown(&report);
-    } else {
-        print_table(&report);
-    }
+    super::emit(
+        &report,
+        args.json,
+        args.markdown,
+        print_markdown,
+        print_table,
+    );
     Ok(())
 }
 
