@@ -19,6 +19,7 @@ use baton_proto::{
     SessionId, PROTOCOL_VERSION,
 };
 use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::AsyncRead;
 use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
@@ -640,25 +641,37 @@ impl Conn {
 
     /// Reads what the socket has, up to [`READ_BUDGET`]. Returns 0 only at end
     /// of stream; a spurious wake-up returns 1 without reading.
+    ///
+    /// Reads go through tokio's `poll_read`, which takes a read shorter than
+    /// the buffer as the socket drained and clears its readiness then: the
+    /// connection waits for the next bytes without one more `recv` that would
+    /// only say "would block". The chunk is not zeroed first.
     fn read_some(&mut self) -> io::Result<usize> {
-        let mut chunk = [0u8; 16 * 1024];
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut total = 0;
         while total < READ_BUDGET {
-            match self.stream.try_read(&mut chunk) {
-                Ok(0) => return Ok(total),
-                Ok(n) => {
-                    self.rbuf.get().extend_from_slice(&chunk[..n]);
-                    if let Some(gate) = &mut self.gate {
-                        gate.received += n as u64;
+            let mut buf = tokio::io::ReadBuf::uninit(&mut chunk);
+            // A pending read leaves the no-op waker registered; the wait in
+            // `run` registers the task's own before it sleeps.
+            match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
+                Poll::Pending => break,
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Ready(Ok(())) => {
+                    let read = buf.filled();
+                    if read.is_empty() {
+                        return Ok(total);
                     }
-                    total += n;
-                    if n < chunk.len() {
+                    self.rbuf.get().extend_from_slice(read);
+                    if let Some(gate) = &mut self.gate {
+                        gate.received += read.len() as u64;
+                    }
+                    total += read.len();
+                    if read.len() < buf.capacity() {
                         break;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
             }
         }
         Ok(total.max(1))
