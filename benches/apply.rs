@@ -32,7 +32,7 @@ const IDENTITY: &[u8] = b"worker-7 pid 4242";
 /// The time proposals are stamped with.
 const NOW_MS: u64 = 1_767_225_600_000;
 /// Samples per benchmark.
-const SAMPLES: u32 = 500;
+const SAMPLES: u32 = 1_000;
 /// Iterations in one sample: at most the number of waiters, so that one
 /// sample never deletes a node joined in the same sample (see `delete`).
 const SAMPLE_SIZE: u32 = 100;

@@ -31,7 +31,7 @@ const LOCK: &str = "/locks/orders";
 const STEP_LIMIT: Duration = Duration::from_secs(10);
 
 /// Time per handover, with `contenders` sessions queued on one lock.
-#[divan::bench(args = [10, 100], sample_count = 200, sample_size = 10, max_time = 10)]
+#[divan::bench(args = [10, 100], sample_count = 500, sample_size = 10, max_time = 10)]
 fn contenders(bencher: Bencher, contenders: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
