@@ -434,8 +434,15 @@ impl SessionTask {
         let silence_limit = self.timeout * 2 / 3;
         let mut last_sent = Instant::now();
         let mut last_heard = Instant::now();
+        // One timer for the connection, re-armed only when it fires: sends
+        // and answers move `last_sent` and `last_heard` forward, so the
+        // armed time is never later than the time due. (A timer made anew
+        // for every frame costs a timer-wheel insertion and removal per
+        // frame, on a wheel that every session of the runtime shares.)
+        let tick =
+            tokio::time::sleep_until((last_sent + ping_every).min(last_heard + silence_limit));
+        tokio::pin!(tick);
         let end = loop {
-            let tick = (last_sent + ping_every).min(last_heard + silence_limit);
             tokio::select! {
                 biased;
                 r = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match r {
@@ -473,7 +480,7 @@ impl SessionTask {
                     }
                 }
                 Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
-                _ = sleep_until(tick) => {
+                _ = &mut tick => {
                     let now = Instant::now();
                     if now >= last_heard + silence_limit {
                         break End::Lost(format!(
@@ -484,6 +491,10 @@ impl SessionTask {
                     if now >= last_sent + ping_every && wbuf.is_empty() {
                         self.enqueue(Request::Ping, None, None, &mut wbuf, &mut pending);
                     }
+                    // Not before 10 ms from now: a ping that waits for the
+                    // socket leaves `last_sent` behind meanwhile.
+                    let due = (last_sent + ping_every).min(last_heard + silence_limit);
+                    tick.as_mut().reset(due.max(now + Duration::from_millis(10)));
                 }
             }
         };
