@@ -106,6 +106,11 @@ pub struct Run {
     pub notifications_per_handover: f64,
     pub server_bytes_per_handover: f64,
     pub server_cpu_us_per_handover: f64,
+    /// Server CPU time while the queue formed (every waiter joining, and
+    /// the grants made meanwhile), per waiter. A run that counts the
+    /// joining in its handovers pays about this times waiters / handovers
+    /// more per handover.
+    pub server_cpu_us_per_join: f64,
     pub fifo_fraction: f64,
     pub violations: u64,
     /// The run ended at --max-seconds before reaching --handovers.
@@ -209,6 +214,7 @@ impl Run {
             notifications_per_handover: 0.0,
             server_bytes_per_handover: 0.0,
             server_cpu_us_per_handover: 0.0,
+            server_cpu_us_per_join: 0.0,
             fifo_fraction: 0.0,
             violations: 0,
             timed_out: true,
@@ -293,6 +299,7 @@ async fn one_run(
         stopping: AtomicBool::new(false),
         started: Instant::now(),
     });
+    let joining = counters(&control).await?;
     let tasks: Vec<_> = clients
         .iter()
         .enumerate()
@@ -325,6 +332,10 @@ async fn one_run(
             .saturating_sub(before.get(name).copied().unwrap_or(0)) as f64
     };
     let cpu = delta("cpu_user_us") + delta("cpu_system_us");
+    let cpu_of = |m: &std::collections::BTreeMap<String, u64>| {
+        m.get("cpu_user_us").copied().unwrap_or(0) + m.get("cpu_system_us").copied().unwrap_or(0)
+    };
+    let join_cpu = cpu_of(&before).saturating_sub(cpu_of(&joining)) as f64;
     let mut waits = std::mem::take(&mut *shared.waits.lock().unwrap_or_else(|e| e.into_inner()));
     let wait = Summary::of(&mut waits);
     let run = Run {
@@ -339,6 +350,7 @@ async fn one_run(
         notifications_per_handover: delta("watch_events") / handovers as f64,
         server_bytes_per_handover: delta("bytes_out") / handovers as f64,
         server_cpu_us_per_handover: cpu / handovers as f64,
+        server_cpu_us_per_join: join_cpu / waiters.max(1) as f64,
         // Over every grant of the run, the warm-up's included.
         fifo_fraction: shared.fifo.load(Ordering::Relaxed) as f64
             / shared.grants.load(Ordering::Relaxed).max(1) as f64,
@@ -626,7 +638,7 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
         rtt.p50_us, fdatasync.p50_us
     );
     println!(
-        "{:>8} {:<12} {:>10} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>6} {:>5}",
+        "{:>8} {:<12} {:>10} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>6} {:>5}",
         "waiters",
         "recipe",
         "handovers",
@@ -636,12 +648,13 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
         "notif/h",
         "bytes/h",
         "cpu us/h",
+        "cpu us/join",
         "fifo",
         "viol"
     );
     for r in runs {
         println!(
-            "{:>8} {:<12} {:>10} {:>12.0} {:>12.0} {:>12.0} {:>10.2} {:>12.0} {:>12.1} {:>5.0}% {:>5}{}",
+            "{:>8} {:<12} {:>10} {:>12.0} {:>12.0} {:>12.0} {:>10.2} {:>12.0} {:>12.1} {:>12.1} {:>5.0}% {:>5}{}",
             r.waiters,
             r.recipe.name(),
             r.handovers,
@@ -651,6 +664,7 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
             r.notifications_per_handover,
             r.server_bytes_per_handover,
             r.server_cpu_us_per_handover,
+            r.server_cpu_us_per_join,
             r.fifo_fraction * 100.0,
             r.violations,
             match (&r.failed, r.timed_out) {
