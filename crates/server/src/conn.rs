@@ -348,6 +348,8 @@ impl Conn {
         let mut stopping = false; // no more requests will be read
                                   // Armed while output waits on a socket that takes nothing.
         let mut stall: Option<Pin<Box<Sleep>>> = None;
+        // Frames are held until the durable mark passes them (for the stats).
+        let mut held = false;
         loop {
             if !stopping {
                 stopping = self.handle_buffered(session, outbox);
@@ -367,12 +369,19 @@ impl Conn {
             loop {
                 if self.wbuf.len() < WRITE_BUDGET && outbox.has_queued() {
                     let mark = &self.shared.mark;
-                    if let Drained::Waiting(revision) =
-                        outbox.drain_into(self.wbuf.get(), WRITE_BUDGET, mark.get())
-                    {
-                        if !mark.wake_at(revision, outbox) {
-                            continue; // durable meanwhile
+                    match outbox.drain_into(self.wbuf.get(), WRITE_BUDGET, mark.get()) {
+                        Drained::Waiting(revision) => {
+                            if !mark.wake_at(revision, outbox) {
+                                continue; // durable meanwhile
+                            }
+                            held = true;
                         }
+                        _ if std::mem::take(&mut held) => {
+                            let stats = &self.shared.stats;
+                            Stats::add(&stats.durable_sends, 1);
+                            Stats::add(&stats.durable_send_ns, mark.since_moved_ns());
+                        }
+                        _ => {}
                     }
                 }
                 if self.wbuf.is_empty() {
@@ -528,11 +537,16 @@ impl Conn {
             if let Some(gate) = &mut self.gate {
                 gate.consumed += frame.len() as u64 + 4;
             }
+            let started = std::time::Instant::now();
             let flow = match RequestFrame::decode(frame) {
-                Ok(request) => self
-                    .shared
-                    .core()
-                    .handle(session, request, outbox, Instant::now()),
+                Ok(request) => {
+                    let flow = self
+                        .shared
+                        .core()
+                        .handle(session, request, outbox, Instant::now());
+                    Stats::add_since(&self.shared.stats.handle_ns, started);
+                    flow
+                }
                 Err(RequestDecodeError::NoHeader) => {
                     let message = "request frame shorter than its 5-byte header".to_string();
                     warn!(peer = %self.peer(), %session, "closing: {message}");

@@ -23,6 +23,19 @@ pub struct Stats {
     pub(crate) snapshots: AtomicU64,
     /// The longest the core lock was held to start a snapshot, in µs.
     pub(crate) snapshot_pause_max_us: AtomicU64,
+    /// Time spent handling requests (decoded to answered or proposed,
+    /// the core lock's wait included), in ns.
+    pub(crate) handle_ns: AtomicU64,
+    /// Batches the log writer wrote (`--fsync always`), and in ns: how long
+    /// each batch's first record waited for the writer, the writes, the syncs.
+    pub(crate) log_batches: AtomicU64,
+    pub(crate) log_wait_ns: AtomicU64,
+    pub(crate) log_write_ns: AtomicU64,
+    pub(crate) log_sync_ns: AtomicU64,
+    /// Connections that sent frames held for durability, and the time from
+    /// the durable mark's move to their write, in ns.
+    pub(crate) durable_sends: AtomicU64,
+    pub(crate) durable_send_ns: AtomicU64,
 }
 
 /// A copy of the counters plus sizes read from the state.
@@ -42,6 +55,14 @@ pub struct StatsSnapshot {
     pub snapshots: u64,
     /// The longest the core lock was held to start a snapshot, in µs.
     pub snapshot_pause_max_us: u64,
+    /// Time spent handling requests, in ns (see the server's `Stats`).
+    pub handle_ns: u64,
+    pub log_batches: u64,
+    pub log_wait_ns: u64,
+    pub log_write_ns: u64,
+    pub log_sync_ns: u64,
+    pub durable_sends: u64,
+    pub durable_send_ns: u64,
     pub sessions: u64,
     pub nodes: u64,
     pub watches: u64,
@@ -69,6 +90,13 @@ impl StatsSnapshot {
             ("syncs", self.syncs),
             ("snapshots", self.snapshots),
             ("snapshot_pause_max_us", self.snapshot_pause_max_us),
+            ("handle_ns", self.handle_ns),
+            ("log_batches", self.log_batches),
+            ("log_wait_ns", self.log_wait_ns),
+            ("log_write_ns", self.log_write_ns),
+            ("log_sync_ns", self.log_sync_ns),
+            ("durable_sends", self.durable_sends),
+            ("durable_send_ns", self.durable_send_ns),
             ("sessions", self.sessions),
             ("nodes", self.nodes),
             ("watches", self.watches),
@@ -95,6 +123,11 @@ impl Stats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds the time since `since`, in ns.
+    pub(crate) fn add_since(counter: &AtomicU64, since: std::time::Instant) {
+        Stats::add(counter, since.elapsed().as_nanos() as u64);
+    }
+
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         StatsSnapshot {
@@ -111,6 +144,13 @@ impl Stats {
             syncs: get(&self.syncs),
             snapshots: get(&self.snapshots),
             snapshot_pause_max_us: get(&self.snapshot_pause_max_us),
+            handle_ns: get(&self.handle_ns),
+            log_batches: get(&self.log_batches),
+            log_wait_ns: get(&self.log_wait_ns),
+            log_write_ns: get(&self.log_write_ns),
+            log_sync_ns: get(&self.log_sync_ns),
+            durable_sends: get(&self.durable_sends),
+            durable_send_ns: get(&self.durable_send_ns),
             cpu_user_us: process_cpu_us().0,
             cpu_system_us: process_cpu_us().1,
             ..StatsSnapshot::default()

@@ -92,6 +92,20 @@ pub struct HerdArgs {
     out: Option<PathBuf>,
 }
 
+/// The path of a change through the server, from the server's counters:
+/// handling (decode, apply, queue the answers), the log writer (waiting for
+/// it, writing, syncing; `--fsync always` only), and the time from the
+/// durable mark's move to the held frames' write.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Split {
+    pub handle_us_per_handover: f64,
+    pub log_batches_per_handover: f64,
+    pub log_wait_us_per_batch: f64,
+    pub log_write_us_per_batch: f64,
+    pub log_sync_us_per_batch: f64,
+    pub durable_send_us: f64,
+}
+
 /// One run's results.
 #[derive(Clone, Debug, Serialize)]
 pub struct Run {
@@ -111,6 +125,8 @@ pub struct Run {
     /// joining in its handovers pays about this times waiters / handovers
     /// more per handover.
     pub server_cpu_us_per_join: f64,
+    /// Where a handover's time goes on the server (see [`Split`]).
+    pub split: Split,
     pub fifo_fraction: f64,
     pub violations: u64,
     /// The run ended at --max-seconds before reaching --handovers.
@@ -215,6 +231,7 @@ impl Run {
             server_bytes_per_handover: 0.0,
             server_cpu_us_per_handover: 0.0,
             server_cpu_us_per_join: 0.0,
+            split: Split::default(),
             fifo_fraction: 0.0,
             violations: 0,
             timed_out: true,
@@ -351,6 +368,17 @@ async fn one_run(
         server_bytes_per_handover: delta("bytes_out") / handovers as f64,
         server_cpu_us_per_handover: cpu / handovers as f64,
         server_cpu_us_per_join: join_cpu / waiters.max(1) as f64,
+        split: {
+            let batches = delta("log_batches").max(1.0);
+            Split {
+                handle_us_per_handover: delta("handle_ns") / 1e3 / handovers as f64,
+                log_batches_per_handover: delta("log_batches") / handovers as f64,
+                log_wait_us_per_batch: delta("log_wait_ns") / 1e3 / batches,
+                log_write_us_per_batch: delta("log_write_ns") / 1e3 / batches,
+                log_sync_us_per_batch: delta("log_sync_ns") / 1e3 / batches,
+                durable_send_us: delta("durable_send_ns") / 1e3 / delta("durable_sends").max(1.0),
+            }
+        },
         // Over every grant of the run, the warm-up's included.
         fifo_fraction: shared.fifo.load(Ordering::Relaxed) as f64
             / shared.grants.load(Ordering::Relaxed).max(1) as f64,
@@ -673,5 +701,33 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
                 (None, false) => "",
             }
         );
+    }
+    if runs.iter().any(|r| r.split.log_batches_per_handover > 0.0) {
+        println!("on the server, per handover: handling; per log batch: waiting for the log writer, write, sync; then durable to sent");
+        println!(
+            "{:>8} {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
+            "waiters",
+            "recipe",
+            "handle us",
+            "batches",
+            "wait us",
+            "write us",
+            "sync us",
+            "to send us"
+        );
+        for r in runs.iter().filter(|r| r.failed.is_none()) {
+            let s = &r.split;
+            println!(
+                "{:>8} {:<12} {:>10.1} {:>10.2} {:>10.1} {:>10.1} {:>10.1} {:>12.1}",
+                r.waiters,
+                r.recipe.name(),
+                s.handle_us_per_handover,
+                s.log_batches_per_handover,
+                s.log_wait_us_per_batch,
+                s.log_write_us_per_batch,
+                s.log_sync_us_per_batch,
+                s.durable_send_us
+            );
+        }
     }
 }

@@ -325,6 +325,8 @@ struct Queue {
     /// A snapshot at this revision is durable: older files can go.
     cleanup: Option<u64>,
     stop: bool,
+    /// When the first of the queued records was queued (for the stats).
+    first_at: Option<std::time::Instant>,
 }
 
 impl Wal {
@@ -417,6 +419,7 @@ impl Wal {
             segment::begin_batch(&mut q.bytes);
         }
         record::encode(&mut q.bytes, revision, proposal);
+        q.first_at.get_or_insert_with(std::time::Instant::now);
         self.shared
             .since_snapshot
             .fetch_add((q.bytes.len() - before) as u64, Ordering::Relaxed);
@@ -600,7 +603,7 @@ fn commit_loop(shared: &WalShared) {
     let always = shared.fsync == FsyncPolicy::Always;
     let mut spare = Vec::new();
     loop {
-        let (mut bytes, last_revision, rotate, cleanup, stop) = {
+        let (mut bytes, last_revision, rotate, cleanup, stop, first_at) = {
             let mut q = lock(&shared.queue);
             while q.bytes.is_empty() && q.rotate.is_none() && q.cleanup.is_none() && !q.stop {
                 q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -612,8 +615,13 @@ fn commit_loop(shared: &WalShared) {
                 q.rotate.take(),
                 q.cleanup.take(),
                 q.stop,
+                q.first_at.take(),
             )
         };
+        if let Some(at) = first_at {
+            Stats::add(&shared.stats.log_batches, 1);
+            Stats::add_since(&shared.stats.log_wait_ns, at);
+        }
         if shared.broken.load(Ordering::Acquire) {
             return;
         }
@@ -632,9 +640,13 @@ fn commit_loop(shared: &WalShared) {
                     *segment = Segment::create(&shared.dir, first, shared.fsync, &shared.stats)?;
                 }
                 if !part.is_empty() {
+                    let started = std::time::Instant::now();
                     segment.write(part)?;
+                    Stats::add_since(&shared.stats.log_write_ns, started);
                     if always {
+                        let started = std::time::Instant::now();
                         segment.sync(&shared.stats)?;
+                        Stats::add_since(&shared.stats.log_sync_ns, started);
                     }
                 }
             }

@@ -108,6 +108,9 @@ pub(crate) fn sync_dir(dir: &Path, stats: &Stats) -> Result<(), PersistError> {
 pub(crate) struct DurableMark {
     revision: AtomicU64,
     waiters: Mutex<Vec<Arc<Outbox>>>,
+    /// When the mark last moved, in ns since `born` (for the stats).
+    moved_ns: AtomicU64,
+    born: std::time::Instant,
 }
 
 impl DurableMark {
@@ -117,7 +120,15 @@ impl DurableMark {
         DurableMark {
             revision: AtomicU64::new(revision),
             waiters: Mutex::new(Vec::new()),
+            moved_ns: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         }
+    }
+
+    /// How long ago the mark last moved, in ns.
+    pub(crate) fn since_moved_ns(&self) -> u64 {
+        (self.born.elapsed().as_nanos() as u64)
+            .saturating_sub(self.moved_ns.load(Ordering::Relaxed))
     }
 
     pub(crate) fn get(&self) -> u64 {
@@ -145,6 +156,8 @@ impl DurableMark {
 
     /// Moves the mark to `revision` and wakes every waiting connection.
     pub(crate) fn advance(&self, revision: u64) {
+        self.moved_ns
+            .store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.revision.fetch_max(revision, Ordering::AcqRel);
         let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for outbox in waiters {
