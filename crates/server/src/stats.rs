@@ -32,6 +32,10 @@ pub struct Stats {
     pub(crate) log_wait_ns: AtomicU64,
     pub(crate) log_write_ns: AtomicU64,
     pub(crate) log_sync_ns: AtomicU64,
+    /// Of those batches, the ones that found the writer idle, and their
+    /// wait (the writer's wake-up), in ns.
+    pub(crate) log_batches_woken: AtomicU64,
+    pub(crate) log_wake_ns: AtomicU64,
     /// Connections that sent frames held for durability, and the time from
     /// the durable mark's move to their write, in ns.
     pub(crate) durable_sends: AtomicU64,
@@ -61,6 +65,8 @@ pub struct StatsSnapshot {
     pub log_wait_ns: u64,
     pub log_write_ns: u64,
     pub log_sync_ns: u64,
+    pub log_batches_woken: u64,
+    pub log_wake_ns: u64,
     pub durable_sends: u64,
     pub durable_send_ns: u64,
     pub sessions: u64,
@@ -95,6 +101,8 @@ impl StatsSnapshot {
             ("log_wait_ns", self.log_wait_ns),
             ("log_write_ns", self.log_write_ns),
             ("log_sync_ns", self.log_sync_ns),
+            ("log_batches_woken", self.log_batches_woken),
+            ("log_wake_ns", self.log_wake_ns),
             ("durable_sends", self.durable_sends),
             ("durable_send_ns", self.durable_send_ns),
             ("sessions", self.sessions),
@@ -149,6 +157,8 @@ impl Stats {
             log_wait_ns: get(&self.log_wait_ns),
             log_write_ns: get(&self.log_write_ns),
             log_sync_ns: get(&self.log_sync_ns),
+            log_batches_woken: get(&self.log_batches_woken),
+            log_wake_ns: get(&self.log_wake_ns),
             durable_sends: get(&self.durable_sends),
             durable_send_ns: get(&self.durable_send_ns),
             cpu_user_us: process_cpu_us().0,

@@ -101,6 +101,10 @@ pub struct Split {
     pub handle_us_per_handover: f64,
     pub log_batches_per_handover: f64,
     pub log_wait_us_per_batch: f64,
+    /// Share of the batches that found the log writer idle, and its
+    /// wake-up for those.
+    pub log_woken_fraction: f64,
+    pub log_wake_us: f64,
     pub log_write_us_per_batch: f64,
     pub log_sync_us_per_batch: f64,
     pub durable_send_us: f64,
@@ -374,6 +378,8 @@ async fn one_run(
                 handle_us_per_handover: delta("handle_ns") / 1e3 / handovers as f64,
                 log_batches_per_handover: delta("log_batches") / handovers as f64,
                 log_wait_us_per_batch: delta("log_wait_ns") / 1e3 / batches,
+                log_woken_fraction: delta("log_batches_woken") / batches,
+                log_wake_us: delta("log_wake_ns") / 1e3 / delta("log_batches_woken").max(1.0),
                 log_write_us_per_batch: delta("log_write_ns") / 1e3 / batches,
                 log_sync_us_per_batch: delta("log_sync_ns") / 1e3 / batches,
                 durable_send_us: delta("durable_send_ns") / 1e3 / delta("durable_sends").max(1.0),
@@ -703,14 +709,16 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
         );
     }
     if runs.iter().any(|r| r.split.log_batches_per_handover > 0.0) {
-        println!("on the server, per handover: handling; per log batch: waiting for the log writer, write, sync; then durable to sent");
+        println!("on the server, per handover: handling, log batches; per batch: waiting for the log writer (share that found it idle, its wake-up), write, sync; then durable to sent");
         println!(
-            "{:>8} {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
+            "{:>8} {:<12} {:>10} {:>8} {:>8} {:>7} {:>8} {:>9} {:>8} {:>11}",
             "waiters",
             "recipe",
             "handle us",
             "batches",
             "wait us",
+            "idle",
+            "wake us",
             "write us",
             "sync us",
             "to send us"
@@ -718,12 +726,14 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
         for r in runs.iter().filter(|r| r.failed.is_none()) {
             let s = &r.split;
             println!(
-                "{:>8} {:<12} {:>10.1} {:>10.2} {:>10.1} {:>10.1} {:>10.1} {:>12.1}",
+                "{:>8} {:<12} {:>10.1} {:>8.2} {:>8.1} {:>6.0}% {:>8.1} {:>9.1} {:>8.1} {:>11.1}",
                 r.waiters,
                 r.recipe.name(),
                 s.handle_us_per_handover,
                 s.log_batches_per_handover,
                 s.log_wait_us_per_batch,
+                s.log_woken_fraction * 100.0,
+                s.log_wake_us,
                 s.log_write_us_per_batch,
                 s.log_sync_us_per_batch,
                 s.durable_send_us

@@ -603,9 +603,11 @@ fn commit_loop(shared: &WalShared) {
     let always = shared.fsync == FsyncPolicy::Always;
     let mut spare = Vec::new();
     loop {
+        let mut slept = false;
         let (mut bytes, last_revision, rotate, cleanup, stop, first_at) = {
             let mut q = lock(&shared.queue);
             while q.bytes.is_empty() && q.rotate.is_none() && q.cleanup.is_none() && !q.stop {
+                slept = true;
                 q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
             }
             let bytes = std::mem::replace(&mut q.bytes, std::mem::take(&mut spare));
@@ -621,6 +623,11 @@ fn commit_loop(shared: &WalShared) {
         if let Some(at) = first_at {
             Stats::add(&shared.stats.log_batches, 1);
             Stats::add_since(&shared.stats.log_wait_ns, at);
+            if slept {
+                // The writer was idle: the wait was its wake-up alone.
+                Stats::add(&shared.stats.log_batches_woken, 1);
+                Stats::add_since(&shared.stats.log_wake_ns, at);
+            }
         }
         if shared.broken.load(Ordering::Acquire) {
             return;
