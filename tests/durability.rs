@@ -483,3 +483,40 @@ async fn a_change_sent_again_after_a_restart_is_applied_once() {
         server.stop().await;
     }
 }
+
+/// The counters that split a durable change's path (docs/protocol.md 5.12)
+/// account for what happened: every acknowledged change went through a
+/// synced log batch, and the replies that waited for durability were sent.
+#[tokio::test]
+async fn the_durable_path_counters_account_for_each_write() {
+    let dir = TempDir::new("split");
+    let server = TestServer::with_config(durable_config(dir.path())).await;
+    let c = server.client().await;
+    let before = server.stats();
+    for i in 0..20 {
+        c.create(&format!("/s{i}"), "v", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    let after = server.stats();
+    let batches = after.log_batches - before.log_batches;
+    // One writer waiting for each reply: at most one batch per change (the
+    // writer may also have synced the session's opening on its own).
+    assert!((1..=21).contains(&batches), "{batches} batches");
+    assert!(after.log_batches_woken - before.log_batches_woken <= batches);
+    assert!(after.log_sync_ns > before.log_sync_ns, "{after:?}");
+    assert!(after.log_write_ns > before.log_write_ns, "{after:?}");
+    assert!(after.log_wait_ns >= after.log_wake_ns, "{after:?}");
+    assert!(
+        after.syncs - before.syncs >= batches,
+        "each batch is synced"
+    );
+    // Replies wait for their change to be durable (unless the log was
+    // faster than the connection's next look), then go out.
+    let held = after.durable_sends - before.durable_sends;
+    assert!((1..=20).contains(&held), "{held} sends held for durability");
+    assert!(after.durable_send_ns > before.durable_send_ns);
+    assert!(after.handle_ns > before.handle_ns);
+    c.close().await;
+    server.stop().await;
+}

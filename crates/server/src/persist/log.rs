@@ -621,12 +621,13 @@ fn commit_loop(shared: &WalShared) {
             )
         };
         if let Some(at) = first_at {
+            let waited = at.elapsed().as_nanos() as u64;
             Stats::add(&shared.stats.log_batches, 1);
-            Stats::add_since(&shared.stats.log_wait_ns, at);
+            Stats::add(&shared.stats.log_wait_ns, waited);
             if slept {
                 // The writer was idle: the wait was its wake-up alone.
                 Stats::add(&shared.stats.log_batches_woken, 1);
-                Stats::add_since(&shared.stats.log_wake_ns, at);
+                Stats::add(&shared.stats.log_wake_ns, waited);
             }
         }
         if shared.broken.load(Ordering::Acquire) {
