@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_client::{Client, CreateMode};
-use baton_proto::{ConnectRequest, ConnectResponse, Request, RequestFrame};
+use baton_proto::{
+    ConnectRequest, ConnectResponse, Reply, ReplyFrame, Request, RequestFrame, ServerMessage,
+};
 use bytes::BytesMut;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,8 +40,15 @@ pub struct OpsArgs {
     #[arg(long, value_name = "MS", default_value_t = 5_000)]
     duration_ms: u64,
     /// Idle sessions to open for the memory measurement (0 skips it).
+    /// Past the open-file limit, the others create their node and leave
+    /// their connection.
     #[arg(long, default_value_t = 100_000)]
     sessions: usize,
+    /// Session timeout the memory measurement's sessions ask for (its own
+    /// server allows it). Every session must outlive the whole run; by
+    /// default 120 s plus 2 ms per session past the first 100,000.
+    #[arg(long, value_name = "MS")]
+    session_timeout_ms: Option<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long, conflicts_with = "markdown")]
     json: bool,
@@ -87,14 +96,40 @@ struct Memory {
     bytes_per_session_with_node: f64,
     /// Per session (with its node) whose connection has gone.
     bytes_per_disconnected_session_with_node: Option<f64>,
+    /// Per session with its node, over all sessions held: (total - base) /
+    /// sessions.
+    bytes_per_session_held: f64,
+    /// The session timeout the sessions were granted, in milliseconds.
+    session_timeout_ms: u32,
+    /// Seconds taken to open every session and create its node.
+    open_seconds: f64,
+    /// What the server's own counters said once every session was held:
+    /// sessions, nodes and open connections (the counting client's included),
+    /// and sessions expired during the measurement (none, or the count is
+    /// not of live sessions).
+    server_sessions: u64,
+    server_nodes: u64,
+    server_connections_open: u64,
+    server_sessions_expired: u64,
+}
+
+/// The session timeout the memory measurement asks for by default: long
+/// enough for the first session to outlive the opening of the last.
+fn default_session_timeout_ms(sessions: usize) -> u32 {
+    let extra = sessions.saturating_sub(100_000).saturating_mul(2);
+    120_000u32.saturating_add(u32::try_from(extra).unwrap_or(u32::MAX))
 }
 
 pub async fn run(target: Option<String>, args: OpsArgs) -> Result<(), CliError> {
+    let session_timeout_ms = args
+        .session_timeout_ms
+        .unwrap_or_else(|| default_session_timeout_ms(args.sessions));
     let child = match &target {
         Some(_) => None,
         None => {
             progress("starting a server (baton serve) on a free loopback port");
-            Some(ChildServer::start(&["--max-session-timeout", "120000"]).await?)
+            let max = session_timeout_ms.max(120_000).to_string();
+            Some(ChildServer::start(&["--max-session-timeout", &max]).await?)
         }
     };
     let addr = match (&target, &child) {
@@ -145,7 +180,7 @@ pub async fn run(target: Option<String>, args: OpsArgs) -> Result<(), CliError> 
     }
 
     let memory = match (&child, args.sessions) {
-        (Some(c), n) if n > 0 => Some(memory_run(&c.addr, c.pid(), n).await?),
+        (Some(c), n) if n > 0 => Some(memory_run(&c.addr, c.pid(), n, session_timeout_ms).await?),
         _ => None,
     };
 
@@ -230,7 +265,19 @@ fn print_table(r: &Report) {
                 mib(m.rss_all_sessions_bytes)
             );
             println!("  per session without its connection, with a node {d:>6.0} bytes");
+            println!(
+                "  per session with a node, over all held   {:>8.0} bytes",
+                m.bytes_per_session_held
+            );
         }
+        println!(
+            "  the server's counters: {} sessions, {} nodes, {} connections open, {} sessions expired",
+            m.server_sessions, m.server_nodes, m.server_connections_open, m.server_sessions_expired
+        );
+        println!(
+            "  {} sessions opened in {:.0} s, session timeout {} ms",
+            m.sessions, m.open_seconds, m.session_timeout_ms
+        );
     }
 }
 
@@ -280,6 +327,10 @@ fn print_markdown(r: &Report) {
         );
         if let Some(d) = m.bytes_per_disconnected_session_with_node {
             println!("| per session with its node, after its connection left | {d:.0} |");
+            println!(
+                "| per session holding one ephemeral node, over all {} held | {:.0} |",
+                m.sessions, m.bytes_per_session_held
+            );
             println!(
                 "| total with {} sessions held | {:.1} MiB |",
                 m.sessions,
@@ -365,6 +416,15 @@ fn raw_pings(addr: &str, n: usize) -> Result<Summary, CliError> {
             samples.push(t.elapsed());
         }
     }
+    // Closed, so that it does not expire during a later measurement.
+    buf.clear();
+    RequestFrame {
+        xid: (n + 100) as u32,
+        request: Request::CloseSession,
+    }
+    .encode(&mut buf);
+    s.write_all(&buf).map_err(io)?;
+    read_frame_blocking(&mut s).map_err(io)?;
     Ok(Summary::of(&mut samples))
 }
 
@@ -431,8 +491,15 @@ async fn create_delete_run(
 /// its own connection, before and after each gets one ephemeral node; then
 /// more sessions up to `total`, each creating its node and leaving its
 /// connection (the server keeps the session until its timeout), to show the
-/// state of `total` sessions held by one server.
-async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory, CliError> {
+/// state of `total` sessions held by one server. The server's own counters
+/// then confirm that it holds every session and node, with only the
+/// connected sessions' connections open.
+async fn memory_run(
+    addr: &str,
+    pid: Option<u32>,
+    total: usize,
+    timeout_ms: u32,
+) -> Result<Memory, CliError> {
     let pid = pid.ok_or_else(|| CliError::msg("the benchmark server has no pid"))?;
     let setup = Client::connect(addr).await?;
     for p in ["/bench", "/bench/mem"] {
@@ -441,7 +508,11 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
             Err(e) => return Err(e.into()),
         }
     }
+    let before = setup.server_stats().await?;
     setup.close().await;
+    let counter = |stats: &std::collections::BTreeMap<String, u64>, name: &str| {
+        stats.get(name).copied().unwrap_or(0)
+    };
     let server: SocketAddr = addr
         .parse()
         .map_err(|e| CliError::msg(format!("memory run needs an IP:port address: {e}")))?;
@@ -459,34 +530,43 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
     let (phase_tx, phase_rx) = watch::channel(Phase::Open);
     let counters = Arc::new(Counters::default());
     let connecting = Arc::new(Semaphore::new(256));
-    let spawn_sessions = |range: std::ops::Range<usize>, keep: bool| {
-        range
-            .map(|i| {
-                let (phase_rx, counters, connecting) =
-                    (phase_rx.clone(), counters.clone(), connecting.clone());
-                tokio::spawn(async move {
-                    if idle_session(server, i, keep, phase_rx, &counters, &connecting)
-                        .await
-                        .is_err()
-                    {
-                        counters.failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect::<Vec<_>>()
-    };
+    let session = SessionSpec { server, timeout_ms };
 
     progress(format!(
-        "opening {connected} idle sessions, each on its own connection"
+        "opening {connected} idle sessions, each on its own connection (timeout {timeout_ms} ms)"
     ));
-    let mut tasks = spawn_sessions(0..connected, true);
-    wait_for(&counters, |c| &c.opened, connected, "opened").await?;
+    let started = Instant::now();
+    let mut tasks = (0..connected)
+        .map(|i| {
+            let (phase_rx, counters, connecting) =
+                (phase_rx.clone(), counters.clone(), connecting.clone());
+            tokio::spawn(async move {
+                if idle_session(session, i, true, phase_rx, &counters, &connecting)
+                    .await
+                    .is_err()
+                {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect::<Vec<_>>();
+    let give_up = Instant::now() + Duration::from_secs(300);
+    wait_for(&counters, |c| &c.opened, connected, "opened", pid, give_up).await?;
     let rss_sessions = settled_rss(pid).await?;
     progress(format!(
         "creating one ephemeral node per session ({connected})"
     ));
     let _ = phase_tx.send(Phase::Create);
-    wait_for(&counters, |c| &c.created, connected, "created their node").await?;
+    let give_up = Instant::now() + Duration::from_secs(300);
+    wait_for(
+        &counters,
+        |c| &c.created,
+        connected,
+        "created their node",
+        pid,
+        give_up,
+    )
+    .await?;
     let rss_nodes = settled_rss(pid).await?;
 
     let held = total - connected;
@@ -495,10 +575,76 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
         progress(format!(
             "opening {held} more sessions that create a node and leave"
         ));
-        tasks.extend(spawn_sessions(connected..total, false));
-        wait_for(&counters, |c| &c.created, total, "created their node").await?;
+        // A bounded number of workers, each opening one session at a time:
+        // a task per session would cost this process more than the server.
+        let next = Arc::new(AtomicUsize::new(connected));
+        for _ in 0..held.min(128) {
+            let (phase_rx, counters, connecting, next) = (
+                phase_rx.clone(),
+                counters.clone(),
+                connecting.clone(),
+                next.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total || counters.failed.load(Ordering::Relaxed) > 0 {
+                        return;
+                    }
+                    if idle_session(session, i, false, phase_rx.clone(), &counters, &connecting)
+                        .await
+                        .is_err()
+                    {
+                        counters.failed.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }));
+        }
+        // The first of these sessions must still be alive when the last is
+        // counted: give up while there is time left to measure.
+        let alive_for = Duration::from_millis(timeout_ms.into());
+        let give_up = Instant::now()
+            + alive_for
+                .saturating_sub(Duration::from_secs(45))
+                .max(Duration::from_secs(10));
+        wait_for(
+            &counters,
+            |c| &c.created,
+            total,
+            "created their node",
+            pid,
+            give_up,
+        )
+        .await?;
         rss_held = settled_rss(pid).await?;
     }
+    let open_seconds = started.elapsed().as_secs_f64();
+
+    // What the server says it holds (this client adds a session and a
+    // connection, after the RSS was read).
+    let counting = Client::connect(addr).await?;
+    let after = counting.server_stats().await?;
+    counting.close().await;
+    let server_sessions = counter(&after, "sessions");
+    let server_nodes = counter(&after, "nodes");
+    let server_connections_open = counter(&after, "connections_open");
+    let server_sessions_expired =
+        counter(&after, "sessions_expired") - counter(&before, "sessions_expired");
+    progress(format!(
+        "the server holds {server_sessions} sessions and {server_nodes} nodes, with {server_connections_open} connections open; {server_sessions_expired} sessions expired meanwhile"
+    ));
+    if server_sessions_expired > 0 || server_sessions < total as u64 + 1 {
+        return Err(CliError::msg(format!(
+            "the server holds {server_sessions} sessions of the {total} opened ({server_sessions_expired} expired): the measurement took longer than the sessions' {timeout_ms} ms timeout (raise --session-timeout-ms)"
+        )));
+    }
+    if server_nodes < total as u64 {
+        return Err(CliError::msg(format!(
+            "the server holds {server_nodes} nodes, fewer than the {total} sessions' ephemerals"
+        )));
+    }
+
     let _ = phase_tx.send(Phase::Stop);
     for t in tasks {
         let _ = t.await;
@@ -516,6 +662,13 @@ async fn memory_run(addr: &str, pid: Option<u32>, total: usize) -> Result<Memory
         bytes_per_session_with_node: per(rss_nodes, rss_base, connected),
         bytes_per_disconnected_session_with_node: (held > 0)
             .then(|| per(rss_held, rss_nodes, held)),
+        bytes_per_session_held: per(rss_held, rss_base, total),
+        session_timeout_ms: timeout_ms,
+        open_seconds,
+        server_sessions,
+        server_nodes,
+        server_connections_open,
+        server_sessions_expired,
     })
 }
 
@@ -542,6 +695,7 @@ async fn settled_rss(pid: u32) -> Result<u64, CliError> {
             break;
         }
     }
+    progress(format!("server RSS {:.1} MiB", last as f64 / 1048576.0));
     Ok(last)
 }
 
@@ -552,14 +706,18 @@ struct Counters {
     failed: AtomicUsize,
 }
 
-/// Waits (at most 300 s, reporting progress) until `counter` reaches `n`.
+/// Waits (until `give_up`, reporting progress and the server's RSS every
+/// 5 s) until `counter` reaches `n`.
 async fn wait_for(
     counters: &Counters,
     counter: impl Fn(&Counters) -> &AtomicUsize,
     n: usize,
     what: &str,
+    pid: u32,
+    give_up: Instant,
 ) -> Result<(), CliError> {
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let started = Instant::now();
+    let from = counter(counters).load(Ordering::Relaxed);
     let mut last_report = Instant::now();
     loop {
         let done = counter(counters).load(Ordering::Relaxed);
@@ -572,13 +730,18 @@ async fn wait_for(
         if done >= n {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if Instant::now() > give_up {
             return Err(CliError::msg(format!(
-                "only {done} of {n} sessions {what} after 300 s"
+                "only {done} of {n} sessions {what} after {:.0} s",
+                started.elapsed().as_secs_f64()
             )));
         }
-        if last_report.elapsed() > Duration::from_secs(2) {
-            progress(format!("{done}/{n} sessions {what}"));
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            let rate = (done - from) as f64 / started.elapsed().as_secs_f64();
+            let rss = rss_bytes(pid).unwrap_or(0) as f64 / 1048576.0;
+            progress(format!(
+                "{done}/{n} sessions {what} ({rate:.0}/s), server RSS {rss:.1} MiB"
+            ));
             last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -605,11 +768,19 @@ enum Phase {
     Stop,
 }
 
+/// Where the memory measurement's sessions connect, and the timeout they
+/// ask for.
+#[derive(Clone, Copy)]
+struct SessionSpec {
+    server: SocketAddr,
+    timeout_ms: u32,
+}
+
 /// One idle session over a raw connection: handshake, then one ephemeral
 /// node (when told, if `keep`, else at once), with a ping every 20 s to keep
 /// it alive. Without `keep` it leaves its connection after creating the node.
 async fn idle_session(
-    server: SocketAddr,
+    SessionSpec { server, timeout_ms }: SessionSpec,
     i: usize,
     keep: bool,
     mut phase: watch::Receiver<Phase>,
@@ -619,19 +790,27 @@ async fn idle_session(
     let mut stream = {
         let _permit = connecting.acquire().await.map_err(std::io::Error::other)?;
         // Loopback offers about 28,000 ephemeral ports per source address:
-        // spread the sessions over 127.0.0.2, 127.0.0.3, ...
+        // spread the sessions over 127.0.0.2, 127.0.0.3, ... Each session
+        // gets its own address and port, named here: left to the kernel, a
+        // port is found by a search that grows slow as the ports of the
+        // connections already left linger (TIME_WAIT).
         let source = IpAddr::V4(Ipv4Addr::new(
             127,
             0,
             (i / 20_000 / 250) as u8,
             2 + (i / 20_000 % 250) as u8,
         ));
+        let port = 20_000 + (i % 20_000) as u16;
         let socket = TcpSocket::new_v4()?;
-        socket.bind(SocketAddr::new(source, 0))?;
+        socket.set_reuseaddr(true)?;
+        if socket.bind(SocketAddr::new(source, port)).is_err() {
+            // Taken (by another program): any free port will do.
+            socket.bind(SocketAddr::new(source, 0))?;
+        }
         let mut stream = socket.connect(server).await?;
         stream.set_nodelay(true)?;
         let mut buf = BytesMut::new();
-        ConnectRequest::new(120_000).encode(&mut buf);
+        ConnectRequest::new(timeout_ms).encode(&mut buf);
         stream.write_all(&buf).await?;
         let frame = read_frame(&mut stream).await?;
         ConnectResponse::decode(frame.into())
@@ -660,7 +839,7 @@ async fn idle_session(
     };
     if !keep {
         stream.write_all(&request(create)).await?;
-        read_frame(&mut stream).await?;
+        created(read_frame(&mut stream).await?)?;
         counters.created.fetch_add(1, Ordering::Relaxed);
         return Ok(());
     }
@@ -674,7 +853,7 @@ async fn idle_session(
                 match now {
                     Phase::Create => {
                         stream.write_all(&request(create.clone())).await?;
-                        read_frame(&mut stream).await?;
+                        created(read_frame(&mut stream).await?)?;
                         counters.created.fetch_add(1, Ordering::Relaxed);
                     }
                     Phase::Stop => return Ok(()),
@@ -686,6 +865,19 @@ async fn idle_session(
                 read_frame(&mut stream).await?;
             }
         }
+    }
+}
+
+/// Checks that a reply says the node was created.
+fn created(frame: Vec<u8>) -> std::io::Result<()> {
+    match ServerMessage::decode(frame.into()).map_err(std::io::Error::other)? {
+        ServerMessage::Reply(ReplyFrame {
+            result: Ok(Reply::Create { .. }),
+            ..
+        }) => Ok(()),
+        other => Err(std::io::Error::other(format!(
+            "a create was answered with {other:?}"
+        ))),
     }
 }
 
