@@ -46,7 +46,7 @@ fn expired(id: SessionId) -> (ErrorCode, String) {
 impl Core {
     /// The earliest time a session may expire, for the expiry timer.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(t, _)| *t)
+        self.deadlines.first().map(|((t, _), ())| *t)
     }
 
     /// Notes a session's deadline, waking the expiry timer if it is the
@@ -55,7 +55,7 @@ impl Core {
         if self.next_deadline().is_none_or(|t| deadline < t) {
             self.expiry_wake.notify_one();
         }
-        self.deadlines.insert((deadline, id));
+        self.deadlines.insert((deadline, id), ());
     }
 
     /// Opens or resumes a session for a new connection, attaching it to
@@ -279,7 +279,7 @@ impl Core {
     /// Returns how many were proposed.
     pub(crate) fn expire_due(&mut self, now: Instant) -> usize {
         let mut count = 0;
-        while let Some(&(due, id)) = self.deadlines.first() {
+        while let Some((&(due, id), ())) = self.deadlines.first() {
             if due > now {
                 break;
             }
@@ -290,7 +290,7 @@ impl Core {
             let timeout_ms = session.timeout_ms;
             let deadline = live.last_heard + Duration::from_millis(timeout_ms.into());
             if deadline > now {
-                self.deadlines.insert((deadline, id));
+                self.deadlines.insert((deadline, id), ());
                 continue;
             }
             if self.expiring.insert(id, timeout_ms).is_some() {

@@ -90,7 +90,7 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
         body.put(&id.0.to_be_bytes())?;
         body.put(&session.timeout_ms.to_be_bytes())?;
         body.put(&session.secret.0)?;
-        match session.last.as_deref() {
+        match session.last_reply(id) {
             None => body.put(&[0])?,
             Some(last) => {
                 body.put(&[1])?;

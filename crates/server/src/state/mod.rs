@@ -15,6 +15,7 @@
 //! more than one, still deterministically.)
 
 mod node;
+mod pmap;
 mod proposal;
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, Sessi
 use bytes::Bytes;
 
 pub use node::{Ephemerals, Node};
+pub(crate) use pmap::Unshared;
+use proposal::Kept;
 pub use proposal::{LastReply, Origin, Proposal};
 
 /// A change to the state. Reads are not commands: they change nothing.
@@ -119,12 +122,35 @@ pub struct Applied {
 #[derive(Clone, Debug)]
 pub struct Session {
     pub timeout_ms: u32,
+    /// The xid of the request `last` answered.
+    last_xid: u32,
     pub secret: SessionSecret,
     /// Full paths of the session's ephemeral nodes.
     pub ephemerals: Ephemerals,
     /// The reply to the session's latest request that changed the state:
     /// a retried request is answered from it rather than applied twice.
-    pub last: Option<Box<LastReply>>,
+    last: Option<Box<Kept>>,
+}
+
+impl Session {
+    fn new(timeout_ms: u32, secret: SessionSecret) -> Self {
+        Session {
+            timeout_ms,
+            last_xid: 0,
+            secret,
+            ephemerals: Ephemerals::default(),
+            last: None,
+        }
+    }
+
+    /// The reply to the latest request of this session (`id`) that changed
+    /// the state, if any.
+    pub fn last_reply(&self, id: SessionId) -> Option<LastReply> {
+        self.last.as_deref().map(|kept| LastReply {
+            xid: self.last_xid,
+            outcome: kept.outcome(id),
+        })
+    }
 }
 
 /// A session as a snapshot holds it (its ephemerals come with the nodes).
@@ -155,7 +181,7 @@ pub struct NodeImage {
 
 /// A persistent (structurally shared) map: a clone costs O(1), and a
 /// change after a clone copies only the path to what it changes.
-type Map<K, V> = rpds::HashTrieMapSync<K, V>;
+type Map<K, V> = pmap::PMap<K, V>;
 
 /// The tree and the sessions, changed only by [`apply`](Self::apply).
 ///
@@ -185,11 +211,11 @@ fn err(code: ErrorCode, message: String) -> ErrorReply {
 impl StateMachine {
     /// An empty tree holding only the root `/`, at revision 0.
     pub fn new() -> Self {
-        let mut nodes = Map::new_sync();
-        nodes.insert_mut(Arc::from("/"), Node::new(&[], 0, 0, None));
+        let mut nodes = Map::new();
+        nodes.insert(Arc::from("/"), Node::new(&[], 0, 0, None));
         StateMachine {
             nodes,
-            sessions: Map::new_sync(),
+            sessions: Map::new(),
             revision: 0,
             last_now_ms: 0,
         }
@@ -239,8 +265,8 @@ impl StateMachine {
         nodes: impl IntoIterator<Item = NodeImage>,
     ) -> Result<StateMachine, String> {
         let mut sm = StateMachine {
-            nodes: Map::new_sync(),
-            sessions: Map::new_sync(),
+            nodes: Map::new(),
+            sessions: Map::new(),
             revision,
             last_now_ms,
         };
@@ -251,16 +277,15 @@ impl StateMachine {
             last,
         } in sessions
         {
-            let session = Session {
-                timeout_ms,
-                secret,
-                ephemerals: Ephemerals::default(),
-                last: last.map(Box::new),
-            };
+            let mut session = Session::new(timeout_ms, secret);
+            if let Some(last) = last {
+                session.last_xid = last.xid;
+                session.last = Some(Box::new(Kept::new(id, &last.outcome)));
+            }
             if sm.sessions.contains_key(&id) {
                 return Err(format!("session {id} appears twice"));
             }
-            sm.sessions.insert_mut(id, session);
+            sm.sessions.insert(id, session);
         }
         for image in nodes {
             let node = Node::restore(&image);
@@ -284,7 +309,7 @@ impl StateMachine {
             if sm.nodes.contains_key(&path) {
                 return Err(format!("{path} appears twice"));
             }
-            sm.nodes.insert_mut(path.clone(), node);
+            sm.nodes.insert(path.clone(), node);
         }
         if !sm.nodes.contains_key("/") {
             return Err("the root node is missing".into());
@@ -338,7 +363,7 @@ impl StateMachine {
     }
 
     pub fn node_count(&self) -> usize {
-        self.nodes.size()
+        self.nodes.len()
     }
 
     pub fn session(&self, id: SessionId) -> Option<&Session> {
@@ -350,7 +375,7 @@ impl StateMachine {
     }
 
     pub fn session_count(&self) -> usize {
-        self.sessions.size()
+        self.sessions.len()
     }
 
     /// Applies one command that answers no request, stamping changes with
@@ -477,15 +502,7 @@ impl StateMachine {
     fn open_session(&mut self, timeout_ms: u32, secret: SessionSecret) -> Outcome {
         self.revision += 1;
         let id = SessionId(self.revision);
-        self.sessions.insert_mut(
-            id,
-            Session {
-                timeout_ms,
-                secret,
-                ephemerals: Ephemerals::default(),
-                last: None,
-            },
-        );
+        self.sessions.insert(id, Session::new(timeout_ms, secret));
         Outcome::SessionOpened(id)
     }
 
@@ -501,7 +518,7 @@ impl StateMachine {
             ));
         };
         let mut deleted = std::mem::take(&mut session.ephemerals).into_vec();
-        self.sessions.remove_mut(&id);
+        self.sessions.remove(&id);
         self.revision += 1;
         // Sorted so that the order of the fired watches does not depend on
         // hashing: the same commands give the same events everywhere.
@@ -601,7 +618,7 @@ impl StateMachine {
         // deleted one.
         node.fence = parent.fence;
         let stat = node.stat();
-        self.nodes.insert_mut(full.clone(), node);
+        self.nodes.insert(full.clone(), node);
         let parent = self
             .nodes
             .get_mut(parent_path)
@@ -687,7 +704,7 @@ impl StateMachine {
         };
         debug_assert_eq!(node.child_count(), 0, "only childless nodes are unlinked");
         let (czxid, owner) = (node.czxid, node.owner());
-        self.nodes.remove_mut(target);
+        self.nodes.remove(target);
         let parent_path = path::parent(target).expect("the root is never unlinked");
         if let Some(parent) = self.nodes.get_mut(parent_path) {
             parent.remove_child(czxid);

@@ -5,10 +5,8 @@ use std::sync::Arc;
 
 use baton_proto::{SessionId, Stat};
 
+use super::pmap::PMap;
 use super::NodeImage;
-
-/// A node's children by creation revision: a persistent ordered map.
-type Children = rpds::RedBlackTreeMapSync<u64, Arc<str>>;
 use bytes::Bytes;
 
 /// A node: its data, its metadata and the full paths of its children.
@@ -36,9 +34,9 @@ pub struct Node {
     owner: u64,
     /// Highest fencing token a fenced write to this node has carried.
     pub(super) fence: u64,
-    // Boxed so that a leaf (the common case) pays 8 bytes for no children
-    // rather than the 16 of an empty map.
-    children: Option<Box<Children>>,
+    /// Full paths of the children by creation revision (8 bytes, and no
+    /// allocation, for a leaf).
+    children: PMap<u64, Arc<str>>,
 }
 
 impl Node {
@@ -54,7 +52,7 @@ impl Node {
             cversion: 0,
             owner: owner.map_or(0, |s| s.0),
             fence: 0,
-            children: None,
+            children: PMap::new(),
         };
         node.set_data(data);
         node
@@ -74,7 +72,7 @@ impl Node {
             cversion: image.cversion,
             owner: image.owner,
             fence: image.fence,
-            children: None,
+            children: PMap::new(),
         };
         node.set_data(&image.data);
         node
@@ -120,40 +118,29 @@ impl Node {
 
     /// Full paths of the children, in creation order.
     pub fn children(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.children.iter().flat_map(|c| c.values())
+        self.children.values()
     }
 
     /// The child created just before revision `czxid`, if any.
     pub fn child_before(&self, czxid: u64) -> Option<&Arc<str>> {
-        self.children
-            .as_ref()?
-            .range(..czxid)
-            .next_back()
-            .map(|(_, p)| p)
+        self.children.last_below(&czxid).map(|(_, p)| p)
     }
 
     /// The child created at revision `czxid`, if it still exists.
     pub fn child_created_at(&self, czxid: u64) -> Option<&Arc<str>> {
-        self.children.as_ref()?.get(&czxid)
+        self.children.get(&czxid)
     }
 
     pub fn child_count(&self) -> usize {
-        self.children.as_ref().map_or(0, |c| c.size())
+        self.children.len()
     }
 
     pub(super) fn add_child(&mut self, czxid: u64, path: Arc<str>) {
-        self.children
-            .get_or_insert_with(|| Box::new(Children::new_sync()))
-            .insert_mut(czxid, path);
+        self.children.insert(czxid, path);
     }
 
     pub(super) fn remove_child(&mut self, czxid: u64) {
-        if let Some(children) = &mut self.children {
-            children.remove_mut(&czxid);
-            if children.is_empty() {
-                self.children = None;
-            }
-        }
+        self.children.remove(&czxid);
     }
 
     /// The node's metadata as the protocol reports it.
@@ -183,18 +170,20 @@ impl Node {
     }
 }
 
-/// The ephemeral nodes of one session. Most sessions own none or a few (a
-/// lock contender owns one), so they are kept in a small vector; a session
-/// with many switches to a hash set so that deleting one stays cheap.
+/// The ephemeral nodes of one session. Most sessions own none or one (a
+/// lock contender owns one), kept without an allocation; a few are kept in
+/// a small vector, and a session with many switches to a hash set so that
+/// deleting one stays cheap.
 #[derive(Debug, Clone, Default)]
 pub struct Ephemerals(Repr);
 
 #[derive(Debug, Clone)]
 enum Repr {
+    One(Arc<str>),
     Few(Vec<Arc<str>>),
-    // Boxed to keep the common `Few` case (and so every session) small.
-    #[allow(clippy::box_collection)]
-    Many(Box<std::collections::HashSet<Arc<str>>>),
+    // Shared, so that copying the session (a snapshot's copy of the state
+    // shares it, until either changes it) costs no copy of the set.
+    Many(Arc<std::collections::HashSet<Arc<str>>>),
 }
 
 impl Default for Repr {
@@ -208,33 +197,46 @@ const FEW: usize = 16;
 impl Ephemerals {
     pub(super) fn insert(&mut self, path: Arc<str>) {
         match &mut self.0 {
+            Repr::Few(v) if v.is_empty() => self.0 = Repr::One(path),
+            Repr::One(one) => self.0 = Repr::Few(vec![one.clone(), path]),
             Repr::Few(v) if v.len() < FEW => v.push(path),
             Repr::Few(v) => {
                 let mut set: std::collections::HashSet<Arc<str>> = v.drain(..).collect();
                 set.insert(path);
-                self.0 = Repr::Many(Box::new(set));
+                self.0 = Repr::Many(Arc::new(set));
             }
             Repr::Many(s) => {
-                s.insert(path);
+                Arc::make_mut(s).insert(path);
             }
         }
     }
 
     pub(super) fn remove(&mut self, path: &str) {
         match &mut self.0 {
+            Repr::One(one) => {
+                if &**one == path {
+                    self.0 = Repr::default();
+                }
+            }
             Repr::Few(v) => {
                 if let Some(i) = v.iter().position(|p| &**p == path) {
                     v.swap_remove(i);
+                    if v.len() == 1 {
+                        self.0 = Repr::One(v.pop().expect("one left"));
+                    }
                 }
             }
             Repr::Many(s) => {
-                s.remove(path);
+                if s.contains(path) {
+                    Arc::make_mut(s).remove(path);
+                }
             }
         }
     }
 
     pub fn contains(&self, path: &str) -> bool {
         match &self.0 {
+            Repr::One(one) => &**one == path,
             Repr::Few(v) => v.iter().any(|p| &**p == path),
             Repr::Many(s) => s.contains(path),
         }
@@ -242,6 +244,7 @@ impl Ephemerals {
 
     pub fn len(&self) -> usize {
         match &self.0 {
+            Repr::One(_) => 1,
             Repr::Few(v) => v.len(),
             Repr::Many(s) => s.len(),
         }
@@ -253,6 +256,7 @@ impl Ephemerals {
 
     pub fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
         match &self.0 {
+            Repr::One(one) => Box::new(std::iter::once(one)),
             Repr::Few(v) => Box::new(v.iter()),
             Repr::Many(s) => Box::new(s.iter()),
         }
@@ -260,8 +264,45 @@ impl Ephemerals {
 
     pub(super) fn into_vec(self) -> Vec<Arc<str>> {
         match self.0 {
+            Repr::One(one) => vec![one],
             Repr::Few(v) => v,
-            Repr::Many(s) => s.into_iter().collect(),
+            Repr::Many(s) => Arc::unwrap_or_clone(s).into_iter().collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session's ephemerals go from none to one (no allocation) to a few
+    /// to many and back, and are found and listed all along.
+    #[test]
+    fn ephemerals_of_any_number() {
+        let mut e = Ephemerals::default();
+        let paths: Vec<Arc<str>> = (0..40).map(|i| Arc::from(format!("/e{i}"))).collect();
+        for (n, p) in paths.iter().enumerate() {
+            e.insert(p.clone());
+            assert_eq!(e.len(), n + 1);
+            assert!(paths[..=n].iter().all(|p| e.contains(p)));
+        }
+        assert!(matches!(e.0, Repr::Many(_)));
+        let copy = e.clone();
+        for (n, p) in paths.iter().enumerate().rev() {
+            e.remove(p);
+            e.remove("/absent");
+            assert_eq!(e.len(), n);
+            assert!(!e.contains(p));
+            assert_eq!(e.iter().count(), n);
+        }
+        assert!(e.is_empty());
+        assert_eq!(copy.len(), 40, "a copy keeps its set");
+        let mut few = Ephemerals::default();
+        few.insert(paths[0].clone());
+        assert!(matches!(few.0, Repr::One(_)));
+        few.insert(paths[1].clone());
+        few.remove(&paths[0]);
+        assert!(matches!(&few.0, Repr::One(p) if *p == paths[1]));
+        assert_eq!(few.into_vec(), vec![paths[1].clone()]);
     }
 }

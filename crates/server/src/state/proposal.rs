@@ -8,7 +8,9 @@
 //! the state: it is in every snapshot and rebuilt by every replay, so every
 //! server that applies the same proposals answers a resent request alike.
 
-use baton_proto::{ErrorCode, ErrorReply, SessionId};
+use std::sync::Arc;
+
+use baton_proto::{ErrorCode, ErrorReply, SessionId, Stat};
 
 use super::{Command, Outcome, StateMachine};
 
@@ -36,6 +38,164 @@ pub struct LastReply {
     pub outcome: Outcome,
 }
 
+/// The outcome of a session's latest change as the session keeps it (the
+/// session keeps its xid), laid out small: every session that has made a
+/// change keeps one. The outcome of a create or an enqueue (the changes a
+/// session most often makes last) is kept as the few numbers the stat of a
+/// node just created is made of, rather than whole.
+#[derive(Clone, Debug)]
+pub enum Kept {
+    /// A node the session created (owned by the session if `ephemeral`);
+    /// its sequence number, if `sequential`, is its creation revision.
+    Created {
+        path: Arc<str>,
+        czxid: u64,
+        ctime: u64,
+        data_len: u32,
+        ephemeral: bool,
+        sequential: bool,
+    },
+    /// A queue joined: the node the session created (an ephemeral
+    /// sequential node), and the node created just before it, if any.
+    Enqueued {
+        path: Arc<str>,
+        czxid: u64,
+        ctime: u64,
+        data_len: u32,
+        predecessor: Option<Box<(Arc<str>, Fresh)>>,
+    },
+    Deleted,
+    /// Any other outcome, whole.
+    Other(Box<Outcome>),
+}
+
+/// The stat of a node as created (not changed since, no children): its
+/// creation revision and time, data length and owner (0 if persistent).
+#[derive(Clone, Debug)]
+pub struct Fresh {
+    czxid: u64,
+    ctime: u64,
+    owner: u64,
+    data_len: u32,
+}
+
+impl Fresh {
+    fn of(stat: &Stat) -> Option<Fresh> {
+        let fresh = Fresh {
+            czxid: stat.czxid,
+            ctime: stat.ctime,
+            owner: stat.ephemeral_owner,
+            data_len: stat.data_length,
+        };
+        (fresh.stat() == *stat).then_some(fresh)
+    }
+
+    fn stat(&self) -> Stat {
+        Stat {
+            czxid: self.czxid,
+            mzxid: self.czxid,
+            pzxid: self.czxid,
+            ctime: self.ctime,
+            mtime: self.ctime,
+            version: 0,
+            cversion: 0,
+            ephemeral_owner: self.owner,
+            data_length: self.data_len,
+            num_children: 0,
+        }
+    }
+}
+
+impl Kept {
+    /// The outcome of a change of `session`, kept small where that loses
+    /// nothing: [`outcome`](Self::outcome) gives back exactly `outcome`.
+    pub(super) fn new(session: SessionId, outcome: &Outcome) -> Kept {
+        let own = |stat: &Stat| Fresh::of(stat).filter(|f| f.owner == 0 || f.owner == session.0);
+        let small = match outcome {
+            Outcome::Created {
+                path,
+                sequence,
+                stat,
+            } => own(stat).map(|f| Kept::Created {
+                path: path.clone(),
+                czxid: f.czxid,
+                ctime: f.ctime,
+                data_len: f.data_len,
+                ephemeral: f.owner != 0,
+                sequential: sequence.is_some(),
+            }),
+            Outcome::Enqueued {
+                path,
+                stat,
+                predecessor,
+                ..
+            } => {
+                let predecessor = match predecessor {
+                    None => Some(None),
+                    Some((p, stat)) => Fresh::of(stat).map(|f| Some(Box::new((p.clone(), f)))),
+                };
+                own(stat)
+                    .zip(predecessor)
+                    .map(|(f, predecessor)| Kept::Enqueued {
+                        path: path.clone(),
+                        czxid: f.czxid,
+                        ctime: f.ctime,
+                        data_len: f.data_len,
+                        predecessor,
+                    })
+            }
+            Outcome::Deleted => Some(Kept::Deleted),
+            _ => None,
+        };
+        match small {
+            // What a create or an enqueue gives; anything else is kept whole.
+            Some(kept) if kept.outcome(session) == *outcome => kept,
+            _ => Kept::Other(Box::new(outcome.clone())),
+        }
+    }
+
+    /// The outcome kept by `session`.
+    pub fn outcome(&self, session: SessionId) -> Outcome {
+        let own = |czxid, ctime, data_len, ephemeral: bool| {
+            Fresh {
+                czxid,
+                ctime,
+                owner: if ephemeral { session.0 } else { 0 },
+                data_len,
+            }
+            .stat()
+        };
+        match self {
+            Kept::Created {
+                path,
+                czxid,
+                ctime,
+                data_len,
+                ephemeral,
+                sequential,
+            } => Outcome::Created {
+                path: path.clone(),
+                sequence: sequential.then_some(*czxid),
+                stat: own(*czxid, *ctime, *data_len, *ephemeral),
+            },
+            Kept::Enqueued {
+                path,
+                czxid,
+                ctime,
+                data_len,
+                predecessor,
+            } => Outcome::Enqueued {
+                path: path.clone(),
+                sequence: *czxid,
+                stat: own(*czxid, *ctime, *data_len, true),
+                predecessor: predecessor.as_deref().map(|(p, f)| (p.clone(), f.stat())),
+            },
+            Kept::Deleted => Outcome::Deleted,
+            Kept::Other(outcome) => (**outcome).clone(),
+        }
+    }
+}
+
 /// Whether `xid` comes after `last` in a session's sequence of xids, which
 /// wraps around after `u32::MAX`.
 fn after(xid: u32, last: u32) -> bool {
@@ -48,12 +208,13 @@ impl StateMachine {
     /// earlier (it was handled, as a change or a refusal, and must not be
     /// applied again; its reply is gone).
     pub(super) fn answered(&self, origin: Origin) -> Option<Result<Outcome, ErrorReply>> {
-        let last = self.sessions.get(&origin.session)?.last.as_deref()?;
-        if after(origin.xid, last.xid) {
+        let session = self.sessions.get(&origin.session)?;
+        let last = session.last.as_deref()?;
+        if after(origin.xid, session.last_xid) {
             return None;
         }
-        Some(if origin.xid == last.xid {
-            Ok(last.outcome.clone())
+        Some(if origin.xid == session.last_xid {
+            Ok(last.outcome(origin.session))
         } else {
             Err(ErrorReply::new(
                 ErrorCode::ResultLost,
@@ -68,10 +229,8 @@ impl StateMachine {
     /// Keeps the reply to a request that changed the state, for its session.
     pub(super) fn remember(&mut self, origin: Origin, outcome: &Outcome) {
         if let Some(session) = self.sessions.get_mut(&origin.session) {
-            let last = LastReply {
-                xid: origin.xid,
-                outcome: outcome.clone(),
-            };
+            let last = Kept::new(origin.session, outcome);
+            session.last_xid = origin.xid;
             match &mut session.last {
                 Some(kept) => **kept = last,
                 None => session.last = Some(Box::new(last)),
@@ -152,5 +311,86 @@ mod tests {
         assert!(sm.apply_proposal(&proposal(at(10), parent)).changed);
         let retried = sm.apply_proposal(&proposal(at(11), create("/missing/c-")));
         assert!(retried.changed);
+    }
+
+    /// Every session that has made a change keeps its reply: a create's or
+    /// an enqueue's is kept in a few numbers, and gives back exactly the
+    /// outcome the change had, as does any other.
+    #[test]
+    fn kept_replies_are_small_and_exact() {
+        assert!(std::mem::size_of::<Kept>() <= 48);
+        let mut sm = StateMachine::new();
+        let open = |sm: &mut StateMachine, n: u8| {
+            let applied = sm.apply(
+                &Command::OpenSession {
+                    timeout_ms: 1000,
+                    secret: SessionSecret([n; 16]),
+                },
+                0,
+            );
+            SessionId(applied.revision)
+        };
+        let (a, b) = (open(&mut sm, 1), open(&mut sm, 2));
+        let mut xid = 0;
+        let mut change = |sm: &mut StateMachine, session, command| {
+            xid += 1;
+            let origin = Origin { session, xid };
+            let first = sm.apply_proposal(&proposal(Some(origin), command));
+            let outcome = first.result.clone().expect("applied");
+            let kept = sm
+                .session(session)
+                .unwrap()
+                .last
+                .as_deref()
+                .unwrap()
+                .clone();
+            assert_eq!(kept.outcome(session), outcome);
+            assert_eq!(sm.answered(origin), Some(Ok(outcome)));
+            kept
+        };
+        let create = |path: &str, data: &'static [u8], mode| Command::Create {
+            session: a,
+            path: path.into(),
+            data: Bytes::from_static(data),
+            mode,
+            fence: None,
+        };
+        for (path, data, mode) in [
+            ("/q", &b""[..], CreateMode::Persistent),
+            ("/e", &b"x"[..], CreateMode::Ephemeral),
+            ("/q/s-", &b""[..], CreateMode::PersistentSequential),
+            ("/q/t-", &b"yz"[..], CreateMode::EphemeralSequential),
+        ] {
+            let kept = change(&mut sm, a, create(path, data, mode));
+            assert!(matches!(kept, Kept::Created { .. }), "{path}: {kept:?}");
+        }
+        let enqueue = |session| Command::Enqueue {
+            session,
+            path: "/q/w-".into(),
+            data: Bytes::from_static(b"me"),
+        };
+        for session in [a, b] {
+            let kept = change(&mut sm, session, enqueue(session));
+            assert!(matches!(kept, Kept::Enqueued { .. }), "{kept:?}");
+        }
+        // Other outcomes are kept whole, as is an enqueue whose predecessor
+        // changed since its creation.
+        let set = Command::SetData {
+            path: "/q/w-0000000008".into(),
+            data: Bytes::from_static(b"changed"),
+            version: None,
+            fence: None,
+        };
+        let kept = change(&mut sm, a, set);
+        assert!(matches!(kept, Kept::Other(_)), "{kept:?}");
+        let kept = change(&mut sm, a, enqueue(a));
+        assert!(matches!(kept, Kept::Other(_)), "{kept:?}");
+        let delete = Command::Delete {
+            path: "/e".into(),
+            version: None,
+            fence: None,
+        };
+        let kept = change(&mut sm, a, delete);
+        assert!(matches!(kept, Kept::Deleted), "{kept:?}");
     }
 }

@@ -525,7 +525,7 @@ fn a_restored_state_machine_equals_the_original() {
             id,
             timeout_ms: s.timeout_ms,
             secret: s.secret,
-            last: s.last.as_deref().cloned(),
+            last: s.last_reply(id),
         })
         .collect();
     let images: Vec<NodeImage> = sm.nodes_parent_first().collect();
@@ -607,7 +607,7 @@ mod determinism {
                     prop_assert_eq!(path::parent(c), Some(&**p));
                 }
                 if let Some(owner) = n.owner() {
-                    prop_assert!(one.sessions[&owner].ephemerals.contains(p));
+                    prop_assert!(one.sessions.get(&owner).unwrap().ephemerals.contains(p));
                 }
             }
         }
