@@ -337,6 +337,17 @@ fn print_markdown(r: &Report) {
                 m.rss_all_sessions_bytes as f64 / 1048576.0
             );
         }
+        println!();
+        println!(
+            "Counted by the server once all were held: {} sessions (the counting client's included), {} nodes, {} connections open, {} sessions expired during the run; {} sessions opened in {:.0} s with a {} ms timeout.",
+            m.server_sessions,
+            m.server_nodes,
+            m.server_connections_open,
+            m.server_sessions_expired,
+            m.sessions,
+            m.open_seconds,
+            m.session_timeout_ms
+        );
     }
 }
 
