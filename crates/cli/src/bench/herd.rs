@@ -81,11 +81,11 @@ pub struct HerdArgs {
     /// Time limit of each run, in seconds.
     #[arg(long, value_name = "S", default_value_t = 30)]
     max_seconds: u64,
-    /// Session timeout each waiter asks for, in seconds. A client pings
-    /// after a third of it goes quiet, so a shorter timeout adds pings
-    /// (10,000 waiters at 30 s make 1,000 pings a second).
-    #[arg(long, value_name = "S", default_value_t = 60)]
-    session_timeout: u64,
+    /// Session timeout each waiter asks for, in milliseconds. A client
+    /// pings after a third of it goes quiet, so a shorter timeout adds pings
+    /// (10,000 waiters at 30,000 ms make 1,000 pings a second).
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    session_timeout_ms: u64,
     /// Fsync policy of the server this benchmark starts.
     #[arg(long, value_name = "POLICY", default_value = "always")]
     fsync: FsyncPolicy,
@@ -297,7 +297,12 @@ async fn one_run(
 ) -> Result<Run, CliError> {
     let label = format!("{} waiters, {}", waiters, recipe.name());
     progress(format!("{label}: opening {waiters} sessions"));
-    let clients = open_sessions(addr, waiters, Duration::from_secs(args.session_timeout)).await?;
+    let clients = open_sessions(
+        addr,
+        waiters,
+        Duration::from_millis(args.session_timeout_ms),
+    )
+    .await?;
     let control = Client::builder(addr)
         .session_timeout(Duration::from_secs(120))
         .connect()
