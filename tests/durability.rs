@@ -520,3 +520,46 @@ async fn the_durable_path_counters_account_for_each_write() {
     c.close().await;
     server.stop().await;
 }
+
+/// Under --fsync never the changes a connection's requests make are written
+/// by that connection once it has handled what it read, in one write, not
+/// one write each under the core's lock; each is still written before it is
+/// acknowledged, and a restart finds them all.
+#[tokio::test]
+async fn pipelined_changes_under_fsync_never_share_a_write() {
+    let dir = TempDir::new("never-batch");
+    let config = Config {
+        fsync: baton::server::persist::FsyncPolicy::Never,
+        ..durable_config(dir.path())
+    };
+    let server = TestServer::with_config(config.clone()).await;
+    let c = server.client().await;
+    let before = server.stats();
+    let creates = (0..200).map(|i| {
+        let c = c.clone();
+        async move {
+            c.create(&format!("/p{i}"), "v", CreateMode::Persistent)
+                .await
+        }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.unwrap();
+    }
+    let after = server.stats();
+    let batches = after.log_batches - before.log_batches;
+    assert!(
+        (1..=100).contains(&batches),
+        "200 pipelined creates took {batches} writes"
+    );
+    assert_eq!(after.log_sync_ns, before.log_sync_ns, "never synced");
+    c.close().await;
+    let addr = server.addr();
+    server.stop().await;
+    let server = restart(addr.parse().unwrap(), config).await;
+    assert_eq!(
+        server.stats().nodes,
+        201,
+        "every acknowledged create survived"
+    );
+    server.stop().await;
+}

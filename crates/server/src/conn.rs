@@ -353,6 +353,9 @@ impl Conn {
         loop {
             if !stopping {
                 stopping = self.handle_buffered(session, outbox);
+                // Under `--fsync never`, the changes just applied are written
+                // now, in one write, outside the core's lock.
+                self.shared.mark.hurry();
             }
             match outbox.status() {
                 Status::Open => {}
@@ -470,6 +473,7 @@ impl Conn {
                 match drained {
                     Drained::Close | Drained::Overflowed => return Ok(()),
                     Drained::Waiting(revision) => {
+                        mark.hurry();
                         if mark.wake_at(revision, outbox) {
                             poll_fn(|cx| outbox.poll_woken(cx)).await;
                         }
@@ -491,6 +495,7 @@ impl Conn {
     /// (or the server stops) first.
     async fn wait_durable(&self, revision: u64, outbox: &Arc<Outbox>) -> bool {
         let mark = &self.shared.mark;
+        mark.hurry();
         while mark.wake_at(revision, outbox) {
             if outbox.status() != Status::Open {
                 return false;

@@ -473,6 +473,8 @@ async fn expiry_timer(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             }
             core.next_deadline()
         };
+        // The expiries just applied are written now (under `--fsync never`).
+        shared.mark.hurry();
         // Far enough to mean "until woken"; tokio caps it anyway.
         let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {

@@ -284,6 +284,57 @@ fn replay_segment(
     Ok(None)
 }
 
+/// Writes the records queued under `--fsync never` on the calling thread:
+/// the connection that made a change writes it (with whatever else is
+/// queued, in one write) once it has let go of the core's lock, instead of
+/// writing each record under that lock. Weak: the mark holds it, and the
+/// log holds the mark.
+#[derive(Debug)]
+pub(crate) struct Flusher(std::sync::Weak<WalShared>);
+
+impl Flusher {
+    /// Writes what is queued, unless the queue holds more than records (a
+    /// segment rotation, a cleanup, the stop), which the committer handles:
+    /// it is woken for them. The durable mark moves once the write is done.
+    pub(crate) fn flush(&self) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let _committing = lock(&shared.committing);
+        if shared.broken.load(Ordering::Acquire) {
+            return;
+        }
+        let (mut bytes, last_revision, first_at) = {
+            let mut q = lock(&shared.queue);
+            if q.bytes.is_empty() {
+                return;
+            }
+            if q.rotate.is_some() || q.cleanup.is_some() || q.stop {
+                drop(q);
+                shared.ready.notify_one();
+                return;
+            }
+            (
+                std::mem::take(&mut q.bytes),
+                q.last_revision,
+                q.first_at.take(),
+            )
+        };
+        if let Some(at) = first_at {
+            Stats::add(&shared.stats.log_batches, 1);
+            Stats::add(&shared.stats.log_wait_ns, at.elapsed().as_nanos() as u64);
+        }
+        segment::end_batch(&mut bytes, 0);
+        let started = std::time::Instant::now();
+        let written = lock(&shared.segment).write(&bytes);
+        Stats::add_since(&shared.stats.log_write_ns, started);
+        match written {
+            Ok(_) => shared.mark.advance(last_revision),
+            Err(e) => fail(&shared, e),
+        }
+    }
+}
+
 /// Appending side of the log, owned by the core.
 pub(crate) struct Wal {
     shared: Arc<WalShared>,
@@ -295,6 +346,10 @@ struct WalShared {
     fsync: FsyncPolicy,
     queue: Mutex<Queue>,
     ready: Condvar,
+    /// Held while a batch is taken from the queue and written (and synced),
+    /// by the committer or, under `--fsync never`, by a connection writing
+    /// its own changes ([`Flusher`]): batches reach the file in queue order.
+    committing: Mutex<()>,
     mark: Arc<DurableMark>,
     stats: Arc<Stats>,
     /// Set (with the reason) when the log can no longer be written.
@@ -356,6 +411,7 @@ impl Wal {
             fsync,
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
+            committing: Mutex::new(()),
             mark,
             stats,
             failed,
@@ -365,6 +421,9 @@ impl Wal {
             segment: Mutex::new(segment),
             since_snapshot: AtomicU64::new(0),
         });
+        if fsync == FsyncPolicy::Never {
+            shared.mark.set_flusher(Flusher(Arc::downgrade(&shared)));
+        }
         let committer = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -391,27 +450,6 @@ impl Wal {
         if self.shared.broken.load(Ordering::Acquire) {
             return;
         }
-        if self.shared.fsync == FsyncPolicy::Never {
-            let mut segment = lock(&self.shared.segment);
-            let mut batch = std::mem::take(&mut segment.scratch);
-            batch.clear();
-            let start = segment::begin_batch(&mut batch);
-            record::encode(&mut batch, revision, proposal);
-            segment::end_batch(&mut batch, start);
-            let written = segment.write(&batch);
-            segment.scratch = batch;
-            drop(segment);
-            match written {
-                Ok(n) => {
-                    self.shared
-                        .since_snapshot
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    self.shared.mark.advance(revision);
-                }
-                Err(e) => fail(&self.shared, e),
-            }
-            return;
-        }
         let mut q = self.queue();
         let before = q.bytes.len();
         let batch_starts = before == 0 || q.rotate.is_some_and(|(at, _)| at == before);
@@ -425,7 +463,13 @@ impl Wal {
             .fetch_add((q.bytes.len() - before) as u64, Ordering::Relaxed);
         q.last_revision = revision;
         drop(q);
-        self.shared.ready.notify_one();
+        // Under `--fsync never` the connection that made the change writes
+        // it once it has let go of the core's lock (`DurableMark::hurry`),
+        // together with the others it made meanwhile; the committer looks
+        // every few milliseconds for any left over.
+        if self.shared.fsync == FsyncPolicy::Always {
+            self.shared.ready.notify_one();
+        }
     }
 
     /// Bytes logged since the last snapshot began.
@@ -454,24 +498,7 @@ impl Wal {
         }
         let revision = sm.revision();
         self.shared.since_snapshot.store(0, Ordering::Relaxed);
-        if self.shared.fsync == FsyncPolicy::Never {
-            // Everything up to the snapshot's revision is written already.
-            let mut segment = lock(&self.shared.segment);
-            match Segment::create(
-                &self.shared.dir,
-                revision + 1,
-                self.shared.fsync,
-                &self.shared.stats,
-            ) {
-                Ok(next) => *segment = next,
-                Err(e) => {
-                    drop(segment);
-                    fail(&self.shared, e);
-                    self.shared.snapshot_running.store(false, Ordering::Release);
-                    return;
-                }
-            }
-        } else {
+        {
             let mut q = self.queue();
             let at = q.bytes.len();
             q.rotate = Some((at, revision + 1));
@@ -536,8 +563,6 @@ struct Segment {
     file: File,
     path: PathBuf,
     first_revision: u64,
-    /// A reusable buffer for batches written directly.
-    scratch: Vec<u8>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -578,7 +603,6 @@ impl Segment {
             file,
             path,
             first_revision,
-            scratch: Vec::new(),
         })
     }
 
@@ -604,12 +628,30 @@ fn commit_loop(shared: &WalShared) {
     let mut spare = Vec::new();
     loop {
         let mut slept = false;
-        let (mut bytes, last_revision, rotate, cleanup, stop, first_at) = {
+        {
             let mut q = lock(&shared.queue);
             while q.bytes.is_empty() && q.rotate.is_none() && q.cleanup.is_none() && !q.stop {
                 slept = true;
-                q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = if always {
+                    shared.ready.wait(q).unwrap_or_else(|e| e.into_inner())
+                } else {
+                    // Appends do not wake the committer under `--fsync
+                    // never` (their connections write them): it looks for
+                    // any left over now and then.
+                    let timeout = std::time::Duration::from_millis(5);
+                    shared
+                        .ready
+                        .wait_timeout(q, timeout)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                };
             }
+        }
+        // Taken before the batch and held until it is written: under
+        // `--fsync never` a connection may have written the records meanwhile.
+        let committing = lock(&shared.committing);
+        let (mut bytes, last_revision, rotate, cleanup, stop, first_at) = {
+            let mut q = lock(&shared.queue);
             let bytes = std::mem::replace(&mut q.bytes, std::mem::take(&mut spare));
             (
                 bytes,
@@ -669,6 +711,7 @@ fn commit_loop(shared: &WalShared) {
         if !bytes.is_empty() {
             shared.mark.advance(last_revision);
         }
+        drop(committing);
         bytes.clear();
         spare = bytes;
         if let Some(revision) = cleanup {
@@ -871,13 +914,16 @@ mod recovery_tests {
         let dir = scratch("never");
         let (mut wal, mark) = start(&dir, FsyncPolicy::Never, 0);
         for i in 1..=3 {
+            // Written one at a time, as three connections' changes are.
             wal.append(i, &create(i, 100));
+            mark.hurry();
+            assert_eq!(mark.get(), i, "written by the caller");
         }
-        wait_for(&mark, 3);
         wal.stop();
         let first = only_segment(&dir);
         // A later run's segment.
         let (mut wal, mark) = start(&dir, FsyncPolicy::Never, 3);
+        // Left to the committer, which looks for leftovers now and then.
         wal.append(4, &create(4, 100));
         wait_for(&mark, 4);
         wal.stop();

@@ -111,6 +111,8 @@ pub(crate) struct DurableMark {
     /// When the mark last moved, in ns since `born` (for the stats).
     moved_ns: AtomicU64,
     born: std::time::Instant,
+    /// Writes what is queued, under `--fsync never` (see [`Self::hurry`]).
+    flusher: std::sync::OnceLock<log::Flusher>,
 }
 
 impl DurableMark {
@@ -122,6 +124,21 @@ impl DurableMark {
             waiters: Mutex::new(Vec::new()),
             moved_ns: AtomicU64::new(0),
             born: std::time::Instant::now(),
+            flusher: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn set_flusher(&self, flusher: log::Flusher) {
+        let _ = self.flusher.set(flusher);
+    }
+
+    /// Moves the mark past what this thread applied, if the log can do it
+    /// here and now: under `--fsync never`, the changes a connection made
+    /// are written by that connection once it has let go of the core's
+    /// lock. Called where a thread is about to wait for the mark.
+    pub(crate) fn hurry(&self) {
+        if let Some(flusher) = self.flusher.get() {
+            flusher.flush();
         }
     }
 
