@@ -361,8 +361,8 @@ struct WalShared {
     snapshot_running: AtomicBool,
     /// The thread writing the latest snapshot.
     snapshotter: Mutex<Option<JoinHandle<()>>>,
-    /// The segment being appended to: written by the committer under
-    /// `--fsync always`, directly by `append` under `--fsync never`.
+    /// The segment being appended to: written by the committer, and under
+    /// `--fsync never` by connections writing their own changes.
     segment: Mutex<Segment>,
     /// Bytes appended since the last snapshot was started.
     since_snapshot: AtomicU64,
@@ -441,11 +441,13 @@ impl Wal {
         lock(&self.shared.queue)
     }
 
-    /// Logs the record of an applied command. Under `--fsync always` it is
-    /// queued for the committer, which syncs it; under `--fsync never` it is
-    /// written to the operating system at once (so a crash of the server
-    /// loses nothing) and is as durable as it will get. After a failed
-    /// write it does nothing: the change is never acknowledged.
+    /// Logs the record of an applied command: it is queued. Under `--fsync
+    /// always` the committer writes and syncs it; under `--fsync never` the
+    /// connection that made it writes it to the operating system (so a crash
+    /// of the server loses nothing) once it lets go of the core's lock (see
+    /// [`Flusher`]). Either way the durable mark moves only after the write.
+    /// After a failed write it does nothing: the change is never
+    /// acknowledged.
     pub(crate) fn append(&self, revision: u64, proposal: &Proposal) {
         if self.shared.broken.load(Ordering::Acquire) {
             return;
