@@ -623,8 +623,10 @@ impl Segment {
     }
 }
 
-/// Writes queued batches, syncs them, advances the durable mark; rotates
-/// segments and removes files a snapshot made obsolete.
+/// Writes queued batches (and syncs them under `--fsync always`), advances
+/// the durable mark; rotates segments and removes files a snapshot made
+/// obsolete. Under `--fsync never` connections write their own changes, and
+/// this thread writes what they left and does the rest.
 fn commit_loop(shared: &WalShared) {
     let always = shared.fsync == FsyncPolicy::Always;
     let mut spare = Vec::new();
