@@ -382,6 +382,10 @@ struct Queue {
     stop: bool,
     /// When the first of the queued records was queued (for the stats).
     first_at: Option<std::time::Instant>,
+    /// The committer waits for work: an append must wake it. (While it
+    /// writes or syncs it looks at the queue again before waiting, so a
+    /// wake-up, which is a system call, would be wasted.)
+    committer_waiting: bool,
 }
 
 impl Wal {
@@ -464,12 +468,13 @@ impl Wal {
             .since_snapshot
             .fetch_add((q.bytes.len() - before) as u64, Ordering::Relaxed);
         q.last_revision = revision;
+        let waiting = q.committer_waiting;
         drop(q);
         // Under `--fsync never` the connection that made the change writes
         // it once it has let go of the core's lock (`DurableMark::hurry`),
         // together with the others it made meanwhile; the committer looks
         // every few milliseconds for any left over.
-        if self.shared.fsync == FsyncPolicy::Always {
+        if self.shared.fsync == FsyncPolicy::Always && waiting {
             self.shared.ready.notify_one();
         }
     }
@@ -636,6 +641,7 @@ fn commit_loop(shared: &WalShared) {
             let mut q = lock(&shared.queue);
             while q.bytes.is_empty() && q.rotate.is_none() && q.cleanup.is_none() && !q.stop {
                 slept = true;
+                q.committer_waiting = true;
                 q = if always {
                     shared.ready.wait(q).unwrap_or_else(|e| e.into_inner())
                 } else {
@@ -649,6 +655,7 @@ fn commit_loop(shared: &WalShared) {
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 };
+                q.committer_waiting = false;
             }
         }
         // Taken before the batch and held until it is written: under
