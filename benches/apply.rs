@@ -118,6 +118,22 @@ impl Rig {
         }
     }
 
+    /// The timed step: applies a benchmarked change, checks that it was made
+    /// (a refused one would be measured as a cheap no-op) and notes what to
+    /// take back after the sample.
+    fn timed(&mut self, proposal: &Proposal) -> Applied {
+        let applied = self.sm.apply_proposal(proposal);
+        assert!(applied.changed, "{:?}", applied.result);
+        match &applied.result {
+            Ok(Outcome::Created { path, .. } | Outcome::Enqueued { path, .. }) => {
+                self.created.push(path.clone())
+            }
+            Ok(Outcome::SessionOpened(id)) => self.opened.push(*id),
+            _ => {}
+        }
+        applied
+    }
+
     /// Takes back what the last sample did.
     fn undo(&mut self) {
         for node in std::mem::take(&mut self.created) {
@@ -150,12 +166,6 @@ fn enqueue_command(session: SessionId) -> Command {
     }
 }
 
-/// Checks that a benchmarked change was made: a refused one would be
-/// measured as a cheap no-op.
-fn changed(applied: &Applied) {
-    assert!(applied.changed, "{:?}", applied.result);
-}
-
 /// An ephemeral sequential node created under the lock (the plain form of a
 /// contender joining), by one session.
 #[divan::bench(args = [1_000], sample_count = SAMPLES, sample_size = SAMPLE_SIZE)]
@@ -175,15 +185,7 @@ fn create(bencher: Bencher, waiters: usize) {
             };
             rig.proposal(Some(session), create)
         })
-        .bench_local_refs(|proposal| {
-            let mut rig = rig.borrow_mut();
-            let applied = rig.sm.apply_proposal(proposal);
-            changed(&applied);
-            if let Ok(Outcome::Created { path, .. }) = &applied.result {
-                rig.created.push(path.clone());
-            }
-            applied
-        });
+        .bench_local_refs(|proposal| rig.borrow_mut().timed(proposal));
 }
 
 /// A contender joining the queue: create and predecessor in one step.
@@ -197,15 +199,7 @@ fn enqueue(bencher: Bencher, waiters: usize) {
             let session = rig.session;
             rig.proposal(Some(session), enqueue_command(session))
         })
-        .bench_local_refs(|proposal| {
-            let mut rig = rig.borrow_mut();
-            let applied = rig.sm.apply_proposal(proposal);
-            changed(&applied);
-            if let Ok(Outcome::Enqueued { path, .. }) = &applied.result {
-                rig.created.push(path.clone());
-            }
-            applied
-        });
+        .bench_local_refs(|proposal| rig.borrow_mut().timed(proposal));
 }
 
 /// The holder releasing the lock: its node, at the head of the queue, is
@@ -229,11 +223,7 @@ fn delete_head(bencher: Bencher, waiters: usize) {
             };
             rig.proposal(Some(session), delete)
         })
-        .bench_local_refs(|proposal| {
-            let applied = rig.borrow_mut().sm.apply_proposal(proposal);
-            changed(&applied);
-            applied
-        });
+        .bench_local_refs(|proposal| rig.borrow_mut().timed(proposal));
 }
 
 /// A new session, beside the contenders' sessions.
@@ -246,13 +236,5 @@ fn open_session(bencher: Bencher, waiters: usize) {
             rig.undo();
             rig.proposal(None, open_session_command())
         })
-        .bench_local_refs(|proposal| {
-            let mut rig = rig.borrow_mut();
-            let applied = rig.sm.apply_proposal(proposal);
-            changed(&applied);
-            if let Ok(Outcome::SessionOpened(id)) = applied.result {
-                rig.opened.push(id);
-            }
-            applied
-        });
+        .bench_local_refs(|proposal| rig.borrow_mut().timed(proposal));
 }
