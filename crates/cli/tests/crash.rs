@@ -1707,18 +1707,23 @@ const STORM_ROUNDS: usize = 8;
 /// and its log, if it ever does, else at a random moment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_minus_9_while_snapshots_replace_the_log_keeps_it_recoverable() {
+    storm_test("always").await;
+}
+
+/// Runs the snapshot storm under `--fsync <fsync>`, within a minute.
+async fn storm_test(fsync: &str) {
     let seed = seed();
     eprintln!(
-        "snapshot storm test: seed {seed} (BATON_CRASH_SEED={seed} replays its kill moments)"
+        "snapshot storm test (--fsync {fsync}): seed {seed} (BATON_CRASH_SEED={seed} replays its kill moments)"
     );
-    let scratch = Scratch::new("storm");
+    let scratch = Scratch::new(&format!("storm-{fsync}"));
     let limit = Duration::from_secs(60);
-    if tokio::time::timeout(limit, storm_rounds(seed, &scratch, "always"))
+    if tokio::time::timeout(limit, storm_rounds(seed, &scratch, fsync))
         .await
         .is_err()
     {
         panic!(
-            "the snapshot storm test did not finish within {limit:?} (seed {seed}); the server log ends:\n{}",
+            "the snapshot storm test (--fsync {fsync}) did not finish within {limit:?} (seed {seed}); the server log ends:\n{}",
             tail(&scratch.file("server.log"), 40)
         );
     }
@@ -1763,21 +1768,7 @@ async fn storm(
 /// operating system first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_minus_9_under_fsync_never_while_snapshots_replace_the_log_loses_nothing() {
-    let seed = seed();
-    eprintln!(
-        "snapshot storm test (--fsync never): seed {seed} (BATON_CRASH_SEED={seed} replays its kill moments)"
-    );
-    let scratch = Scratch::new("storm-never");
-    let limit = Duration::from_secs(60);
-    if tokio::time::timeout(limit, storm_rounds(seed, &scratch, "never"))
-        .await
-        .is_err()
-    {
-        panic!(
-            "the snapshot storm test (--fsync never) did not finish within {limit:?} (seed {seed}); the server log ends:\n{}",
-            tail(&scratch.file("server.log"), 40)
-        );
-    }
+    storm_test("never").await;
 }
 
 async fn storm_rounds(seed: u64, scratch: &Scratch, fsync: &str) {
