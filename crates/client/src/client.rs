@@ -15,8 +15,9 @@ use tokio::time::Instant;
 
 use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::error::{Error, Result};
+use crate::link::Link;
 use crate::queue::{QueueTable, QueueWatch};
-use crate::session::{open_leader, Answer, Cmd, Registration, SessionTask};
+use crate::session::{open_leader, Answer, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 
@@ -106,7 +107,7 @@ impl ClientBuilder {
 
     fn start(self, conn: crate::session::Connection, addr: String) -> Client {
         let grant = conn.grant.clone();
-        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+        let link = Arc::new(Link::new());
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(SessionState::Connected);
         let timeout = Duration::from_millis(grant.timeout_ms.into());
@@ -118,22 +119,20 @@ impl ClientBuilder {
             session: grant.session_id,
             secret: grant.secret,
             timeout: Duration::from_millis(grant.timeout_ms.into()),
-            cmds: cmd_rx,
+            link: link.clone(),
             unregister: unreg_rx,
             state: state_tx,
             watches: WatchTable::default(),
             queues: QueueTable::default(),
             orphans: Vec::new(),
             last_revision: 0,
-            next_xid: 0,
-            deferred: VecDeque::new(),
             leader: Some(addr),
             unanswered: VecDeque::new(),
         };
         tokio::spawn(task.run(conn));
         Client {
             inner: Arc::new(Inner {
-                cmds: cmd_tx,
+                link,
                 unregister: unreg_tx,
                 state: state_rx,
                 session: grant.session_id,
@@ -148,7 +147,8 @@ impl ClientBuilder {
 }
 
 struct Inner {
-    cmds: mpsc::Sender<Cmd>,
+    /// The sending side of the session: calls write their requests here.
+    link: Arc<Link>,
     unregister: mpsc::UnboundedSender<(String, u64)>,
     state: watch::Receiver<SessionState>,
     session: SessionId,
@@ -159,11 +159,18 @@ struct Inner {
     next_watch: AtomicU64,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.link.handles_dropped();
+    }
+}
+
 /// A session with a Baton server.
 ///
-/// `Client` is a cheap handle: clones share one session and one background
-/// task that owns the connection. Requests from all clones are pipelined on
-/// that connection and answered in order.
+/// `Client` is a cheap handle: clones share one session, its connection and
+/// one background task that reads from it. Each call writes its request to
+/// the connection itself; requests from all clones are pipelined on it and
+/// answered in order.
 ///
 /// # Connection loss
 /// If the connection breaks, the task reconnects and resumes the session (its
@@ -706,9 +713,8 @@ impl Client {
     /// their watches. Every clone of this client is closed with it.
     pub async fn close(&self) {
         let (done, rx) = oneshot::channel();
-        if self.inner.cmds.send(Cmd::Close { done }).await.is_ok() {
-            let _ = rx.await;
-        }
+        self.inner.link.close(done);
+        let _ = rx.await;
     }
 
     /// Validates a path and data before they cost a round trip.
@@ -745,14 +751,7 @@ impl Client {
 
     async fn call(&self, request: Request, watch: Option<Registration>) -> Result<Answer> {
         let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Request {
-            request,
-            reply,
-            watch,
-        };
-        if self.inner.cmds.send(cmd).await.is_err() {
-            return Err(self.ended_error());
-        }
+        self.inner.link.submit(request, reply, watch).await;
         rx.await.unwrap_or_else(|_| Err(self.ended_error()))
     }
 

@@ -20,6 +20,7 @@
 mod client;
 mod deadline;
 mod error;
+mod link;
 mod probe;
 mod queue;
 pub mod recipes;

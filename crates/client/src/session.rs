@@ -1,17 +1,19 @@
-//! The session task: the one owner of a client's connection.
+//! The session task: the reading side of a client's connection.
 //!
-//! It writes requests in the order they are made (pipelined, tagged with an
-//! xid), matches replies in order, dispatches watch events, pings when the
-//! connection is quiet, and when the connection breaks it resumes the session
-//! on a new one, sets the watches again and carries on.
+//! Callers write their own requests (pipelined, tagged with an xid; see
+//! [`Link`](crate::link::Link)). The task matches replies to them in order,
+//! dispatches watch events, finishes writes the socket did not take at once,
+//! pings when the connection is quiet, and when the connection breaks it
+//! resumes the session on a new one, sets the watches again, sends the
+//! unanswered requests again and carries on.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    frame_codec, ConnectRequest, ConnectResponse, ErrorCode, OpCode, Reply, Request, RequestFrame,
-    ServerMessage, SessionGrant, SessionId, SessionSecret, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
+    frame_codec, ConnectRequest, ConnectResponse, ErrorCode, OpCode, Reply, Request, ServerMessage,
+    SessionGrant, SessionId, SessionSecret, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
 };
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -25,6 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::deadline::Liveness;
 use crate::error::{Error, Result};
+use crate::link::{Link, Route};
 use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
 use crate::watcher::{WatchKind, WatchRequest, WatchTable};
@@ -37,31 +40,19 @@ pub(crate) struct Answer {
 
 pub(crate) type ReplySlot = oneshot::Sender<Result<Answer>>;
 
-/// What a [`Client`](crate::Client) asks of its session task.
-pub(crate) enum Cmd {
-    Request {
-        request: Request,
-        reply: ReplySlot,
-        watch: Option<Registration>,
-    },
-    Close {
-        done: oneshot::Sender<()>,
-    },
-}
-
 /// A request written and not yet answered.
 pub(crate) struct Pending {
-    xid: u32,
+    pub(crate) xid: u32,
     /// When the request was queued: the server heard it no earlier.
-    sent: Instant,
+    pub(crate) sent: Instant,
     /// The request, kept to be sent again (with the same xid) if the
     /// connection breaks before it is answered; `None` for the session's
     /// own pings and watch resets, which are not sent again.
-    request: Option<Request>,
+    pub(crate) request: Option<Request>,
     /// How many connections the request was sent on.
-    sends: u8,
-    reply: Option<ReplySlot>,
-    watch: Option<Registration>,
+    pub(crate) sends: u8,
+    pub(crate) reply: Option<ReplySlot>,
+    pub(crate) watch: Option<Registration>,
 }
 
 /// A watch that a request sets, registered locally once the reply confirms
@@ -205,7 +196,8 @@ pub(crate) struct SessionTask {
     pub(crate) session: SessionId,
     pub(crate) secret: SessionSecret,
     pub(crate) timeout: Duration,
-    pub(crate) cmds: mpsc::Receiver<Cmd>,
+    /// The sending side, shared with every `Client` handle.
+    pub(crate) link: Arc<Link>,
     pub(crate) unregister: mpsc::UnboundedReceiver<(String, u64)>,
     pub(crate) state: watch::Sender<SessionState>,
     pub(crate) liveness: Arc<Liveness>,
@@ -215,9 +207,6 @@ pub(crate) struct SessionTask {
     pub(crate) orphans: Vec<String>,
     /// Highest revision seen in any reply or event.
     pub(crate) last_revision: u64,
-    pub(crate) next_xid: u32,
-    /// Requests made while disconnected, sent once reconnected.
-    pub(crate) deferred: VecDeque<Cmd>,
     /// The address of the server the session was last on, or of the leader
     /// a member that does not lead sent it to: tried first on a reconnect.
     pub(crate) leader: Option<String>,
@@ -226,9 +215,6 @@ pub(crate) struct SessionTask {
     /// had handled from the session's last reply rather than apply it twice.
     pub(crate) unanswered: VecDeque<Pending>,
 }
-
-/// Most bytes buffered for writing before new requests wait.
-const WRITE_LIMIT: usize = 4 << 20;
 
 /// Most connections one request is sent on before it fails with
 /// `ConnectionLoss`.
@@ -258,11 +244,11 @@ impl SessionTask {
                 End::Expired(message) => {
                     let error = Error::SessionExpired(message);
                     fail_pending(std::mem::take(&mut self.unanswered), &error);
-                    self.finish(SessionState::Expired, error).await
+                    self.finish(SessionState::Expired, error)
                 }
                 End::Closed => {
                     fail_pending(std::mem::take(&mut self.unanswered), &Error::Closed);
-                    self.finish(SessionState::Closed, Error::Closed).await
+                    self.finish(SessionState::Closed, Error::Closed)
                 }
                 End::Dropped | End::Lost(_) => {}
             }
@@ -271,18 +257,28 @@ impl SessionTask {
     }
 
     /// Enters a terminal state and answers every later call with `error`.
-    async fn finish(&mut self, state: SessionState, error: Error) {
+    fn finish(&mut self, state: SessionState, error: Error) {
         debug!(session = %self.session, %state, "session ended");
         self.state.send_replace(state);
         self.watches.fail_all(&error);
         self.queues.fail_all(&error);
-        let deferred: Vec<Cmd> = self.deferred.drain(..).collect();
-        for cmd in deferred {
-            answer_ended(cmd, &error);
+        self.link.end(&error);
+    }
+
+    /// Why the session task was kicked while disconnected, if it must stop
+    /// trying: a close asked for, or every handle gone.
+    fn stop_reconnecting(&self) -> Option<End> {
+        let mut out = self.link.lock();
+        if !out.closing.is_empty() {
+            let closing = std::mem::take(&mut out.closing);
+            drop(out);
+            self.publish_end(&End::Closed);
+            for done in closing {
+                let _ = done.send(());
+            }
+            return Some(End::Closed);
         }
-        while let Some(cmd) = self.cmds.recv().await {
-            answer_ended(cmd, &error);
-        }
+        out.dropped.then_some(End::Dropped)
     }
 
     /// Tries every address in turn, with backoff, until the session is resumed
@@ -295,21 +291,21 @@ impl SessionTask {
         };
         let mut backoff = Duration::from_millis(20);
         loop {
+            if let Some(end) = self.stop_reconnecting() {
+                return Err(end);
+            }
             let (hint, addrs) = (self.leader.clone(), self.addrs.clone());
             let opening = open_leader(hint.as_deref(), &addrs, &request, self.connect_timeout);
             tokio::pin!(opening);
+            let link = self.link.clone();
             let result = loop {
                 tokio::select! {
                     r = &mut opening => break r,
-                    cmd = self.cmds.recv() => match cmd {
-                        Some(Cmd::Close { done }) => {
-                            self.publish_end(&End::Closed);
-                            let _ = done.send(());
-                            return Err(End::Closed);
+                    _ = link.kick.notified() => {
+                        if let Some(end) = self.stop_reconnecting() {
+                            return Err(end);
                         }
-                        Some(cmd) => self.deferred.push_back(cmd),
-                        None => return Err(End::Dropped),
-                    },
+                    }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
                 }
             };
@@ -329,15 +325,11 @@ impl SessionTask {
             loop {
                 tokio::select! {
                     _ = sleep_until(wake) => break,
-                    cmd = self.cmds.recv() => match cmd {
-                        Some(Cmd::Close { done }) => {
-                            self.publish_end(&End::Closed);
-                            let _ = done.send(());
-                            return Err(End::Closed);
+                    _ = link.kick.notified() => {
+                        if let Some(end) = self.stop_reconnecting() {
+                            return Err(end);
                         }
-                        Some(cmd) => self.deferred.push_back(cmd),
-                        None => return Err(End::Dropped),
-                    },
+                    }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
                 }
             }
@@ -349,72 +341,15 @@ impl SessionTask {
         self.queues.remove(path, id);
     }
 
-    fn next_xid(&mut self) -> u32 {
-        self.next_xid = self.next_xid.wrapping_add(1);
-        self.next_xid
-    }
-
-    /// Writes a request into `wbuf` and remembers it. A request with no
-    /// reply slot is the session's own (a ping, a watch reset, the delete of
-    /// an orphan); only the last is sent again after a broken connection.
-    fn enqueue(
-        &mut self,
-        request: Request,
-        reply: Option<ReplySlot>,
-        watch: Option<Registration>,
-        wbuf: &mut BytesMut,
-        pending: &mut VecDeque<Pending>,
-    ) {
-        let xid = self.next_xid();
-        let frame = RequestFrame { xid, request };
-        frame.encode(wbuf);
-        let again = reply.is_some() || matches!(frame.request, Request::Delete { .. });
-        pending.push_back(Pending {
-            xid,
-            sent: Instant::now(),
-            request: again.then_some(frame.request),
-            sends: 1,
-            reply,
-            watch,
-        });
-    }
-
-    /// Sends again, with their own xids, the requests the last connection
-    /// left unanswered.
-    fn resend(&mut self, wbuf: &mut BytesMut, pending: &mut VecDeque<Pending>) {
-        for mut p in std::mem::take(&mut self.unanswered) {
-            let Some(request) = p.request.take() else {
-                continue;
-            };
-            let frame = RequestFrame {
-                xid: p.xid,
-                request,
-            };
-            frame.encode(wbuf);
-            p.request = Some(frame.request);
-            p.sent = Instant::now();
-            p.sends += 1;
-            pending.push_back(p);
-        }
-    }
-
-    /// Serves one connection until it breaks or the session ends.
-    async fn serve(&mut self, conn: Connection) -> End {
-        let Connection {
-            mut reader,
-            mut writer,
-            sent,
-            ..
-        } = conn;
-        self.liveness.answered(sent);
-        let mut wbuf = BytesMut::new();
-        let mut pending: VecDeque<Pending> = VecDeque::new();
-        let mut closing: Option<oneshot::Sender<()>> = None;
-
+    /// Puts a connection to use: watches set again, unanswered requests
+    /// sent again and the requests kept meanwhile sent, in that order,
+    /// before any new request.
+    fn go_up(&mut self, writer: &Arc<OwnedWriteHalf>) {
         // After a resume the server holds none of our watches: set them again
         // before anything else, relative to the last revision we saw.
         let [data, exist, child] = self.watches.paths();
         let queue = self.queues.entries();
+        let mut out = self.link.lock();
         if !(data.is_empty() && exist.is_empty() && child.is_empty() && queue.is_empty()) {
             let request = Request::SetWatches {
                 revision: self.last_revision,
@@ -423,32 +358,73 @@ impl SessionTask {
                 child,
                 queue,
             };
-            self.enqueue(request, None, None, &mut wbuf, &mut pending);
+            out.push(request, None, None);
         }
-        self.resend(&mut wbuf, &mut pending);
-        while let Some(cmd) = self.deferred.pop_front() {
-            self.accept(cmd, &mut wbuf, &mut pending, &mut closing);
+        out.resend(std::mem::take(&mut self.unanswered));
+        while let Some(d) = out.deferred.pop_front() {
+            out.push(d.request, Some(d.reply), d.watch);
         }
+        if !out.closing.is_empty() {
+            // Asked for while the connection was being opened.
+            out.push(Request::CloseSession, None, None);
+        }
+        out.route = Route::Up(writer.clone());
+        out.last_sent = Instant::now();
+        self.link.flush(&mut out);
+    }
+
+    /// Serves one connection until it breaks or the session ends.
+    async fn serve(&mut self, conn: Connection) -> End {
+        let Connection {
+            mut reader,
+            writer,
+            sent,
+            ..
+        } = conn;
+        self.liveness.answered(sent);
+        let writer = Arc::new(writer);
+        self.go_up(&writer);
+        let link = self.link.clone();
 
         let ping_every = self.timeout / 3;
         let silence_limit = self.timeout * 2 / 3;
-        let mut last_sent = Instant::now();
         let mut last_heard = Instant::now();
+        // Whether bytes wait for the socket to drain. Callers write what
+        // the socket takes at once and kick this task for the rest.
+        let mut draining = false;
         // One timer for the connection, re-armed only when it fires: sends
-        // and answers move `last_sent` and `last_heard` forward, so the
+        // and answers move the last send and `last_heard` forward, so the
         // armed time is never later than the time due. (A timer made anew
         // for every frame costs a timer-wheel insertion and removal per
         // frame, on a wheel that every session of the runtime shares.)
-        let tick =
-            tokio::time::sleep_until((last_sent + ping_every).min(last_heard + silence_limit));
+        let tick = tokio::time::sleep_until(
+            (self.link.lock().last_sent + ping_every).min(last_heard + silence_limit),
+        );
         tokio::pin!(tick);
         let end = loop {
             tokio::select! {
                 biased;
-                r = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match r {
-                    Ok(_) => last_sent = Instant::now(),
-                    Err(e) => break End::Lost(format!("write failed: {e}")),
-                },
+                r = writer.writable(), if draining => {
+                    if let Err(e) = r {
+                        break End::Lost(format!("write failed: {e}"));
+                    }
+                    let mut out = link.lock();
+                    link.flush(&mut out);
+                    if let Some(reason) = out.broken.clone() {
+                        break End::Lost(reason);
+                    }
+                    draining = !out.wbuf.is_empty();
+                }
+                _ = link.kick.notified() => {
+                    let out = link.lock();
+                    if let Some(reason) = out.broken.clone() {
+                        break End::Lost(reason);
+                    }
+                    if out.dropped {
+                        break End::Dropped;
+                    }
+                    draining = !out.wbuf.is_empty();
+                }
                 frame = reader.next() => {
                     last_heard = Instant::now();
                     let frame = match frame {
@@ -456,27 +432,20 @@ impl SessionTask {
                         Some(Err(e)) => break End::Lost(format!("read failed: {e}")),
                         None => break End::Lost("the server closed the connection".into()),
                     };
-                    if let Some(end) = self.on_frame(frame, &mut pending, &mut closing) {
+                    if let Some(end) = self.on_frame(frame) {
                         break end;
                     }
-                    for path in std::mem::take(&mut self.orphans) {
-                        let delete = Request::Delete {
-                            path,
-                            version: None,
-                            fence: None,
-                        };
-                        self.enqueue(delete, None, None, &mut wbuf, &mut pending);
-                    }
-                }
-                cmd = self.cmds.recv(), if closing.is_none() && wbuf.len() < WRITE_LIMIT => {
-                    let Some(cmd) = cmd else { break End::Dropped };
-                    self.accept(cmd, &mut wbuf, &mut pending, &mut closing);
-                    // Take what else is waiting, so one write carries many requests.
-                    while wbuf.len() < WRITE_LIMIT && closing.is_none() {
-                        match self.cmds.try_recv() {
-                            Ok(cmd) => self.accept(cmd, &mut wbuf, &mut pending, &mut closing),
-                            Err(_) => break,
+                    if !self.orphans.is_empty() {
+                        let mut out = link.lock();
+                        for path in std::mem::take(&mut self.orphans) {
+                            let delete = Request::Delete {
+                                path,
+                                version: None,
+                                fence: None,
+                            };
+                            out.push(delete, None, None);
                         }
+                        link.flush(&mut out);
                     }
                 }
                 Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
@@ -488,25 +457,30 @@ impl SessionTask {
                             silence_limit.as_millis()
                         ));
                     }
-                    if now >= last_sent + ping_every && wbuf.is_empty() {
-                        self.enqueue(Request::Ping, None, None, &mut wbuf, &mut pending);
+                    let mut out = link.lock();
+                    if now >= out.last_sent + ping_every && out.wbuf.is_empty() {
+                        out.push(Request::Ping, None, None);
+                        link.flush(&mut out);
                     }
                     // Not before 10 ms from now: a ping that waits for the
-                    // socket leaves `last_sent` behind meanwhile.
-                    let due = (last_sent + ping_every).min(last_heard + silence_limit);
+                    // socket leaves the last send behind meanwhile.
+                    let due = (out.last_sent + ping_every).min(last_heard + silence_limit);
                     tick.as_mut().reset(due.max(now + Duration::from_millis(10)));
                 }
             }
         };
+        let (pending, closing) = self.link.down();
         match &end {
             End::Lost(reason) => {
                 let error = Error::ConnectionLoss(reason.clone());
-                if let Some(done) = closing.take() {
+                if !closing.is_empty() {
                     // The close may not have reached the server; the session
                     // then expires on its own. Either way this client is done
                     // with it.
                     self.publish_end(&End::Closed);
-                    let _ = done.send(());
+                    for done in closing {
+                        let _ = done.send(());
+                    }
                     fail_pending(pending, &error);
                     return End::Closed;
                 }
@@ -548,34 +522,9 @@ impl SessionTask {
         }
     }
 
-    fn accept(
-        &mut self,
-        cmd: Cmd,
-        wbuf: &mut BytesMut,
-        pending: &mut VecDeque<Pending>,
-        closing: &mut Option<oneshot::Sender<()>>,
-    ) {
-        match cmd {
-            Cmd::Request {
-                request,
-                reply,
-                watch,
-            } => self.enqueue(request, Some(reply), watch, wbuf, pending),
-            Cmd::Close { done } => {
-                self.enqueue(Request::CloseSession, None, None, wbuf, pending);
-                *closing = Some(done);
-            }
-        }
-    }
-
     /// Handles one frame from the server; returns how the connection ends,
     /// if it does.
-    fn on_frame(
-        &mut self,
-        frame: Bytes,
-        pending: &mut VecDeque<Pending>,
-        closing: &mut Option<oneshot::Sender<()>>,
-    ) -> Option<End> {
+    fn on_frame(&mut self, frame: Bytes) -> Option<End> {
         let message = match ServerMessage::decode(frame) {
             Ok(m) => m,
             Err(e) => {
@@ -586,7 +535,7 @@ impl SessionTask {
         match message {
             ServerMessage::Reply(reply) => {
                 self.last_revision = self.last_revision.max(reply.revision);
-                let Some(p) = pending.pop_front() else {
+                let Some(p) = self.link.lock().pending.pop_front() else {
                     return Some(End::Lost(format!(
                         "unexpected reply with xid {}",
                         reply.xid
@@ -607,7 +556,8 @@ impl SessionTask {
                     };
                     // The state says so before `close()` returns.
                     self.publish_end(&end);
-                    if let Some(done) = closing.take() {
+                    let closing = std::mem::take(&mut self.link.lock().closing);
+                    for done in closing {
                         let _ = done.send(());
                     }
                     return Some(end);
@@ -693,17 +643,6 @@ fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
     for p in pending {
         if let Some(slot) = p.reply {
             let _ = slot.send(Err(error.clone()));
-        }
-    }
-}
-
-fn answer_ended(cmd: Cmd, error: &Error) {
-    match cmd {
-        Cmd::Request { reply, .. } => {
-            let _ = reply.send(Err(error.clone()));
-        }
-        Cmd::Close { done } => {
-            let _ = done.send(());
         }
     }
 }
