@@ -10,7 +10,7 @@ use baton_cluster::{ClusterMember, Member, MemberConfig};
 use baton_server::Config;
 use serde_json::Value;
 
-use crate::serve::{inherited, say_listening, shutdown_signal, ServeArgs};
+use crate::serve::{inherited, say_listening, shutdown_signal, Settings};
 use crate::{CliError, CliResult};
 
 /// Manage a cluster: its status, its members, or a whole local one to try.
@@ -143,7 +143,7 @@ fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
 }
 
 /// `baton serve --node-id ID ...`: runs a cluster member.
-pub async fn serve_member(id: u64, args: &ServeArgs, mut server: Config) -> CliResult {
+pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliResult {
     let members = args.peers.as_deref().map(parse_members).transpose()?;
     let own = members.as_ref().and_then(|m| m.get(&id)).cloned();
     if members.is_some() && own.is_none() {

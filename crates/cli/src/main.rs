@@ -43,7 +43,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     Create(commands::CreateArgs),
     /// Print a node's data.
     ///
@@ -81,18 +81,30 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve(_)));
-    sys::raise_fd_limit();
-    let mut builder = match &cli.command {
-        Command::Serve(args) if args.runtime_threads() == Some(1) => {
-            tokio::runtime::Builder::new_current_thread()
-        }
-        Command::Serve(args) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            if let Some(n) = args.runtime_threads() {
-                b.worker_threads(n);
+    // A server's settings are merged and checked before anything starts:
+    // they choose the runtime.
+    let mut settings = None;
+    if let Command::Serve(args) = &mut cli.command {
+        match std::mem::take(&mut **args).resolve() {
+            Ok(s) if s.effective_print_config() => {
+                print!("{}", s.to_toml());
+                return ExitCode::SUCCESS;
             }
+            Ok(s) => settings = Some(s),
+            Err(e) => {
+                eprintln!("baton: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    sys::raise_fd_limit();
+    let mut builder = match settings.as_ref().map(|s| s.runtime_threads()) {
+        Some(Some(1)) => tokio::runtime::Builder::new_current_thread(),
+        Some(Some(n)) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
             b
         }
         _ => tokio::runtime::Builder::new_multi_thread(),
@@ -108,7 +120,10 @@ fn main() -> ExitCode {
     let server = cli.server.unwrap_or_else(|| DEFAULT_SERVER.to_string());
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(_) => match settings {
+                Some(settings) => serve::run(settings).await,
+                None => unreachable!("the settings of `baton serve` are resolved first"),
+            },
             Command::Create(args) => commands::create(&server, args).await,
             Command::Get(args) => commands::get(&server, args).await,
             Command::Set(args) => commands::set(&server, args).await,

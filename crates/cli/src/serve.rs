@@ -1,11 +1,12 @@
 //! `baton serve`: run a server until SIGINT or SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use baton_server::persist::FsyncPolicy;
 use baton_server::{Config, Server};
+use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{CliError, CliResult};
@@ -22,18 +23,42 @@ use crate::{CliError, CliResult};
 /// by starting every member with the same --peers list; start a member that
 /// joins a running cluster with --join, then add it with `baton cluster
 /// add`. `baton cluster local` starts a whole cluster on this machine.
-#[derive(clap::Args)]
+///
+/// Settings come from a TOML file (--config), then BATON_* environment
+/// variables, then flags, each overriding the one before. Every setting
+/// below that names a variable is also a key of the file, spelled like the
+/// flag without its dashes (`data-dir = "/var/lib/baton"`);
+/// --print-config shows the settings in effect.
+#[derive(clap::Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[command(
+    after_help = "Exit status: 0 once stopped by a signal, 1 when the server cannot start \
+    (a bad setting is named with the file, variable or flag it came from) or fails."
+)]
 pub struct ServeArgs {
+    /// Read settings from this TOML file; the environment and flags
+    /// override them.
+    #[arg(long, value_name = "FILE", env = "BATON_CONFIG")]
+    #[serde(skip)]
+    pub(crate) config: Option<PathBuf>,
+
+    /// Print the settings in effect (as a config file) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub(crate) print_config: bool,
+
     /// Address to listen on for clients, as host:port [default:
     /// 127.0.0.1:4181; in a cluster, this member's client address in
     /// --peers]. Port 0 takes a free port; either way the server prints
     /// `listening on HOST:PORT` on stdout once it accepts connections.
-    #[arg(long)]
+    #[arg(long, env = "BATON_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) listen: Option<String>,
 
     /// This server is member ID of a cluster (a positive number, unique in
     /// the cluster).
-    #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "ID", env = "BATON_NODE_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) node_id: Option<u64>,
 
     /// The members of a new cluster, every one as
@@ -42,89 +67,103 @@ pub struct ServeArgs {
     /// others). Give every member of a new cluster the same list; once a
     /// member has started, its data directory holds the membership and the
     /// list is not needed (nor used) again.
-    #[arg(
-        long,
-        value_name = "MEMBERS",
-        requires = "node_id",
-        conflicts_with = "join"
-    )]
+    #[arg(long, value_name = "MEMBERS", env = "BATON_PEERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) peers: Option<String>,
 
     /// Start a member that joins a running cluster: it waits until the
     /// leader adds it (`baton cluster add`). Needs --peer-listen.
-    #[arg(long, requires_all = ["node_id", "peer_listen"])]
+    #[arg(long)]
+    #[serde(skip)]
     pub(crate) join: bool,
 
     /// Address to listen on for the other members [default: this member's
     /// peer address in --peers].
-    #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
+    #[arg(long, value_name = "HOST:PORT", env = "BATON_PEER_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) peer_listen: Option<String>,
 
     /// How long a follower waits without hearing from its leader before it
     /// stands for election, in milliseconds (the longest wait is twice
-    /// this). Failover takes about this long.
-    #[arg(long, value_name = "MS", default_value_t = 150, requires = "node_id")]
-    pub(crate) election_timeout: u64,
+    /// this). Failover takes about this long. [default: 150]
+    #[arg(long, value_name = "MS", env = "BATON_ELECTION_TIMEOUT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) election_timeout: Option<u64>,
 
     /// Take a snapshot of the state (and let the replicated log behind it
     /// go) after this many entries. A member far behind catches up from
-    /// the snapshot.
-    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "node_id")]
-    pub(crate) snapshot_entries: u64,
+    /// the snapshot. [default: 10000]
+    #[arg(long, value_name = "N", env = "BATON_SNAPSHOT_ENTRIES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) snapshot_entries: Option<u64>,
 
     /// Reach member ID at ADDR instead of the peer address it advertises
     /// (through a tunnel or a proxy), as ID=ADDR, separated by commas.
-    #[arg(long, value_name = "ROUTES", requires = "node_id")]
+    #[arg(long, value_name = "ROUTES", env = "BATON_ROUTE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) route: Option<String>,
 
     /// Take the client listener from this inherited file descriptor (a
     /// supervisor that bound it, as `baton cluster local` does).
     #[arg(long, value_name = "FD", hide = true, conflicts_with = "listen")]
+    #[serde(skip)]
     pub(crate) listen_fd: Option<i32>,
 
     /// Take the peer listener from this inherited file descriptor.
     #[arg(long, value_name = "FD", hide = true, conflicts_with = "peer_listen")]
+    #[serde(skip)]
     pub(crate) peer_listen_fd: Option<i32>,
 
     /// Directory that holds the server's durable state (write-ahead log and
     /// snapshots). It is created if missing and locked, so two servers cannot
     /// share it. On start the server recovers what it holds; sessions then
-    /// get a full timeout to reconnect.
-    #[arg(long, default_value = "./baton-data")]
-    pub(crate) data_dir: PathBuf,
+    /// get a full timeout to reconnect. [default: ./baton-data]
+    #[arg(long, value_name = "DIR", env = "BATON_DATA_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) data_dir: Option<PathBuf>,
 
     /// When the log is synced to disk: `always` (no reply before its change
     /// is on disk; concurrent changes share one sync) or `never` (a crash of
     /// the server loses nothing, a power loss loses the last moments).
-    #[arg(long, value_name = "POLICY", default_value = "always")]
-    pub(crate) fsync: FsyncPolicy,
+    /// [default: always]
+    #[arg(long, value_name = "POLICY", env = "BATON_FSYNC")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fsync: Option<String>,
 
     /// Take a snapshot (and drop the log before it) after this many bytes
-    /// of log.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
-    pub(crate) snapshot_every: u64,
+    /// of log. [default: 67108864]
+    #[arg(long, value_name = "BYTES", env = "BATON_SNAPSHOT_EVERY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) snapshot_every: Option<u64>,
 
     /// Smallest session timeout granted, in milliseconds (at least 100).
-    #[arg(long, value_name = "MS", default_value_t = 2_000)]
-    pub(crate) min_session_timeout: u64,
+    /// [default: 2000]
+    #[arg(long, value_name = "MS", env = "BATON_MIN_SESSION_TIMEOUT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) min_session_timeout: Option<u64>,
 
-    /// Largest session timeout granted, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 60_000)]
-    pub(crate) max_session_timeout: u64,
+    /// Largest session timeout granted, in milliseconds. [default: 60000]
+    #[arg(long, value_name = "MS", env = "BATON_MAX_SESSION_TIMEOUT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_session_timeout: Option<u64>,
 
-    /// Largest data one node may hold, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = baton_proto::DEFAULT_MAX_DATA)]
-    pub(crate) max_data: usize,
+    /// Largest data one node may hold, in bytes. [default: 1048576]
+    #[arg(long, value_name = "BYTES", env = "BATON_MAX_DATA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_data: Option<usize>,
 
     /// Most client connections served at once; more are refused.
-    #[arg(long, value_name = "N", default_value_t = 200_000)]
-    pub(crate) max_connections: usize,
+    /// [default: 200000]
+    #[arg(long, value_name = "N", env = "BATON_MAX_CONNECTIONS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_connections: Option<usize>,
 
     /// Bytes the watches of one session may count for: each watched path
     /// counts its length plus 64 bytes. A watch past the limit is refused
-    /// with a `too many watches` error.
-    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
-    pub(crate) max_watch_bytes: usize,
+    /// with a `too many watches` error. [default: 8388608]
+    #[arg(long, value_name = "BYTES", env = "BATON_MAX_WATCH_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_watch_bytes: Option<usize>,
 
     /// Threads that serve clients (and, in a cluster, the other members).
     /// By default a single server uses one per core and a cluster member
@@ -132,11 +171,201 @@ pub struct ServeArgs {
     /// (proposal, replication, the followers' answers, applying it), and on
     /// a few cores handing them between threads costs more than it gains
     /// (see docs/benchmarks.md).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", env = "BATON_THREADS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) threads: Option<u16>,
 }
 
+/// A cluster member's default election timeout, in milliseconds.
+const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 150;
+/// A cluster member's default snapshot interval, in log entries.
+const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
+
+/// `baton serve`'s settings once the file, the environment and the flags
+/// are merged, the defaults filled in and every value checked.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub(crate) listen: Option<String>,
+    pub(crate) node_id: Option<u64>,
+    pub(crate) peers: Option<String>,
+    pub(crate) join: bool,
+    pub(crate) peer_listen: Option<String>,
+    pub(crate) election_timeout: u64,
+    pub(crate) snapshot_entries: u64,
+    pub(crate) route: Option<String>,
+    pub(crate) listen_fd: Option<i32>,
+    pub(crate) peer_listen_fd: Option<i32>,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) fsync: FsyncPolicy,
+    pub(crate) snapshot_every: u64,
+    pub(crate) min_session_timeout: u64,
+    pub(crate) max_session_timeout: u64,
+    pub(crate) max_data: usize,
+    pub(crate) max_connections: usize,
+    pub(crate) max_watch_bytes: usize,
+    pub(crate) threads: Option<u16>,
+    /// The merged settings as a config file would give them.
+    pub(crate) effective: ServeArgs,
+}
+
 impl ServeArgs {
+    /// The defaults, as a config file would give them.
+    fn defaults() -> ServeArgs {
+        ServeArgs {
+            election_timeout: Some(DEFAULT_ELECTION_TIMEOUT_MS),
+            snapshot_entries: Some(DEFAULT_SNAPSHOT_ENTRIES),
+            data_dir: Some(PathBuf::from("./baton-data")),
+            fsync: Some(FsyncPolicy::Always.to_string()),
+            snapshot_every: Some(64 << 20),
+            min_session_timeout: Some(2_000),
+            max_session_timeout: Some(60_000),
+            max_data: Some(baton_proto::DEFAULT_MAX_DATA),
+            max_connections: Some(200_000),
+            max_watch_bytes: Some(8 << 20),
+            ..ServeArgs::default()
+        }
+    }
+
+    /// Merges the config file (if any), the environment and the flags over
+    /// the defaults, and checks the result.
+    ///
+    /// # Errors
+    /// A message naming the file, the key and what is wrong with it.
+    pub fn resolve(self) -> Result<Settings, CliError> {
+        let file = match &self.config {
+            Some(path) => read_config(path)?,
+            None => ServeArgs::default(),
+        };
+        let asked = overlay(file, self)?;
+        let layered = overlay(ServeArgs::defaults(), asked.clone())?;
+        Settings::check(layered, &asked)
+    }
+}
+
+/// Reads a config file: unknown keys and values of the wrong type are
+/// refused with the key and the line named.
+fn read_config(path: &Path) -> Result<ServeArgs, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::msg(format!(
+            "cannot read the config file {}: {e}",
+            path.display()
+        ))
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        CliError::msg(format!(
+            "config file {}: {}",
+            path.display(),
+            e.to_string().trim_end()
+        ))
+    })
+}
+
+/// `top`'s settings over `base`'s: a setting `top` leaves out keeps
+/// `base`'s value.
+fn overlay(base: ServeArgs, top: ServeArgs) -> Result<ServeArgs, CliError> {
+    let table = |s: &ServeArgs| {
+        toml::Table::try_from(s).map_err(|e| CliError::msg(format!("settings: {e}")))
+    };
+    let mut merged = table(&base)?;
+    merged.extend(table(&top)?);
+    let mut out: ServeArgs = merged
+        .try_into()
+        .map_err(|e: toml::de::Error| CliError::msg(format!("settings: {e}")))?;
+    // What a file cannot say comes from the command line.
+    out.config = top.config.or(base.config);
+    out.print_config = top.print_config || base.print_config;
+    out.join = top.join || base.join;
+    out.listen_fd = top.listen_fd.or(base.listen_fd);
+    out.peer_listen_fd = top.peer_listen_fd.or(base.peer_listen_fd);
+    Ok(out)
+}
+
+impl Settings {
+    /// Checks the merged settings `s`; `asked` are those the file, the
+    /// environment and the flags gave, before the defaults.
+    fn check(mut s: ServeArgs, asked: &ServeArgs) -> Result<Settings, CliError> {
+        // Filled in by the defaults.
+        let set = |what: Option<u64>| what.unwrap_or_default();
+        let bad = |key: &str, why: String| CliError::msg(format!("setting {key}: {why}"));
+        let fsync_text = s.fsync.clone().unwrap_or_default();
+        let fsync: FsyncPolicy = fsync_text.parse().map_err(|e: String| bad("fsync", e))?;
+        if s.node_id == Some(0) {
+            return Err(bad("node-id", "must be a positive number".into()));
+        }
+        if s.threads == Some(0) {
+            return Err(bad("threads", "must be at least 1".into()));
+        }
+        if s.node_id.is_none() {
+            let cluster_only = [
+                ("peers", s.peers.is_some()),
+                ("join", s.join),
+                ("peer-listen", s.peer_listen.is_some()),
+                ("election-timeout", asked.election_timeout.is_some()),
+                ("snapshot-entries", asked.snapshot_entries.is_some()),
+                ("route", s.route.is_some()),
+            ];
+            if let Some((key, _)) = cluster_only.iter().find(|(_, set)| *set) {
+                return Err(bad(
+                    key,
+                    "is for a cluster member: give node-id (--node-id) too".into(),
+                ));
+            }
+        }
+        if s.peers.is_some() && s.join {
+            return Err(bad(
+                "join",
+                "a member either starts a new cluster (peers) or joins a running one (join), not both".into(),
+            ));
+        }
+        if s.join && s.peer_listen.is_none() && s.peer_listen_fd.is_none() {
+            return Err(bad(
+                "join",
+                "a joining member needs peer-listen (--peer-listen), the address the others reach it at".into(),
+            ));
+        }
+        if s.node_id.is_none() {
+            // Shown as a single server uses them.
+            s.election_timeout = None;
+            s.snapshot_entries = None;
+            if s.listen_fd.is_none() {
+                s.listen
+                    .get_or_insert_with(|| crate::DEFAULT_SERVER.to_owned());
+            }
+        }
+        let settings = Settings {
+            listen: s.listen.clone(),
+            node_id: s.node_id,
+            peers: s.peers.clone(),
+            join: s.join,
+            peer_listen: s.peer_listen.clone(),
+            election_timeout: s.election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT_MS),
+            snapshot_entries: s.snapshot_entries.unwrap_or(DEFAULT_SNAPSHOT_ENTRIES),
+            route: s.route.clone(),
+            listen_fd: s.listen_fd,
+            peer_listen_fd: s.peer_listen_fd,
+            data_dir: s.data_dir.clone().unwrap_or_default(),
+            fsync,
+            snapshot_every: set(s.snapshot_every),
+            min_session_timeout: set(s.min_session_timeout),
+            max_session_timeout: set(s.max_session_timeout),
+            max_data: s.max_data.unwrap_or_default(),
+            max_connections: s.max_connections.unwrap_or_default(),
+            max_watch_bytes: s.max_watch_bytes.unwrap_or_default(),
+            threads: s.threads,
+            effective: s,
+        };
+        settings
+            .server_config()
+            .validate()
+            .map_err(|e| CliError::msg(format!("setting {}", e.0)))?;
+        Ok(settings)
+    }
+
+    /// Whether `--print-config` asked only for the settings.
+    pub(crate) fn effective_print_config(&self) -> bool {
+        self.effective.print_config
+    }
+
     /// How many threads the runtime gets: `None` for one per core.
     pub(crate) fn runtime_threads(&self) -> Option<usize> {
         match (self.threads, self.node_id) {
@@ -145,24 +374,39 @@ impl ServeArgs {
             (None, None) => None,
         }
     }
+
+    /// The settings in effect, as a config file.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(&self.effective).unwrap_or_default();
+        format!(
+            "# `baton serve` settings in effect: defaults, then the config file, the\n\
+             # BATON_* environment and the flags. Times are in milliseconds, sizes in bytes.\n{body}"
+        )
+    }
+
+    /// The server's settings.
+    pub(crate) fn server_config(&self) -> Config {
+        let mut config = Config {
+            min_session_timeout: Duration::from_millis(self.min_session_timeout),
+            max_session_timeout: Duration::from_millis(self.max_session_timeout),
+            max_data: self.max_data,
+            max_connections: self.max_connections,
+            max_watch_bytes: self.max_watch_bytes,
+            data_dir: Some(self.data_dir.clone()),
+            fsync: self.fsync,
+            snapshot_every_bytes: self.snapshot_every,
+            ..Config::default()
+        };
+        // Room for the largest reply twice over, whatever the data limit.
+        config.max_outbound_bytes = config
+            .max_outbound_bytes
+            .max(4 * (config.max_data + baton_proto::REQUEST_OVERHEAD));
+        config
+    }
 }
 
-pub async fn run(args: ServeArgs) -> CliResult {
-    let mut config = Config {
-        min_session_timeout: Duration::from_millis(args.min_session_timeout),
-        max_session_timeout: Duration::from_millis(args.max_session_timeout),
-        max_data: args.max_data,
-        max_connections: args.max_connections,
-        max_watch_bytes: args.max_watch_bytes,
-        data_dir: Some(args.data_dir.clone()),
-        fsync: args.fsync,
-        snapshot_every_bytes: args.snapshot_every,
-        ..Config::default()
-    };
-    // Room for the largest reply twice over, whatever the data limit.
-    config.max_outbound_bytes = config
-        .max_outbound_bytes
-        .max(4 * (config.max_data + baton_proto::REQUEST_OVERHEAD));
+pub async fn run(args: Settings) -> CliResult {
+    let config = args.server_config();
     if let Some(id) = args.node_id {
         return crate::cluster::serve_member(id, &args, config).await;
     }

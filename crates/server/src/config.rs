@@ -64,7 +64,8 @@ impl Default for Config {
     }
 }
 
-/// A setting that cannot work, with the reason.
+/// A setting that cannot work, with the reason. The message starts with
+/// the setting's name as `baton serve` spells it (flag and config key).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid server configuration: {0}")]
 pub struct ConfigError(pub String);
@@ -77,35 +78,35 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min_session_timeout < MIN_SESSION_TIMEOUT_FLOOR {
             return Err(ConfigError(format!(
-                "minimum session timeout {} ms is below the floor of {} ms",
+                "min-session-timeout: {} ms is below the floor of {} ms",
                 self.min_session_timeout.as_millis(),
                 MIN_SESSION_TIMEOUT_FLOOR.as_millis()
             )));
         }
         if self.max_session_timeout < self.min_session_timeout {
             return Err(ConfigError(format!(
-                "maximum session timeout {} ms is below the minimum {} ms",
+                "max-session-timeout: {} ms is below min-session-timeout ({} ms)",
                 self.max_session_timeout.as_millis(),
                 self.min_session_timeout.as_millis()
             )));
         }
         if self.max_session_timeout > Duration::from_millis(u32::MAX as u64) {
             return Err(ConfigError(
-                "maximum session timeout exceeds u32 milliseconds".into(),
+                "max-session-timeout: more than 4294967295 ms".into(),
             ));
         }
         if self.max_data > u32::MAX as usize - baton_proto::REQUEST_OVERHEAD {
             return Err(ConfigError(format!(
-                "max data {} bytes is too large",
+                "max-data: {} bytes is too large",
                 self.max_data
             )));
         }
         if self.max_connections == 0 {
-            return Err(ConfigError("max connections must be at least 1".into()));
+            return Err(ConfigError("max-connections: must be at least 1".into()));
         }
         if self.max_outbound_bytes < 2 * (self.max_data + baton_proto::REQUEST_OVERHEAD) {
             return Err(ConfigError(format!(
-                "max outbound bytes {} must hold at least two of the largest replies ({} bytes each)",
+                "max-outbound-bytes: {} must hold at least two of the largest replies ({} bytes each)",
                 self.max_outbound_bytes,
                 self.max_data + baton_proto::REQUEST_OVERHEAD
             )));
@@ -113,7 +114,7 @@ impl Config {
         let one_watch = baton_proto::MAX_PATH_LEN + crate::watches::WATCH_OVERHEAD;
         if self.max_watch_bytes < one_watch {
             return Err(ConfigError(format!(
-                "max watch bytes {} must allow at least one watch on the longest path ({one_watch} bytes)",
+                "max-watch-bytes: {} must allow at least one watch on the longest path ({one_watch} bytes)",
                 self.max_watch_bytes
             )));
         }

@@ -1,0 +1,214 @@
+//! `baton serve`'s settings: a TOML file, `BATON_*` variables and flags, in
+//! rising order of precedence, and a clear refusal of anything wrong.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::{baton, exit_within};
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-config-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `baton serve` with no `BATON_*` variable but those given.
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = baton();
+    for (key, _) in std::env::vars() {
+        if key.starts_with("BATON_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("serve").args(args).envs(env.iter().copied());
+    cmd
+}
+
+fn output(mut cmd: Command) -> Output {
+    cmd.output().expect("run baton serve")
+}
+
+/// Runs `baton serve` expecting it to refuse to start; returns its stderr.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = output(serve(args, env));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started anyway: {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    err
+}
+
+fn printed(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut all = vec!["--print-config"];
+    all.extend_from_slice(args);
+    let out = output(serve(&all, env));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
+    let dir = scratch("layers");
+    let data_dir = dir.join("data");
+    let file = write(
+        &dir,
+        "baton.toml",
+        &format!(
+            "# a comment\nlisten = \"127.0.0.1:0\"\ndata-dir = {:?}\nfsync = \"never\"\n\
+             max-data = 2048\nmin-session-timeout = 500\nmax-connections = 10\n",
+            data_dir.to_str().unwrap()
+        ),
+    );
+    let config = file.to_str().unwrap();
+    let env = [("BATON_MAX_DATA", "4096"), ("BATON_MAX_CONNECTIONS", "20")];
+    let shown = printed(&["--config", config, "--max-connections", "30"], &env);
+    for line in [
+        "listen = \"127.0.0.1:0\"",
+        "fsync = \"never\"",
+        "max-data = 4096",
+        "min-session-timeout = 500",
+        "max-connections = 30",
+        "max-session-timeout = 60000",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "no {line:?} in:\n{shown}");
+    }
+
+    // The server runs with them: the variable's data limit, not the file's.
+    let mut child = serve(&["--config", config], &env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let create = |name: &str, size: usize| {
+        baton()
+            .args(["--server", &addr, "create", name])
+            .arg("x".repeat(size))
+            .output()
+            .unwrap()
+    };
+    assert!(create("/fits", 3000).status.success());
+    let too_big = create("/too-big", 5000);
+    assert!(!too_big.status.success());
+    let err = String::from_utf8_lossy(&too_big.stderr);
+    assert!(err.contains("4096"), "{err}");
+    assert!(data_dir.exists(), "the file's data directory is used");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(exit_within(&mut child, 10).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn printed_settings_read_back_as_the_same_settings() {
+    let dir = scratch("round-trip");
+    let first = printed(
+        &[
+            "--fsync",
+            "never",
+            "--max-watch-bytes",
+            "100000",
+            "--threads",
+            "2",
+        ],
+        &[],
+    );
+    let file = write(&dir, "printed.toml", &first);
+    let again = printed(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(first, again);
+    // A cluster member's settings too.
+    let member = printed(
+        &[
+            "--node-id",
+            "2",
+            "--peers",
+            "1=127.0.0.1:1/127.0.0.1:2,2=127.0.0.1:3/127.0.0.1:4",
+            "--election-timeout",
+            "300",
+        ],
+        &[],
+    );
+    assert!(member.contains("election-timeout = 300"), "{member}");
+    let file = write(&dir, "member.toml", &member);
+    assert_eq!(member, printed(&["--config", file.to_str().unwrap()], &[]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_keys_and_values_are_refused_naming_the_key() {
+    let dir = scratch("bad");
+    let cases = [
+        // An unknown key, with the line it is on.
+        (
+            "fsync = \"never\"\nmax-dat = 5\n",
+            vec!["max-dat", "line 2"],
+        ),
+        // A value of the wrong type.
+        ("max-data = \"big\"\n", vec!["max-data", "line 1"]),
+        // A value of the right type that cannot work.
+        ("fsync = \"sometimes\"\n", vec!["fsync", "always or never"]),
+        (
+            "min-session-timeout = 5\n",
+            vec!["min-session-timeout", "100 ms"],
+        ),
+        (
+            "min-session-timeout = 9000\nmax-session-timeout = 8000\n",
+            vec!["max-session-timeout"],
+        ),
+        // A cluster setting for a single server.
+        (
+            "election-timeout = 300\n",
+            vec!["election-timeout", "node-id"],
+        ),
+        // Not TOML at all.
+        ("max-data = = 3\n", vec!["line 1"]),
+    ];
+    for (i, (text, wanted)) in cases.iter().enumerate() {
+        let file = write(&dir, &format!("bad-{i}.toml"), text);
+        let err = refused(&["--config", file.to_str().unwrap()], &[]);
+        for want in wanted {
+            assert!(err.contains(want), "{text:?}: no {want:?} in: {err}");
+        }
+        if wanted.iter().any(|w| w.starts_with("line")) {
+            assert!(err.contains(file.to_str().unwrap()), "{err}");
+        }
+    }
+    // A bad variable is named as the flag it stands for.
+    let err = refused(&[], &[("BATON_FSYNC", "sometimes")]);
+    assert!(err.contains("fsync") && err.contains("sometimes"), "{err}");
+    let err = refused(&[], &[("BATON_MAX_DATA", "lots")]);
+    assert!(err.contains("max-data") && err.contains("lots"), "{err}");
+    // A file that is not there.
+    let missing = dir.join("missing.toml");
+    let err = refused(&["--config", missing.to_str().unwrap()], &[]);
+    assert!(
+        err.contains("cannot read the config file") && err.contains("missing.toml"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
