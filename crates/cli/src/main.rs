@@ -9,6 +9,7 @@ mod local;
 mod lock;
 mod serve;
 mod signals;
+mod status;
 mod supervise;
 mod sys;
 
@@ -64,6 +65,7 @@ enum Command {
     Watch(commands::PathArg),
     Lock(lock::LockArgs),
     Locks(lock::LocksArgs),
+    Status(status::StatusArgs),
     Elect(elect::ElectArgs),
     Leader(elect::LeaderArgs),
     /// Measure Baton: round trips, durable writes, the thundering herd.
@@ -133,6 +135,7 @@ fn main() -> ExitCode {
             Command::Watch(args) => commands::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,
+            Command::Status(args) => status::status(&server, args).await,
             Command::Elect(args) => elect::elect(&server, args).await,
             Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,

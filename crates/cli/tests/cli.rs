@@ -290,3 +290,45 @@ fn create_and_set_take_data_past_the_argument_limit_from_stdin_or_a_file() {
     let err = s.fails(&["set", "/from-file", "--file", file_arg]);
     assert!(err.contains(file_arg), "{err}");
 }
+
+#[test]
+fn status_shows_the_server_at_a_glance_and_fails_when_none_answers() {
+    let s = Served::start();
+    s.ok(&["create", "/status-a", "x"]);
+    s.ok(&["create", "/status-a/b", "y"]);
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["status", "--json"])).unwrap();
+    assert_eq!(json["role"], "single");
+    assert_eq!(json["nodes"].as_u64(), Some(3), "{json}");
+    assert_eq!(json["sessions"].as_u64(), Some(0), "{json}");
+    assert_eq!(json["fsync"], "always");
+    assert!(
+        json["recent_syncs"]["syncs"].as_u64().unwrap() >= 2,
+        "{json}"
+    );
+    assert!(json["storage"]["log_bytes"].as_u64().unwrap() > 0, "{json}");
+    assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
+
+    let table = s.ok(&["status"]);
+    for want in [
+        "a single server, up ",
+        "nodes        3",
+        "fsync        always; latest ",
+        "storage      ",
+    ] {
+        assert!(table.contains(want), "no {want:?} in:\n{table}");
+    }
+
+    // Nobody there: exit 1 and say so.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = baton()
+        .args(["--server", &format!("127.0.0.1:{port}"), "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no server answered"), "{err}");
+}

@@ -1,6 +1,8 @@
 //! Counters the server keeps about itself, for tests, tools and operators.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 /// Running totals since the server started. Updated with relaxed atomics:
 /// each counter is exact, but a snapshot is not one instant across counters.
@@ -40,6 +42,53 @@ pub struct Stats {
     /// the durable mark's move to their write, in ns.
     pub(crate) durable_sends: AtomicU64,
     pub(crate) durable_send_ns: AtomicU64,
+    /// How long the log's latest syncs took.
+    pub(crate) recent_syncs: Mutex<RecentSyncs>,
+}
+
+/// The durations of the log's latest syncs, for operators: one lock per
+/// sync, which takes a hundred microseconds or more itself.
+#[derive(Debug, Default)]
+pub(crate) struct RecentSyncs {
+    us: Vec<u32>,
+    next: usize,
+}
+
+/// How many of the latest syncs [`RecentSyncs`] keeps.
+const RECENT_SYNCS: usize = 128;
+
+/// The log's latest syncs, summed up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecentSyncSummary {
+    /// How many syncs this covers (at most 128, the latest).
+    pub syncs: usize,
+    pub p50_us: u32,
+    pub p99_us: u32,
+    pub max_us: u32,
+}
+
+impl RecentSyncs {
+    fn record(&mut self, took: Duration) {
+        let us = took.as_micros().min(u32::MAX as u128) as u32;
+        if self.us.len() < RECENT_SYNCS {
+            self.us.push(us);
+        } else {
+            self.us[self.next] = us;
+        }
+        self.next = (self.next + 1) % RECENT_SYNCS;
+    }
+
+    fn summary(&self) -> Option<RecentSyncSummary> {
+        let mut sorted = self.us.clone();
+        sorted.sort_unstable();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        (!sorted.is_empty()).then(|| RecentSyncSummary {
+            syncs: sorted.len(),
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: at(1.0),
+        })
+    }
 }
 
 /// A copy of the counters plus sizes read from the state.
@@ -131,6 +180,23 @@ impl Stats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Records one sync of the log that took `took`.
+    pub(crate) fn log_synced(&self, took: Duration) {
+        Stats::add(&self.log_sync_ns, took.as_nanos() as u64);
+        self.recent_syncs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(took);
+    }
+
+    /// The log's latest syncs, or `None` before the first.
+    pub fn recent_syncs(&self) -> Option<RecentSyncSummary> {
+        self.recent_syncs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .summary()
+    }
+
     /// Adds the time since `since`, in ns.
     pub(crate) fn add_since(counter: &AtomicU64, since: std::time::Instant) {
         Stats::add(counter, since.elapsed().as_nanos() as u64);
@@ -165,5 +231,25 @@ impl Stats {
             cpu_system_us: process_cpu_us().1,
             ..StatsSnapshot::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_syncs_keep_the_latest_128() {
+        let mut r = RecentSyncs::default();
+        assert_eq!(r.summary(), None);
+        for us in 1..=1000u64 {
+            r.record(Duration::from_micros(us));
+        }
+        let s = r.summary().unwrap();
+        assert_eq!(s.syncs, 128);
+        // The latest 128 are 873..=1000.
+        assert_eq!(s.max_us, 1000);
+        assert_eq!(s.p50_us, 937);
+        assert_eq!(s.p99_us, 999);
     }
 }

@@ -1,6 +1,8 @@
 //! What the status probe answers: this server, described in one JSON
 //! object (see `baton_proto::probe`).
 
+use std::path::Path;
+
 use serde_json::{json, Value};
 
 use crate::replicate::Role;
@@ -33,7 +35,39 @@ pub(crate) fn json(shared: &Shared) -> String {
         "connections": stats.connections_open,
         "sessions_expired": stats.sessions_expired,
         "fsync": shared.config.fsync.to_string(),
+        "recent_syncs": shared.stats.recent_syncs().map(|r| json!({
+            "syncs": r.syncs,
+            "p50_us": r.p50_us,
+            "p99_us": r.p99_us,
+            "max_us": r.max_us,
+        })),
+        "storage": shared.config.data_dir.as_deref().map(storage),
         "cluster": cluster,
     })
     .to_string()
+}
+
+/// What the data directory holds: its path and the bytes of log and of
+/// snapshots in it. A few files: read when asked.
+fn storage(dir: &Path) -> Value {
+    let (mut log, mut snapshots, mut log_files) = (0u64, 0u64, 0u64);
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let len = entry.metadata().map_or(0, |m| m.len());
+            if name.starts_with("wal-") && name.ends_with(".log") {
+                log += len;
+                log_files += 1;
+            } else if name.starts_with("snapshot-") && name.ends_with(".snap") {
+                snapshots += len;
+            }
+        }
+    }
+    json!({
+        "data_dir": dir.display().to_string(),
+        "log_bytes": log,
+        "log_files": log_files,
+        "snapshot_bytes": snapshots,
+    })
 }

@@ -707,7 +707,7 @@ fn commit_loop(shared: &WalShared) {
                     if always {
                         let started = std::time::Instant::now();
                         segment.sync(&shared.stats)?;
-                        Stats::add_since(&shared.stats.log_sync_ns, started);
+                        shared.stats.log_synced(started.elapsed());
                     }
                 }
             }
