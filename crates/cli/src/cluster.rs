@@ -10,7 +10,7 @@ use baton_cluster::{ClusterMember, Member, MemberConfig};
 use baton_server::Config;
 use serde_json::Value;
 
-use crate::serve::{inherited, say_listening, shutdown_signal, Settings};
+use crate::serve::{inherited, say_listening, serve_metrics, shutdown_signal, Settings};
 use crate::{CliError, CliResult};
 
 /// Manage a cluster: its status, its members, or a whole local one to try.
@@ -211,6 +211,7 @@ pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliRe
     let addr = member
         .client_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
+    serve_metrics(args, member.handle()).await?;
     tracing::info!(member = id, %addr, peer = %peer_addr, "cluster member ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());
     member.run(shutdown_signal()).await?;

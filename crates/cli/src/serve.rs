@@ -55,6 +55,12 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) listen: Option<String>,
 
+    /// Serve metrics for Prometheus over HTTP at http://ADDR/metrics
+    /// (host:port; OpenMetrics text). Off unless given.
+    #[arg(long, value_name = "HOST:PORT", env = "BATON_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) metrics_listen: Option<String>,
+
     /// This server is member ID of a cluster (a positive number, unique in
     /// the cluster).
     #[arg(long, value_name = "ID", env = "BATON_NODE_ID")]
@@ -186,6 +192,7 @@ const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub(crate) listen: Option<String>,
+    pub(crate) metrics_listen: Option<String>,
     pub(crate) node_id: Option<u64>,
     pub(crate) peers: Option<String>,
     pub(crate) join: bool,
@@ -334,6 +341,7 @@ impl Settings {
         }
         let settings = Settings {
             listen: s.listen.clone(),
+            metrics_listen: s.metrics_listen.clone(),
             node_id: s.node_id,
             peers: s.peers.clone(),
             join: s.join,
@@ -420,10 +428,28 @@ pub async fn run(args: Settings) -> CliResult {
     let addr = server
         .local_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
+    serve_metrics(&args, server.handle()).await?;
     tracing::info!(%addr, "baton server ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());
     server.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the metrics endpoint if `--metrics-listen` asks for one.
+pub async fn serve_metrics(
+    settings: &Settings,
+    handle: baton_server::ServerHandle,
+) -> Result<(), CliError> {
+    let Some(addr) = &settings.metrics_listen else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        CliError::msg(format!(
+            "cannot listen for metrics on {addr} (metrics-listen): {e}"
+        ))
+    })?;
+    tokio::spawn(baton_server::metrics::serve(listener, handle));
+    Ok(())
 }
 
 /// Prints `listening on ADDR` on stdout, for scripts and supervisors (and

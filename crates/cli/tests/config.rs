@@ -64,16 +64,37 @@ fn printed(args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `GET /metrics` from `addr`: the whole answer.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: baton\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
 #[test]
 fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
     let dir = scratch("layers");
     let data_dir = dir.join("data");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let file = write(
         &dir,
         "baton.toml",
         &format!(
             "# a comment\nlisten = \"127.0.0.1:0\"\ndata-dir = {:?}\nfsync = \"never\"\n\
-             max-data = 2048\nmin-session-timeout = 500\nmax-connections = 10\n",
+             max-data = 2048\nmin-session-timeout = 500\nmax-connections = 10\n\
+             metrics-listen = \"127.0.0.1:{metrics_port}\"\n",
             data_dir.to_str().unwrap()
         ),
     );
@@ -119,6 +140,13 @@ fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
     let err = String::from_utf8_lossy(&too_big.stderr);
     assert!(err.contains("4096"), "{err}");
     assert!(data_dir.exists(), "the file's data directory is used");
+    // And its metrics endpoint.
+    let metrics = scrape(&format!("127.0.0.1:{metrics_port}"));
+    assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("baton_server_info{version=") && metrics.contains("fsync=\"never\""),
+        "{metrics}"
+    );
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(exit_within(&mut child, 10).success());
     let _ = std::fs::remove_dir_all(&dir);

@@ -549,7 +549,10 @@ impl Conn {
                         .shared
                         .core()
                         .handle(session, request, outbox, Instant::now());
-                    Stats::add_since(&self.shared.stats.handle_ns, started);
+                    let took = started.elapsed();
+                    let stats = &self.shared.stats;
+                    Stats::add(&stats.handle_ns, took.as_nanos() as u64);
+                    stats.metrics.handle.observe_duration(took);
                     flow
                 }
                 Err(RequestDecodeError::NoHeader) => {

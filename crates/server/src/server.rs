@@ -150,10 +150,20 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle").finish_non_exhaustive()
+    }
+}
+
 impl ServerHandle {
     /// The server's counters and current sizes.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.core().stats_snapshot()
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 

@@ -44,6 +44,8 @@ pub struct Stats {
     pub(crate) durable_send_ns: AtomicU64,
     /// How long the log's latest syncs took.
     pub(crate) recent_syncs: Mutex<RecentSyncs>,
+    /// Counts by operation and result, and histograms, for Prometheus.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 /// The durations of the log's latest syncs, for operators: one lock per
@@ -183,6 +185,7 @@ impl Stats {
     /// Records one sync of the log that took `took`.
     pub(crate) fn log_synced(&self, took: Duration) {
         Stats::add(&self.log_sync_ns, took.as_nanos() as u64);
+        self.metrics.log_sync.observe_duration(took);
         self.recent_syncs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -384,10 +384,12 @@ impl Core {
             result,
         };
         let size = out.wire_size();
-        if size > self.max_reply() {
-            if let Out::Reply { result, .. } = &mut out {
+        if let Out::Reply { result, .. } = &mut out {
+            if size > self.max_reply() {
                 *result = Err(self.too_large(size));
             }
+            let error = result.as_ref().err().map(|e| e.code);
+            self.stats.metrics.replied(op, error);
         }
         out
     }
@@ -422,6 +424,11 @@ impl Core {
     }
 
     /// The counters and current sizes of this server.
+    /// Queue watches held now.
+    pub(crate) fn queue_watch_count(&self) -> usize {
+        self.queues.len()
+    }
+
     pub(crate) fn stats_snapshot(&self) -> StatsSnapshot {
         let mut snap = self.stats.snapshot();
         snap.sessions = self.sm.session_count() as u64;

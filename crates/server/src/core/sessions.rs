@@ -198,6 +198,10 @@ impl Core {
         // connection, relative to the last revision it saw.
         self.watches.remove_session(id);
         self.queues.remove_session(id);
+        self.stats
+            .metrics
+            .sessions_resumed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Connected {
             grant: SessionGrant {
                 timeout_ms,

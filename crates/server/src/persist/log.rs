@@ -323,6 +323,7 @@ impl Flusher {
         if let Some(at) = first_at {
             Stats::add(&shared.stats.log_batches, 1);
             Stats::add(&shared.stats.log_wait_ns, at.elapsed().as_nanos() as u64);
+            shared.stats.metrics.log_batch.observe(bytes.len() as u64);
         }
         segment::end_batch(&mut bytes, 0);
         let started = std::time::Instant::now();
@@ -521,6 +522,11 @@ impl Wal {
                     Ok(path) => {
                         info!(revision, file = %path.display(), ms = started.elapsed().as_millis() as u64, "snapshot written");
                         Stats::add(&shared.stats.snapshots, 1);
+                        let metrics = &shared.stats.metrics;
+                        metrics.snapshot.observe_duration(started.elapsed());
+                        if let Ok(meta) = std::fs::metadata(&path) {
+                            metrics.snapshot_bytes.store(meta.len(), Ordering::Relaxed);
+                        }
                         // The committer removes what the snapshot replaced,
                         // after the rotation queued before it, and only then
                         // lets the next snapshot start.
@@ -676,6 +682,7 @@ fn commit_loop(shared: &WalShared) {
         if let Some(at) = first_at {
             let waited = at.elapsed().as_nanos() as u64;
             Stats::add(&shared.stats.log_batches, 1);
+            shared.stats.metrics.log_batch.observe(bytes.len() as u64);
             Stats::add(&shared.stats.log_wait_ns, waited);
             if slept {
                 // The writer was idle: the wait was its wake-up alone.
