@@ -225,6 +225,20 @@ async fn a_scrape_counts_what_the_server_did_and_parses() {
 
     held.release().await.unwrap();
     let next = within(10, "b's turn", waiting).await.unwrap().unwrap();
+
+    // The lock's figures: two grants, one hold over, b's token, b queued.
+    let (_, _, body) = http_get(metrics, "/metrics").await;
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let lock = [("lock", "/locks/m")];
+    assert_eq!(value(&scrape, "baton_lock_grants_total", &lock), 2.0);
+    assert_eq!(value(&scrape, "baton_lock_holds_total", &lock), 1.0);
+    assert_eq!(value(&scrape, "baton_lock_queue", &lock), 1.0);
+    assert_eq!(
+        value(&scrape, "baton_lock_token", &lock),
+        next.token().get() as f64
+    );
+    assert!(value(&scrape, "baton_lock_hold_seconds_total", &lock) > 0.0);
+    python_parse(&body);
     next.release().await.unwrap();
     a.close().await;
     b.close().await;

@@ -66,25 +66,39 @@ pub struct LockArgs {
     command: Vec<String>,
 }
 
-/// Show a lock's holder and queue.
+/// Show a lock's holder and queue, or the server's busiest locks.
 ///
-/// One line per contender, in order: the holder first, then the waiters.
-/// Each line shows the position, the fencing token, the owning session, the
-/// node and what the contender stored in it (for `baton lock`, its process
-/// id and host).
+/// With a path: one line per contender, in order: the holder first, then
+/// the waiters. Each line shows the position, the fencing token, the owning
+/// session, the node and what the contender stored in it (for `baton lock`,
+/// its process id and host).
+///
+/// With --all: the server's busiest locks (longest queue first, then most
+/// grants), each with its queue length, the holder's token, and how many
+/// grants it made and how long waiters waited and holders held on average,
+/// as the server counted them since it started (or, in a cluster, since it
+/// leads). `baton locks PATH` then shows one of them in full.
 #[derive(clap::Args)]
 pub struct LocksArgs {
     /// Path of the lock.
-    path: String,
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    path: Option<String>,
+
+    /// Show the busiest locks instead of one.
+    #[arg(long)]
+    all: bool,
 }
 
 pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
+    let Some(path) = args.path else {
+        return busiest(server).await;
+    };
     let queue = crate::commands::with_session(server, async |client| {
-        Ok(Lock::new(client, &args.path).contenders().await?)
+        Ok(Lock::new(client, &path).contenders().await?)
     })
     .await?;
     if queue.is_empty() {
-        println!("{} is free: no holder, no waiters", args.path);
+        println!("{path} is free: no holder, no waiters");
     }
     for (i, c) in queue.iter().enumerate() {
         let role = if i == 0 {
@@ -98,6 +112,47 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
             c.token.get(),
             c.node,
             String::from_utf8_lossy(&c.identity)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton locks --all`: the busiest locks, from the server's status probe.
+async fn busiest(servers: &str) -> CliResult {
+    let status = crate::status::probe_any(servers, std::time::Duration::from_secs(3)).await?;
+    let locks = status["locks"].as_array().cloned().unwrap_or_default();
+    if locks.is_empty() {
+        println!("no lock has been granted on this server since it started");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<40} {:>7} {:>12} {:>9} {:>12} {:>12}",
+        "lock", "queue", "token", "grants", "avg wait", "avg hold"
+    );
+    for l in &locks {
+        let n = |k: &str| l[k].as_u64().unwrap_or(0);
+        let f = |k: &str| l[k].as_f64().unwrap_or(0.0);
+        let average = |total: f64, count: u64| {
+            if count == 0 {
+                "-".to_string()
+            } else {
+                crate::status::seconds(total / count as f64)
+            }
+        };
+        println!(
+            "{:<40} {:>7} {:>12} {:>9} {:>12} {:>12}",
+            l["lock"].as_str().unwrap_or("?"),
+            n("queue"),
+            l["token"]
+                .as_u64()
+                .map_or_else(|| "free".to_string(), |t| t.to_string()),
+            n("grants"),
+            // Waits are counted in milliseconds.
+            match average(f("wait_seconds"), n("grants")) {
+                w if w == "0 µs" => "< 1 ms".to_string(),
+                w => w,
+            },
+            average(f("hold_seconds"), n("holds")),
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -30,6 +30,21 @@ pub struct StatusArgs {
 
 pub async fn status(servers: &str, args: StatusArgs) -> CliResult {
     let limit = Duration::from_millis(args.timeout);
+    let (addr, status) = probe_first(servers, limit).await?;
+    if args.json {
+        println!("{status}");
+    } else {
+        print!("{}", render(&addr, &status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The status of the first of `servers` (comma-separated) that answers.
+pub async fn probe_any(servers: &str, limit: Duration) -> Result<Value, CliError> {
+    probe_first(servers, limit).await.map(|(_, status)| status)
+}
+
+async fn probe_first(servers: &str, limit: Duration) -> Result<(String, Value), CliError> {
     let mut last = String::from("no server address given");
     for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let answer = match baton_client::probe(addr, limit).await {
@@ -42,16 +57,16 @@ pub async fn status(servers: &str, args: StatusArgs) -> CliResult {
         let status: Value = serde_json::from_str(&answer).map_err(|e| {
             CliError::msg(format!("{addr} answered something that is not JSON: {e}"))
         })?;
-        if args.json {
-            println!("{status}");
-        } else {
-            print!("{}", render(addr, &status));
-        }
-        return Ok(ExitCode::SUCCESS);
+        return Ok((addr.to_owned(), status));
     }
     Err(CliError::msg(format!(
         "no server answered: {last} (is `baton serve` running there? give the address with --server or BATON_SERVER)"
     )))
+}
+
+/// A time in seconds, in the unit that reads best.
+pub fn seconds(s: f64) -> String {
+    micros((s * 1e6).round() as u64)
 }
 
 /// The table `baton status` prints.
@@ -109,6 +124,21 @@ fn render(addr: &str, s: &Value) -> String {
             bytes(storage["snapshot_bytes"].as_u64().unwrap_or(0)),
         );
     }
+    let locks = s["locks"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for (i, l) in locks.iter().take(5).enumerate() {
+        out += &format!(
+            "{:<12} {} (queue {}, {} grant{})\n",
+            if i == 0 { "busiest" } else { "" },
+            l["lock"].as_str().unwrap_or("?"),
+            l["queue"].as_u64().unwrap_or(0),
+            l["grants"].as_u64().unwrap_or(0),
+            if l["grants"].as_u64() == Some(1) {
+                ""
+            } else {
+                "s"
+            },
+        );
+    }
     let cluster = &s["cluster"];
     if !cluster.is_null() {
         let show = |v: &Value| match v {
@@ -140,8 +170,10 @@ fn duration(ms: u64) -> String {
 fn micros(us: u64) -> String {
     if us < 10_000 {
         format!("{us} µs")
-    } else {
+    } else if us < 10_000_000 {
         format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{:.1} s", us as f64 / 1e6)
     }
 }
 

@@ -332,3 +332,27 @@ fn status_shows_the_server_at_a_glance_and_fails_when_none_answers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no server answered"), "{err}");
 }
+
+#[test]
+fn locks_all_shows_the_busiest_locks_with_their_figures() {
+    let s = Served::start();
+    assert!(s
+        .ok(&["locks", "--all"])
+        .contains("no lock has been granted"));
+    for _ in 0..3 {
+        s.ok(&["lock", "/locks/busy", "--", "true"]);
+    }
+    s.ok(&["lock", "/locks/quiet", "--", "true"]);
+    let table = s.ok(&["locks", "--all"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("lock"), "{table}");
+    let busy: Vec<&str> = lines[1].split_whitespace().collect();
+    // lock, queue, token, grants, then the two averages.
+    assert_eq!(&busy[..4], ["/locks/busy", "0", "free", "3"], "{table}");
+    assert!(lines[2].starts_with("/locks/quiet"), "{table}");
+    let status = s.ok(&["status"]);
+    assert!(
+        status.contains("busiest      /locks/busy (queue 0, 3 grants)"),
+        "{status}"
+    );
+}

@@ -17,6 +17,7 @@ pub mod config;
 mod conn;
 mod core;
 pub mod datadir;
+mod locks;
 pub mod metrics;
 mod outbox;
 pub mod persist;

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
+use crate::locks::LockView;
 use crate::server::Shared;
 use crate::ServerHandle;
 
@@ -137,6 +138,10 @@ fn metric_histogram(
     metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, buckets, None)
 }
 
+/// How many locks the metrics name (by path, so label values stay few),
+/// busiest first.
+const BUSIEST_LOCKS: usize = 10;
+
 /// Operations by wire number (0 for one the server does not know).
 const OPS: usize = 15;
 /// Results: 0 for success, then the error codes by wire number, then one
@@ -244,13 +249,14 @@ fn gauge(
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let shared: &Shared = self.handle.shared();
-        let (stats, role, cluster, queue_watches) = {
+        let (stats, role, cluster, queue_watches, locks) = {
             let core = shared.core();
             (
                 core.stats_snapshot(),
                 core.role(),
                 core.log().status(),
                 core.queue_watch_count(),
+                core.busiest_locks(BUSIEST_LOCKS),
             )
         };
         let role = match (role, shared.replicated) {
@@ -430,6 +436,7 @@ impl Collector for Scrape {
             ConstGauge::new(stats.snapshot_pause_max_us as f64 / 1e6),
         )?;
 
+        encode_locks(&mut e, &locks)?;
         if let Some(cluster) = cluster.and_then(|c| serde_json::from_str::<Value>(&c).ok()) {
             encode_cluster(&mut e, &cluster)?;
         }
@@ -450,6 +457,71 @@ fn encode_replies(
             let labels = [("op", op_label(op)), ("result", result_label(result))];
             let metric = family.encode_family(&labels)?;
             ConstCounter::new(n).encode(metric)?;
+        }
+    }
+    Ok(())
+}
+
+/// Figures of the busiest locks, one label value (the lock's path) each.
+fn encode_locks(e: &mut DescriptorEncoder<'_>, locks: &[LockView]) -> Result<(), std::fmt::Error> {
+    type Field = fn(&LockView) -> Option<f64>;
+    let families: [(&str, &str, MetricType, Option<Unit>, Field); 6] = [
+        (
+            "baton_lock_queue",
+            "Nodes queued for the lock now, the holder's included.",
+            MetricType::Gauge,
+            None,
+            |l| Some(l.queue as f64),
+        ),
+        (
+            "baton_lock_token",
+            "The holder's fencing token (absent while the lock is free).",
+            MetricType::Gauge,
+            None,
+            |l| l.token.map(|t| t as f64),
+        ),
+        (
+            "baton_lock_grants",
+            "Grants of the lock.",
+            MetricType::Counter,
+            None,
+            |l| Some(l.grants as f64),
+        ),
+        (
+            "baton_lock_wait",
+            "Summed over grants: the wait from enqueue to grant.",
+            MetricType::Counter,
+            Some(Unit::Seconds),
+            |l| Some(l.wait_seconds),
+        ),
+        (
+            "baton_lock_holds",
+            "Holds of the lock that ended.",
+            MetricType::Counter,
+            None,
+            |l| Some(l.holds as f64),
+        ),
+        (
+            "baton_lock_hold",
+            "Summed over the holds that ended: their length.",
+            MetricType::Counter,
+            Some(Unit::Seconds),
+            |l| Some(l.hold_seconds),
+        ),
+    ];
+    if locks.is_empty() {
+        return Ok(());
+    }
+    for (name, help, kind, unit, field) in families {
+        let mut family = e.encode_descriptor(name, help, unit.as_ref(), kind)?;
+        for lock in locks {
+            let Some(v) = field(lock) else { continue };
+            let labels = [("lock", lock.lock.to_string())];
+            let metric = family.encode_family(&labels)?;
+            match kind {
+                MetricType::Counter => ConstCounter::new(v).encode(metric)?,
+                _ => ConstGauge::new(v).encode(metric)?,
+            }
         }
     }
     Ok(())
@@ -639,7 +711,7 @@ mod tests {
         assert_eq!(op_label(0), "unknown");
         assert_eq!(result_label(0), "ok");
         assert_eq!(result_label(1), "no_node");
-        assert_eq!(result_label(19), "stale_fence");
+        assert_eq!(result_label(19), "stale_fencing_token");
         assert_eq!(result_label(RESULTS - 1), "other");
     }
 }

@@ -8,11 +8,19 @@ use serde_json::{json, Value};
 use crate::replicate::Role;
 use crate::server::Shared;
 
+/// How many locks the status names, busiest first.
+const BUSIEST_LOCKS: usize = 20;
+
 /// The status of the server behind `shared`, as a JSON object.
 pub(crate) fn json(shared: &Shared) -> String {
-    let (stats, role, cluster) = {
+    let (stats, role, cluster, locks) = {
         let core = shared.core();
-        (core.stats_snapshot(), core.role(), core.log().status())
+        (
+            core.stats_snapshot(),
+            core.role(),
+            core.log().status(),
+            core.busiest_locks(BUSIEST_LOCKS),
+        )
     };
     let (role, leader) = match (role, shared.replicated) {
         (Role::Leader, false) => ("single", None),
@@ -42,6 +50,15 @@ pub(crate) fn json(shared: &Shared) -> String {
             "max_us": r.max_us,
         })),
         "storage": shared.config.data_dir.as_deref().map(storage),
+        "locks": locks.iter().map(|l| json!({
+            "lock": &*l.lock,
+            "queue": l.queue,
+            "token": l.token,
+            "grants": l.grants,
+            "wait_seconds": l.wait_seconds,
+            "holds": l.holds,
+            "hold_seconds": l.hold_seconds,
+        })).collect::<Vec<_>>(),
         "cluster": cluster,
     })
     .to_string()

@@ -95,6 +95,8 @@ pub(crate) struct Core {
     queues: QueueWatches,
     /// Queue notifications of the change being dispatched (scratch).
     queue_events: Vec<(SessionId, EventKind, Arc<str>)>,
+    /// Grants, holds and waits per lock, for operators.
+    locks: crate::locks::LockBoard,
     /// Kept in order of id, side by side (ids only grow, so the map's leaves
     /// stay full): a hash table would cost twice as much per session.
     live: Unshared<SessionId, Live>,
@@ -159,6 +161,7 @@ impl Core {
             watches: Watches::default(),
             queues: QueueWatches::default(),
             queue_events: Vec::new(),
+            locks: Default::default(),
             live: Unshared::new(),
             deadlines: Unshared::new(),
             config,
@@ -424,6 +427,11 @@ impl Core {
     }
 
     /// The counters and current sizes of this server.
+    /// The `n` busiest locks: longest queue first, then most grants.
+    pub(crate) fn busiest_locks(&self, n: usize) -> Vec<crate::locks::LockView> {
+        self.locks.busiest(&self.sm, n)
+    }
+
     /// Queue watches held now.
     pub(crate) fn queue_watch_count(&self) -> usize {
         self.queues.len()

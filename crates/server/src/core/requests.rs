@@ -288,6 +288,10 @@ impl Core {
                 ))
             }
         };
+        if predecessor.is_none() {
+            self.locks
+                .granted(&node, sequence, stat.ctime, wall_clock_ms());
+        }
         self.queues
             .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));
         Ok(Reply::Enqueue {

@@ -131,8 +131,18 @@ impl Core {
             let heads = predecessor.is_none();
             self.queues.set(session, node.clone(), predecessor);
             if heads && !headed {
+                self.granted(&node);
                 self.notify(outbox, EventKind::Head, revision, node);
             }
+        }
+    }
+
+    /// `node` now heads its queue: a grant of its lock.
+    fn granted(&mut self, node: &Arc<str>) {
+        if let Some(n) = self.sm.node(node) {
+            let (token, created_ms) = (n.czxid(), n.stat().ctime);
+            self.locks
+                .granted(node, token, created_ms, super::wall_clock_ms());
         }
     }
 
@@ -160,9 +170,13 @@ impl Core {
         let revision = self.sm.revision();
         for trigger in triggers {
             if trigger.kind == EventKind::Deleted {
+                self.locks.deleted(&trigger.path);
                 self.queues
                     .on_deleted(&trigger.path, actor, &self.sm, &mut self.queue_events);
                 for (session, kind, node) in std::mem::take(&mut self.queue_events) {
+                    if kind == EventKind::Head {
+                        self.granted(&node);
+                    }
                     if let Some(conn) = self.live.get(&session).and_then(|l| l.conn.as_ref()) {
                         self.notify(conn, kind, revision, node);
                     }

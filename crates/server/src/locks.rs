@@ -1,0 +1,187 @@
+//! Figures per lock, for operators: how often it was granted, how long
+//! holders held it and waiters waited.
+//!
+//! A lock here is a parent whose children queue with queue watches (the
+//! lock and election recipes). A grant is a queue node becoming the head of
+//! its queue while its session waits on this server: at its enqueue, or when
+//! its predecessor goes. Like the queue watches, these figures belong to this
+//! server and not to the state machine; a new leader starts counting afresh.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::state::StateMachine;
+
+/// Most locks followed at once. Past it, locks nobody holds are forgotten
+/// to make room; while every one is held, a new lock is not followed.
+const MAX_LOCKS: usize = 4096;
+
+#[derive(Debug, Default)]
+pub(crate) struct LockBoard {
+    locks: HashMap<Arc<str>, Figures>,
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    grants: u64,
+    /// Summed over grants: from the node's creation to its grant, in ms.
+    wait_ms: u64,
+    /// Holds that ended, and their summed length in ns.
+    holds: u64,
+    hold_ns: u64,
+    holder: Option<Holder>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    node: Arc<str>,
+    token: u64,
+    since: Instant,
+}
+
+/// One lock as `baton locks --all`, the status probe and the metrics show
+/// it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LockView {
+    pub(crate) lock: Arc<str>,
+    /// Nodes in the queue now, the holder's included.
+    pub(crate) queue: u64,
+    /// The holder's fencing token, if the lock is held.
+    pub(crate) token: Option<u64>,
+    pub(crate) grants: u64,
+    /// Summed waits from enqueue to grant, in seconds.
+    pub(crate) wait_seconds: f64,
+    /// Holds that ended, and their summed length in seconds.
+    pub(crate) holds: u64,
+    pub(crate) hold_seconds: f64,
+}
+
+fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+impl LockBoard {
+    /// `node` (created at wall-clock `created_ms`, token `token`) now heads
+    /// its queue.
+    pub(crate) fn granted(&mut self, node: &Arc<str>, token: u64, created_ms: u64, now_ms: u64) {
+        let lock = parent(node);
+        if !self.locks.contains_key(lock) && self.locks.len() >= MAX_LOCKS {
+            self.locks.retain(|_, f| f.holder.is_some());
+            if self.locks.len() >= MAX_LOCKS {
+                return;
+            }
+        }
+        let now = Instant::now();
+        let figures = match self.locks.get_mut(lock) {
+            Some(f) => f,
+            None => self.locks.entry(Arc::from(lock)).or_default(),
+        };
+        if figures.holder.as_ref().is_some_and(|h| h.node == *node) {
+            return; // told again (an enqueue sent again): one grant
+        }
+        if let Some(old) = figures.holder.take() {
+            // The previous holder's node is still there (a grant after a
+            // failover, say): its hold ends now.
+            figures.holds += 1;
+            figures.hold_ns += now.duration_since(old.since).as_nanos() as u64;
+        }
+        figures.grants += 1;
+        figures.wait_ms += now_ms.saturating_sub(created_ms);
+        figures.holder = Some(Holder {
+            node: node.clone(),
+            token,
+            since: now,
+        });
+    }
+
+    /// `path` was deleted: if it held its lock, the hold ends.
+    pub(crate) fn deleted(&mut self, path: &str) {
+        let Some(figures) = self.locks.get_mut(parent(path)) else {
+            return;
+        };
+        if figures.holder.as_ref().is_some_and(|h| &*h.node == path) {
+            let old = figures.holder.take().expect("just seen");
+            figures.holds += 1;
+            figures.hold_ns += old.since.elapsed().as_nanos() as u64;
+        }
+    }
+
+    /// The `n` busiest locks: longest queue first, then most grants.
+    pub(crate) fn busiest(&self, sm: &StateMachine, n: usize) -> Vec<LockView> {
+        let mut views: Vec<LockView> = self
+            .locks
+            .iter()
+            .map(|(lock, f)| LockView {
+                lock: lock.clone(),
+                queue: sm.node(lock).map_or(0, |p| p.child_count() as u64),
+                token: f.holder.as_ref().map(|h| h.token),
+                grants: f.grants,
+                wait_seconds: f.wait_ms as f64 / 1e3,
+                holds: f.holds,
+                hold_seconds: f.hold_ns as f64 / 1e9,
+            })
+            .collect();
+        views.sort_by(|a, b| {
+            (b.queue, b.grants)
+                .cmp(&(a.queue, a.grants))
+                .then_with(|| a.lock.cmp(&b.lock))
+        });
+        views.truncate(n);
+        views
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.locks.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_and_a_release_make_one_hold() {
+        let mut board = LockBoard::default();
+        let a: Arc<str> = Arc::from("/locks/job/lock-0000000005");
+        let b: Arc<str> = Arc::from("/locks/job/lock-0000000007");
+        board.granted(&a, 5, 1_000, 1_000);
+        board.deleted("/locks/other/lock-0000000005");
+        board.deleted("/locks/job/lock-0000000006");
+        board.deleted(&a);
+        board.granted(&b, 7, 1_000, 1_250);
+        let sm = StateMachine::new();
+        let views = board.busiest(&sm, 10);
+        assert_eq!(views.len(), 1);
+        let v = &views[0];
+        assert_eq!(&*v.lock, "/locks/job");
+        assert_eq!((v.grants, v.holds, v.token), (2, 1, Some(7)));
+        assert_eq!(v.wait_seconds, 0.25);
+        assert!(v.hold_seconds >= 0.0);
+    }
+
+    #[test]
+    fn the_board_stays_bounded_and_forgets_idle_locks_first() {
+        let mut board = LockBoard::default();
+        for i in 0..MAX_LOCKS {
+            let node: Arc<str> = Arc::from(format!("/l{i}/n").as_str());
+            board.granted(&node, 1, 0, 0);
+            if i % 2 == 0 {
+                board.deleted(&node);
+            }
+        }
+        assert_eq!(board.len(), MAX_LOCKS);
+        board.granted(&Arc::from("/new/n"), 1, 0, 0);
+        assert_eq!(board.len(), MAX_LOCKS / 2 + 1);
+    }
+
+    #[test]
+    fn parents_of_paths() {
+        assert_eq!(parent("/a/b"), "/a");
+        assert_eq!(parent("/a"), "/");
+    }
+}
