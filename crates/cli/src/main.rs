@@ -1,5 +1,6 @@
 //! `baton`: run a Baton server, and inspect or change its nodes.
 
+mod backup;
 mod bench;
 mod cluster;
 mod commands;
@@ -80,6 +81,8 @@ enum Command {
     /// of them: one that does not lead names the leader).
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    #[command(subcommand)]
+    Snapshot(backup::SnapshotCommand),
 }
 
 fn main() -> ExitCode {
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
             Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
             Command::Cluster(cmd) => cluster::run(&server, cmd).await,
+            Command::Snapshot(cmd) => backup::run(&server, cmd).await,
         }
     });
     match result {

@@ -34,7 +34,7 @@ pub use client::{
 };
 pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};
-pub use probe::probe;
+pub use probe::{backup, probe, Backup};
 pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;

@@ -54,3 +54,99 @@ pub async fn probe(addr: &str, limit: Duration) -> Result<String> {
         Err(_) => Err(failed(format!("no answer within {} ms", limit.as_millis()))),
     }
 }
+
+/// A snapshot of a server's whole state, as [`backup`] fetched it.
+#[derive(Debug)]
+pub struct Backup {
+    /// The revision the snapshot holds the state at.
+    pub revision: u64,
+    pub sessions: u64,
+    pub nodes: u64,
+    /// The snapshot, in the format of the server's snapshot files.
+    pub bytes: Vec<u8>,
+}
+
+/// Asks the server at `addr` for a snapshot of its state as it is now (once
+/// its log holds it), without a session. `limit` bounds the wait for each
+/// part of the answer.
+///
+/// # Errors
+/// [`Error::Connect`] if the server cannot be reached, does not answer
+/// within `limit` or breaks off; [`Error::Protocol`] if it refuses (the
+/// message says why) or answers something that is not a backup.
+pub async fn backup(addr: &str, limit: Duration) -> Result<Backup> {
+    use baton_proto::probe::{encode_backup_request, BACKUP_CHUNK};
+    let failed = |reason: String| Error::Connect {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let timed =
+        |what: &'static str| move |_| failed(format!("no {what} within {} ms", limit.as_millis()));
+    let mut stream = tokio::time::timeout(limit, TcpStream::connect(addr))
+        .await
+        .map_err(timed("connection"))?
+        .map_err(|e| failed(e.to_string()))?;
+    let mut buf = BytesMut::new();
+    encode_backup_request(&mut buf);
+    stream
+        .write_all(&buf)
+        .await
+        .map_err(|e| failed(format!("sending the request: {e}")))?;
+    let (read, _write) = stream.into_split();
+    let mut frames = FramedRead::new(read, frame_codec(BACKUP_CHUNK.max(MAX_RESPONSE_FRAME)));
+    let mut next = async || {
+        match tokio::time::timeout(limit, frames.next()).await {
+        Err(_) => Err(failed(format!("no answer within {} ms", limit.as_millis()))),
+        Ok(None) => Err(failed("the server closed the connection before the backup's end (a server too old for backups?)".into())),
+        Ok(Some(Err(e))) => Err(failed(format!("reading the backup: {e}"))),
+        Ok(Some(Ok(frame))) => Ok(frame),
+    }
+    };
+    let header = next().await?;
+    let header: serde_json::Value = serde_json::from_slice(&header).map_err(|e| {
+        Error::Protocol(format!(
+            "{addr} answered something that is not a backup: {e}"
+        ))
+    })?;
+    if let Some(error) = header["error"].as_str() {
+        return Err(Error::Protocol(format!(
+            "{addr} could not take a backup: {error}"
+        )));
+    }
+    let field = |name: &str| {
+        header[name].as_u64().ok_or_else(|| {
+            Error::Protocol(format!("{addr}'s backup header has no `{name}`: {header}"))
+        })
+    };
+    let (revision, size, sessions, nodes) = (
+        field("revision")?,
+        field("bytes")?,
+        field("sessions")?,
+        field("nodes")?,
+    );
+    let mut bytes = Vec::with_capacity(size.min(1 << 30) as usize);
+    loop {
+        let frame = next().await?;
+        if frame.is_empty() {
+            break;
+        }
+        bytes.extend_from_slice(&frame);
+        if bytes.len() as u64 > size {
+            return Err(Error::Protocol(format!(
+                "{addr} sent more than the {size} bytes it announced"
+            )));
+        }
+    }
+    if bytes.len() as u64 != size {
+        return Err(Error::Protocol(format!(
+            "{addr} announced {size} bytes and sent {}",
+            bytes.len()
+        )));
+    }
+    Ok(Backup {
+        revision,
+        sessions,
+        nodes,
+        bytes,
+    })
+}

@@ -11,6 +11,14 @@
 //!   version  u16  1
 //! StatusAnswer (server -> client, one frame): a JSON object, UTF-8; then
 //! the server closes the connection.
+//!
+//! BackupRequest (client -> server, first frame), 6 bytes:
+//!   magic    [4]  "BATB"
+//!   version  u16  1
+//! BackupAnswer (server -> client): one frame holding a JSON object, either
+//! {"revision", "bytes", "sessions", "nodes"} or {"error": message}; after
+//! the first, the snapshot's `bytes` bytes in frames of at most 1 MiB, then
+//! one empty frame; then the server closes the connection.
 //! ```
 
 use bytes::{BufMut, BytesMut};
@@ -36,7 +44,31 @@ pub fn is_probe(payload: &[u8]) -> bool {
     payload.len() >= 6 && payload[..4] == PROBE_MAGIC
 }
 
+/// The first bytes of a backup request.
+pub const BACKUP_MAGIC: [u8; 4] = *b"BATB";
+
+/// Most snapshot bytes in one frame of a backup answer.
+pub const BACKUP_CHUNK: usize = 1 << 20;
+
+/// Appends a backup request, framed, to `buf`.
+pub fn encode_backup_request(buf: &mut BytesMut) {
+    encode_frame(buf, |b| {
+        b.put_slice(&BACKUP_MAGIC);
+        b.put_u16(PROBE_VERSION);
+    });
+}
+
+/// Whether a first frame's payload is a backup request.
+pub fn is_backup_request(payload: &[u8]) -> bool {
+    payload.len() >= 6 && payload[..4] == BACKUP_MAGIC
+}
+
 /// Appends the answer to a probe, framed: `json`, a JSON object.
 pub fn encode_answer(buf: &mut BytesMut, json: &str) {
-    encode_frame(buf, |b| b.put_slice(json.as_bytes()));
+    encode_answer_bytes(buf, json.as_bytes());
+}
+
+/// Appends one frame of an answer holding `payload`.
+pub fn encode_answer_bytes(buf: &mut BytesMut, payload: &[u8]) {
+    encode_frame(buf, |b| b.put_slice(payload));
 }

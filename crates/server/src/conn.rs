@@ -38,6 +38,8 @@ const READ_BUDGET: usize = 64 * 1024;
 const WRITE_BUDGET: usize = 64 * 1024;
 /// How long a closing connection may take to send its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long a backup waits for the log to hold the state it copied.
+const BACKUP_DURABLE_WAIT: Duration = Duration::from_secs(30);
 
 /// What woke a waiting connection.
 #[derive(PartialEq, Eq)]
@@ -244,6 +246,12 @@ impl Conn {
             let answer = crate::status::json(&self.shared);
             baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
             let _ = timeout(CLOSE_GRACE, self.write_all()).await;
+            return None;
+        }
+        if baton_proto::probe::is_backup_request(&frame) {
+            if let Err(e) = self.send_backup().await {
+                warn!(peer = %self.peer(), "backup not sent: {e}");
+            }
             return None;
         }
         let request = match ConnectRequest::decode(frame) {
@@ -717,6 +725,80 @@ impl Conn {
         }
         self.wbuf.release();
         Ok(total)
+    }
+
+    /// Answers a backup request: a snapshot of the state as it is now, once
+    /// the log holds all of it, in frames (see `baton_proto::probe`).
+    async fn send_backup(&mut self) -> io::Result<()> {
+        let sm = self.shared.core().state();
+        let revision = sm.revision();
+        let deadline = Instant::now() + BACKUP_DURABLE_WAIT;
+        let mark = self.shared.mark.clone();
+        while mark.get() < revision {
+            if Instant::now() >= deadline {
+                let error = format!(
+                    "the log did not become durable up to revision {revision} within {} s",
+                    BACKUP_DURABLE_WAIT.as_secs()
+                );
+                return self
+                    .send_backup_frame(
+                        &serde_json::json!({ "error": error })
+                            .to_string()
+                            .into_bytes(),
+                    )
+                    .await;
+            }
+            mark.hurry();
+            sleep(Duration::from_millis(1)).await;
+        }
+        let started = std::time::Instant::now();
+        let encoded = tokio::task::spawn_blocking(move || {
+            let mut out = std::io::Cursor::new(Vec::new());
+            crate::persist::snapshot::encode(&sm, &mut out)
+                .map(|()| (out.into_inner(), sm.session_count(), sm.node_count()))
+        })
+        .await
+        .map_err(io::Error::other)?;
+        let (bytes, sessions, nodes) = match encoded {
+            Ok(x) => x,
+            Err(e) => {
+                let error = format!("encoding the snapshot failed: {e}");
+                return self
+                    .send_backup_frame(
+                        &serde_json::json!({ "error": error })
+                            .to_string()
+                            .into_bytes(),
+                    )
+                    .await;
+            }
+        };
+        info!(peer = %self.peer(), revision, bytes = bytes.len(), ms = started.elapsed().as_millis() as u64, "sending a backup");
+        let header = serde_json::json!({
+            "revision": revision,
+            "bytes": bytes.len(),
+            "sessions": sessions,
+            "nodes": nodes,
+        });
+        self.send_backup_frame(header.to_string().as_bytes())
+            .await?;
+        for chunk in bytes.chunks(baton_proto::probe::BACKUP_CHUNK) {
+            self.send_backup_frame(chunk).await?;
+        }
+        self.send_backup_frame(&[]).await
+    }
+
+    /// Sends one frame of a backup answer, giving up on a client that takes
+    /// no bytes for the write-stall timeout.
+    async fn send_backup_frame(&mut self, payload: &[u8]) -> io::Result<()> {
+        baton_proto::probe::encode_answer_bytes(self.wbuf.get(), payload);
+        let limit = self.shared.config.write_stall_timeout;
+        match timeout(limit, self.write_all()).await {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took no bytes for {} ms", limit.as_millis()),
+            )),
+        }
     }
 
     /// Writes the whole write buffer, waiting for the socket as needed.

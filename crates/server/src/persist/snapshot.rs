@@ -49,7 +49,7 @@ const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
 /// The file name of the snapshot at `revision`.
-pub(crate) fn file_name(revision: u64) -> String {
+pub fn file_name(revision: u64) -> String {
     format!("snapshot-{revision:020}.snap")
 }
 

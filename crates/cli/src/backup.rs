@@ -1,0 +1,163 @@
+//! `baton snapshot save` and `baton snapshot restore`: backups.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_server::persist::snapshot;
+
+use crate::{CliError, CliResult};
+
+/// Back up a running server, or restore a backup into a new data directory.
+///
+/// A backup is one file: the server's whole state (nodes, sessions, fencing
+/// tokens, sequence numbers) at one revision, in the format of its snapshot
+/// files, with checksums. It is how to back up a server, and how to move
+/// one: save, then restore on the new machine and start the server there.
+#[derive(clap::Subcommand)]
+pub enum SnapshotCommand {
+    Save(SaveArgs),
+    Restore(RestoreArgs),
+}
+
+/// Save a snapshot of a running server's whole state to FILE.
+///
+/// The snapshot is consistent: the state at one revision, taken once the
+/// server's log holds every change up to it, while the server goes on
+/// serving (copying the state costs it microseconds). The file is checked
+/// (its checksums and structure) before it is written; it is written to
+/// FILE.tmp, synced and renamed, so FILE is always a whole backup.
+#[derive(clap::Args)]
+pub struct SaveArgs {
+    /// Where to write the snapshot (replaced if it exists).
+    file: PathBuf,
+
+    /// How long to wait for each part of the server's answer, in
+    /// milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    timeout: u64,
+}
+
+/// Restore a snapshot saved with `baton snapshot save` into a new data
+/// directory.
+///
+/// The file's checksums and structure are verified first; nothing is
+/// written if it is damaged. The data directory must not exist or be
+/// empty. Then start a server on it (`baton serve --data-dir DIR`): it holds
+/// the state of the snapshot, and each session in it gets a full timeout to
+/// reconnect before it expires. A single server's data directory only: a
+/// cluster member cannot start from it.
+#[derive(clap::Args)]
+pub struct RestoreArgs {
+    /// The snapshot to restore.
+    file: PathBuf,
+
+    /// The new server's data directory.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+}
+
+pub async fn run(servers: &str, command: SnapshotCommand) -> CliResult {
+    match command {
+        SnapshotCommand::Save(args) => save(servers, args).await,
+        SnapshotCommand::Restore(args) => restore(args),
+    }
+}
+
+async fn save(servers: &str, args: SaveArgs) -> CliResult {
+    let limit = Duration::from_millis(args.timeout);
+    let mut last = String::from("no server address given");
+    let mut fetched = None;
+    for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match baton_client::backup(addr, limit).await {
+            Ok(backup) => {
+                fetched = Some((addr.to_owned(), backup));
+                break;
+            }
+            Err(e @ baton_client::Error::Protocol(_)) => return Err(e.into()),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    let Some((addr, backup)) = fetched else {
+        return Err(CliError::msg(format!("no server answered: {last}")));
+    };
+    snapshot::decode(&backup.bytes).map_err(|(at, why)| {
+        CliError::msg(format!(
+            "{addr} sent a snapshot that does not check out (at byte {at}: {why}); nothing was written"
+        ))
+    })?;
+    write_durably(&args.file, &backup.bytes)?;
+    println!(
+        "saved revision {} of {addr} ({} sessions, {} nodes, {} bytes) to {}",
+        backup.revision,
+        backup.sessions,
+        backup.nodes,
+        backup.bytes.len(),
+        args.file.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn restore(args: RestoreArgs) -> CliResult {
+    let file = &args.file;
+    let bytes = std::fs::read(file)
+        .map_err(|e| CliError::msg(format!("cannot read {}: {e}", file.display())))?;
+    let sm = snapshot::decode(&bytes).map_err(|(at, why)| {
+        CliError::msg(format!(
+            "{} is not a whole Baton snapshot (at byte {at}: {why}): damaged or cut short? Nothing was restored",
+            file.display()
+        ))
+    })?;
+    let dir = &args.data_dir;
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(CliError::msg(format!(
+                    "{} is not empty: restore into a new directory (move the old data directory away first)",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        Err(e) => return Err(CliError::msg(format!("cannot read {}: {e}", dir.display()))),
+    }
+    let target = dir.join(snapshot::file_name(sm.revision()));
+    write_durably(&target, &bytes)?;
+    println!(
+        "restored revision {} ({} sessions, {} nodes) into {}; start the server with: baton serve --data-dir {}",
+        sm.revision(),
+        sm.session_count(),
+        sm.node_count(),
+        dir.display(),
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it, synced and
+/// renamed into place, and syncs the directory.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    let failed =
+        |what: &str, e: std::io::Error| CliError::msg(format!("{what} {}: {e}", path.display()));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut out =
+        std::fs::File::create(&tmp).map_err(|e| failed("cannot create a file beside", e))?;
+    out.write_all(bytes)
+        .and_then(|()| out.sync_all())
+        .map_err(|e| failed("cannot write", e))?;
+    drop(out);
+    std::fs::rename(&tmp, path).map_err(|e| failed("cannot rename the temporary file to", e))?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| failed("cannot sync the directory of", e))
+}
