@@ -158,7 +158,7 @@ async fn story() -> Result<(), String> {
 /// The member that leads now, by asking each.
 async fn leader(members: &[Running]) -> Option<u64> {
     for m in members {
-        if let Ok(answer) = baton::probe(&m.client, Duration::from_millis(300)).await {
+        if let Ok(answer) = baton::probe(&m.client, Duration::from_millis(300), None).await {
             if answer.contains("\"role\":\"leader\"") {
                 return Some(m.id);
             }

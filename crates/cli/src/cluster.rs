@@ -10,7 +10,9 @@ use baton_cluster::{ClusterMember, Member, MemberConfig};
 use baton_server::Config;
 use serde_json::Value;
 
-use crate::serve::{inherited, say_listening, serve_metrics, shutdown_signal, Settings};
+use crate::serve::{
+    inherited, reload_on_sighup, say_listening, serve_metrics, shutdown_signal, Settings,
+};
 use crate::{CliError, CliResult};
 
 /// Manage a cluster: its status, its members, or a whole local one to try.
@@ -212,6 +214,7 @@ pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliRe
         .client_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
     serve_metrics(args, member.handle()).await?;
+    reload_on_sighup(args, member.handle())?;
     tracing::info!(member = id, %addr, peer = %peer_addr, "cluster member ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());
     member.run(shutdown_signal()).await?;
@@ -262,7 +265,7 @@ async fn leader_view(servers: &str) -> Result<Value, CliError> {
         if !seen.insert(addr.clone()) {
             continue;
         }
-        let answer = match baton_client::probe(&addr, limit).await {
+        let answer = match baton_client::probe(&addr, limit, crate::tls()).await {
             Ok(a) => a,
             Err(e) => {
                 last = e.to_string();

@@ -109,7 +109,10 @@ async fn read_data(arg: Option<String>, file: Option<PathBuf>) -> Result<Bytes, 
 
 /// Opens a session, explaining the likely cause when no server answers.
 pub async fn connect(server: &str) -> Result<Client, CliError> {
-    Client::connect(server).await.map_err(connect_hint)
+    crate::client_builder(server)
+        .connect()
+        .await
+        .map_err(connect_hint)
 }
 
 /// Opens a session, runs `body` with it, and closes the session whatever
@@ -130,6 +133,8 @@ pub async fn with_session<T>(
 /// A connection failure, with the likely cause.
 pub fn connect_hint(e: baton_client::Error) -> CliError {
     match e {
+        // The server answered: the message says what to do.
+        baton_client::Error::Connect { ref reason, .. } if reason.contains("TLS") => e.into(),
         baton_client::Error::Connect { .. } => CliError::msg(format!(
             "{e}; is `baton serve` running there? (choose the server with --server or BATON_SERVER)"
         )),

@@ -90,7 +90,7 @@ pub async fn elect(server: &str, args: ElectArgs) -> CliResult {
         check_grace(Duration::from_millis(ms), requested)?;
     }
     let mut interrupts = Interrupts::new()?;
-    let client = Client::builder(server)
+    let client = crate::client_builder(server)
         .session_timeout(requested)
         .connect()
         .await

@@ -178,7 +178,9 @@ impl LocalCluster {
     /// The id of the member that leads now, if one answers that it does.
     pub async fn leader(&self) -> Option<u64> {
         for m in self.members.values() {
-            if let Ok(answer) = baton_client::probe(&m.client, Duration::from_millis(500)).await {
+            if let Ok(answer) =
+                baton_client::probe(&m.client, Duration::from_millis(500), None).await
+            {
                 let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
                 if status["role"] == "leader" {
                     return status["cluster"]["id"].as_u64();
@@ -202,9 +204,10 @@ impl LocalCluster {
 
     /// Member `id`'s applied index, from its status.
     pub async fn applied(&self, id: u64) -> Option<u64> {
-        let answer = baton_client::probe(&self.members[&id].client, Duration::from_millis(500))
-            .await
-            .ok()?;
+        let answer =
+            baton_client::probe(&self.members[&id].client, Duration::from_millis(500), None)
+                .await
+                .ok()?;
         let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
         status["cluster"]["applied_index"].as_u64()
     }

@@ -164,7 +164,7 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
         check_grace(Duration::from_millis(ms), requested)?;
     }
     let mut interrupts = Interrupts::new()?;
-    let client = Client::builder(server)
+    let client = crate::client_builder(server)
         .session_timeout(requested)
         .connect()
         .await

@@ -39,6 +39,22 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_SERVER")]
     server: Option<String>,
 
+    /// Connect with TLS, trusting the certificate authorities in this PEM
+    /// file. For `baton serve`: require client certificates that chain to
+    /// them.
+    #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+
+    /// This side's certificate chain, PEM: a client's, for a server that
+    /// asks for one; for `baton serve`, the server's (it then takes TLS
+    /// connections only).
+    #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_CERT")]
+    tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_KEY")]
+    tls_key: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -92,7 +108,12 @@ fn main() -> ExitCode {
     // they choose the runtime.
     let mut settings = None;
     if let Command::Serve(args) = &mut cli.command {
-        match std::mem::take(&mut **args).resolve() {
+        // The TLS flags are the server's own here.
+        let mut args = std::mem::take(&mut **args);
+        args.tls_cert = cli.tls_cert.clone().or(args.tls_cert);
+        args.tls_key = cli.tls_key.clone().or(args.tls_key);
+        args.tls_ca = cli.tls_ca.clone().or(args.tls_ca);
+        match args.resolve() {
             Ok(s) if s.effective_print_config() => {
                 print!("{}", s.to_toml());
                 return ExitCode::SUCCESS;
@@ -121,6 +142,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !matches!(cli.command, Command::Serve(_)) {
+        match client_tls(&cli) {
+            Ok(tls) => {
+                let _ = CLIENT_TLS.set(tls);
+            }
+            Err(e) => {
+                eprintln!("baton: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let explicit_server = cli.server.clone();
     let server = cli.server.unwrap_or_else(|| DEFAULT_SERVER.to_string());
     let result = runtime.block_on(async move {
@@ -152,6 +184,41 @@ fn main() -> ExitCode {
             eprintln!("baton: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The TLS settings client commands connect with (`None`: plaintext).
+static CLIENT_TLS: std::sync::OnceLock<Option<baton_client::ClientTls>> =
+    std::sync::OnceLock::new();
+
+/// The client's TLS settings from --tls-ca, --tls-cert and --tls-key.
+fn client_tls(cli: &Cli) -> Result<Option<baton_client::ClientTls>, CliError> {
+    match (&cli.tls_ca, &cli.tls_cert, &cli.tls_key) {
+        (None, None, None) => Ok(None),
+        (None, _, _) => Err(CliError::msg(
+            "--tls-cert and --tls-key need --tls-ca: the certificate authority the server's certificate must chain to",
+        )),
+        (Some(_), Some(_), None) | (Some(_), None, Some(_)) => Err(CliError::msg(
+            "give --tls-cert and --tls-key together (this client's certificate and its key)",
+        )),
+        (Some(ca), cert, key) => {
+            let identity = cert.as_deref().zip(key.as_deref());
+            Ok(Some(baton_client::ClientTls::from_files(ca, identity)?))
+        }
+    }
+}
+
+/// The TLS settings of client commands.
+pub fn tls() -> Option<&'static baton_client::ClientTls> {
+    CLIENT_TLS.get().and_then(Option::as_ref)
+}
+
+/// A session's settings for `server`, with this command's TLS settings.
+pub fn client_builder(server: &str) -> baton_client::ClientBuilder {
+    let builder = baton_client::Client::builder(server);
+    match tls() {
+        Some(tls) => builder.tls(tls.clone()),
+        None => builder,
     }
 }
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use baton_server::persist::FsyncPolicy;
+use baton_server::tls::TlsFiles;
 use baton_server::{Config, Server};
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{signal, SignalKind};
@@ -171,6 +172,23 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) max_watch_bytes: Option<usize>,
 
+    /// TLS: the server's certificate chain (PEM). Given, clients must
+    /// connect with TLS. Set with the global --tls-cert (BATON_TLS_CERT).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_cert: Option<PathBuf>,
+
+    /// TLS: the private key of tls-cert (PEM); --tls-key, BATON_TLS_KEY.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_key: Option<PathBuf>,
+
+    /// TLS: require client certificates that chain to the certificate
+    /// authorities in this PEM file; --tls-ca, BATON_TLS_CA.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_ca: Option<PathBuf>,
+
     /// Threads that serve clients (and, in a cluster, the other members).
     /// By default a single server uses one per core and a cluster member
     /// one in all: a member's every change passes between several tasks
@@ -211,6 +229,10 @@ pub struct Settings {
     pub(crate) max_connections: usize,
     pub(crate) max_watch_bytes: usize,
     pub(crate) threads: Option<u16>,
+    /// Where the TLS material is, if clients must use TLS.
+    pub(crate) tls_files: Option<TlsFiles>,
+    /// The TLS settings read from them at start.
+    pub(crate) tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// The merged settings as a config file would give them.
     pub(crate) effective: ServeArgs,
 }
@@ -330,6 +352,28 @@ impl Settings {
                 "a joining member needs peer-listen (--peer-listen), the address the others reach it at".into(),
             ));
         }
+        let tls_files = match (&s.tls_cert, &s.tls_key, &s.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), ca) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            }),
+            (None, _, Some(_)) => {
+                return Err(bad(
+                    "tls-ca",
+                    "client certificates are checked on TLS connections: give tls-cert and tls-key (--tls-cert, --tls-key) too".into(),
+                ))
+            }
+            (Some(_), None, _) => return Err(bad("tls-cert", "needs tls-key (--tls-key), its private key".into())),
+            (None, Some(_), _) => return Err(bad("tls-key", "needs tls-cert (--tls-cert), the certificate it goes with".into())),
+        };
+        let tls = match &tls_files {
+            Some(files) => {
+                Some(baton_server::tls::server_config(files).map_err(|e| bad("tls-cert", e))?)
+            }
+            None => None,
+        };
         if s.node_id.is_none() {
             // Shown as a single server uses them.
             s.election_timeout = None;
@@ -360,6 +404,8 @@ impl Settings {
             max_connections: s.max_connections.unwrap_or_default(),
             max_watch_bytes: s.max_watch_bytes.unwrap_or_default(),
             threads: s.threads,
+            tls_files,
+            tls,
             effective: s,
         };
         settings
@@ -403,6 +449,7 @@ impl Settings {
             data_dir: Some(self.data_dir.clone()),
             fsync: self.fsync,
             snapshot_every_bytes: self.snapshot_every,
+            tls: self.tls.clone(),
             ..Config::default()
         };
         // Room for the largest reply twice over, whatever the data limit.
@@ -429,10 +476,40 @@ pub async fn run(args: Settings) -> CliResult {
         .local_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
     serve_metrics(&args, server.handle()).await?;
-    tracing::info!(%addr, "baton server ready; stop with Ctrl-C or SIGTERM");
+    reload_on_sighup(&args, server.handle())?;
+    tracing::info!(%addr, tls = args.tls.is_some(), "baton server ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());
     server.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// On SIGHUP, reads the TLS certificate and key again (renewed ones, say):
+/// new connections use them. If they do not load, the old ones stay.
+pub fn reload_on_sighup(
+    settings: &Settings,
+    handle: baton_server::ServerHandle,
+) -> Result<(), CliError> {
+    let mut hangups = signal(SignalKind::hangup())
+        .map_err(|e| CliError::msg(format!("cannot listen for SIGHUP: {e}")))?;
+    let files = settings.tls_files.clone();
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let Some(files) = &files else {
+                tracing::info!("SIGHUP: nothing to reload (no TLS)");
+                continue;
+            };
+            match baton_server::tls::server_config(files) {
+                Ok(config) => {
+                    handle.reload_tls(config);
+                    tracing::info!(cert = %files.cert.display(), "SIGHUP: TLS certificate reloaded; new connections use it");
+                }
+                Err(e) => {
+                    tracing::error!("SIGHUP: TLS certificate not reloaded, the one loaded before stays in use: {e}")
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Starts the metrics endpoint if `--metrics-listen` asks for one.

@@ -47,7 +47,7 @@ pub async fn probe_any(servers: &str, limit: Duration) -> Result<Value, CliError
 async fn probe_first(servers: &str, limit: Duration) -> Result<(String, Value), CliError> {
     let mut last = String::from("no server address given");
     for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let answer = match baton_client::probe(addr, limit).await {
+        let answer = match baton_client::probe(addr, limit, crate::tls()).await {
             Ok(answer) => answer,
             Err(e) => {
                 last = e.to_string();
@@ -58,6 +58,9 @@ async fn probe_first(servers: &str, limit: Duration) -> Result<(String, Value), 
             CliError::msg(format!("{addr} answered something that is not JSON: {e}"))
         })?;
         return Ok((addr.to_owned(), status));
+    }
+    if last.contains("TLS") {
+        return Err(CliError::msg(format!("no server answered: {last}")));
     }
     Err(CliError::msg(format!(
         "no server answered: {last} (is `baton serve` running there? give the address with --server or BATON_SERVER)"

@@ -20,6 +20,7 @@ use crate::queue::{QueueTable, QueueWatch};
 use crate::session::{open_leader, Answer, Registration, SessionTask};
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
+use crate::wire::ClientTls;
 
 /// Default requested session timeout.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,6 +56,7 @@ pub struct ClientBuilder {
     addrs: Vec<String>,
     session_timeout: Duration,
     connect_timeout: Duration,
+    tls: Option<ClientTls>,
 }
 
 impl ClientBuilder {
@@ -68,6 +70,14 @@ impl ClientBuilder {
     /// How long to wait for a TCP connection and the handshake.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Connects with TLS, for a server that takes TLS (`baton serve
+    /// --tls-cert`). The certificate must name the host as given in the
+    /// server's address (a DNS name, or an IP address).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -93,7 +103,8 @@ impl ClientBuilder {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let mut backoff = Duration::from_millis(20);
         loop {
-            match open_leader(None, &self.addrs, &request, self.connect_timeout).await {
+            let tls = self.tls.as_ref();
+            match open_leader(None, &self.addrs, &request, self.connect_timeout, tls).await {
                 Ok((conn, addr)) => return Ok(self.start(conn, addr)),
                 Err(Error::NotLeader(why)) if tokio::time::Instant::now() + backoff < deadline => {
                     tracing::debug!("no leader yet ({why}); trying again in {backoff:?}");
@@ -116,6 +127,7 @@ impl ClientBuilder {
             liveness: liveness.clone(),
             addrs: self.addrs.clone(),
             connect_timeout: self.connect_timeout,
+            tls: self.tls.clone(),
             session: grant.session_id,
             secret: grant.secret,
             timeout: Duration::from_millis(grant.timeout_ms.into()),
@@ -227,6 +239,7 @@ impl Client {
                 .collect(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls: None,
         }
     }
 

@@ -56,6 +56,10 @@ pub enum Error {
     /// side, or a peer that is not a Baton server.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// TLS settings that cannot be used: a file that cannot be read, or a
+    /// certificate and key that do not go together.
+    #[error("TLS settings: {0}")]
+    Tls(String),
     /// Any other error code the server sent.
     #[error("{code}: {message}")]
     Server { code: ErrorCode, message: String },

@@ -27,6 +27,7 @@ pub mod recipes;
 mod session;
 mod state;
 mod watcher;
+mod wire;
 
 pub use baton_proto::{CreateMode, EventKind, SessionId, Stat, WatchEvent};
 pub use client::{
@@ -39,3 +40,4 @@ pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;
 pub use watcher::Watcher;
+pub use wire::ClientTls;

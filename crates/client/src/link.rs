@@ -9,17 +9,16 @@
 //! out; the session task wakes for what comes back.
 
 use std::collections::VecDeque;
-use std::io::ErrorKind;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use baton_proto::{Request, RequestFrame};
-use bytes::{Buf, BytesMut};
-use tokio::net::tcp::OwnedWriteHalf;
+use bytes::BytesMut;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::session::{Pending, Registration, ReplySlot};
+use crate::wire::Wire;
 
 /// Most bytes buffered for writing before new requests wait.
 pub(crate) const WRITE_LIMIT: usize = 4 << 20;
@@ -48,7 +47,7 @@ impl Drop for InLine<'_> {
 /// Where requests go now.
 pub(crate) enum Route {
     /// Written to this connection.
-    Up(Arc<OwnedWriteHalf>),
+    Up(Arc<Wire>),
     /// Kept until the session is resumed on a new connection.
     Down,
     /// Refused: the session is over.
@@ -73,6 +72,8 @@ pub(crate) struct Outbound {
     next_xid: u32,
     /// When bytes last went to the socket.
     pub(crate) last_sent: Instant,
+    /// Whether output waits for the socket (plaintext, or TLS records).
+    pub(crate) unsent: bool,
     /// Callers of `close`: once any is here, the close is under way (sent if
     /// connected) and new requests are refused.
     pub(crate) closing: Vec<oneshot::Sender<()>>,
@@ -94,6 +95,7 @@ impl Link {
                 deferred: VecDeque::new(),
                 next_xid: 0,
                 last_sent: Instant::now(),
+                unsent: false,
                 closing: Vec::new(),
                 broken: None,
                 dropped: false,
@@ -210,19 +212,18 @@ impl Link {
             return;
         };
         let full = out.wbuf.len() >= WRITE_LIMIT;
-        while !out.wbuf.is_empty() && out.broken.is_none() {
-            match writer.try_write(&out.wbuf) {
-                Ok(0) => out.broken = Some("write failed: the socket took nothing".into()),
-                Ok(n) => {
-                    out.wbuf.advance(n);
-                    out.last_sent = Instant::now();
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+        if out.broken.is_none() {
+            let before = out.wbuf.len();
+            let writer = writer.clone();
+            match writer.write_now(&mut out.wbuf) {
+                Ok(done) => out.unsent = !done,
                 Err(e) => out.broken = Some(format!("write failed: {e}")),
             }
+            if out.wbuf.len() < before {
+                out.last_sent = Instant::now();
+            }
         }
-        if !out.wbuf.is_empty() || out.broken.is_some() {
+        if out.unsent || out.broken.is_some() {
             self.kick.notify_one();
         }
         if full && out.wbuf.len() < WRITE_LIMIT {
@@ -236,6 +237,7 @@ impl Link {
         let mut out = self.lock();
         out.route = Route::Down;
         out.wbuf.clear();
+        out.unsent = false;
         out.broken = None;
         let taken = (
             std::mem::take(&mut out.pending),

@@ -6,11 +6,10 @@ use baton_proto::probe::encode_probe;
 use baton_proto::{frame_codec, MAX_RESPONSE_FRAME};
 use bytes::BytesMut;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
 use crate::error::{Error, Result};
+use crate::wire::ClientTls;
 
 /// Asks the server at `addr` to describe itself: its role (a single
 /// server, or a cluster member that leads or follows, with the leader's
@@ -23,26 +22,33 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::Connect`] if the server cannot be reached or does not answer
 /// within `limit`.
-pub async fn probe(addr: &str, limit: Duration) -> Result<String> {
+/// With `tls`, connects with TLS (a server that takes TLS only answers
+/// nothing else).
+pub async fn probe(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Result<String> {
     let failed = |reason: String| Error::Connect {
         addr: addr.to_owned(),
         reason,
     };
     let ask = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let (wire, read) = crate::wire::connect(addr, tls).await.map_err(failed)?;
         let mut buf = BytesMut::new();
         encode_probe(&mut buf);
-        stream
-            .write_all(&buf)
+        wire.write_all(&mut buf)
             .await
             .map_err(|e| failed(format!("sending the probe: {e}")))?;
-        let (read, _write) = stream.into_split();
         let mut frames = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
         match frames.next().await {
-            Some(Ok(frame)) => String::from_utf8(frame.to_vec())
-                .map_err(|_| failed("the answer is not UTF-8: not a Baton server?".into())),
+            Some(Ok(frame)) => {
+                let answer = String::from_utf8(frame.to_vec())
+                    .map_err(|_| failed("the answer is not UTF-8: not a Baton server?".into()))?;
+                // A server that could not answer says why.
+                if let Ok(serde_json::Value::Object(o)) = serde_json::from_str(&answer) {
+                    if let Some(error) = o.get("error").and_then(|e| e.as_str()) {
+                        return Err(failed(error.to_owned()));
+                    }
+                }
+                Ok(answer)
+            }
             Some(Err(e)) => Err(failed(format!("reading the answer: {e}"))),
             None => Err(failed(
                 "the server closed the connection without answering (a server too old for the probe?)".into(),
@@ -74,7 +80,7 @@ pub struct Backup {
 /// [`Error::Connect`] if the server cannot be reached, does not answer
 /// within `limit` or breaks off; [`Error::Protocol`] if it refuses (the
 /// message says why) or answers something that is not a backup.
-pub async fn backup(addr: &str, limit: Duration) -> Result<Backup> {
+pub async fn backup(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Result<Backup> {
     use baton_proto::probe::{encode_backup_request, BACKUP_CHUNK};
     let failed = |reason: String| Error::Connect {
         addr: addr.to_owned(),
@@ -82,17 +88,15 @@ pub async fn backup(addr: &str, limit: Duration) -> Result<Backup> {
     };
     let timed =
         |what: &'static str| move |_| failed(format!("no {what} within {} ms", limit.as_millis()));
-    let mut stream = tokio::time::timeout(limit, TcpStream::connect(addr))
+    let (wire, read) = tokio::time::timeout(limit, crate::wire::connect(addr, tls))
         .await
         .map_err(timed("connection"))?
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(failed)?;
     let mut buf = BytesMut::new();
     encode_backup_request(&mut buf);
-    stream
-        .write_all(&buf)
+    wire.write_all(&mut buf)
         .await
         .map_err(|e| failed(format!("sending the request: {e}")))?;
-    let (read, _write) = stream.into_split();
     let mut frames = FramedRead::new(read, frame_codec(BACKUP_CHUNK.max(MAX_RESPONSE_FRAME)));
     let mut next = async || {
         match tokio::time::timeout(limit, frames.next()).await {
@@ -109,6 +113,9 @@ pub async fn backup(addr: &str, limit: Duration) -> Result<Backup> {
         ))
     })?;
     if let Some(error) = header["error"].as_str() {
+        if error.contains("TLS") {
+            return Err(failed(error.to_owned()));
+        }
         return Err(Error::Protocol(format!(
             "{addr} could not take a backup: {error}"
         )));

@@ -17,9 +17,6 @@ use baton_proto::{
 };
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
@@ -31,6 +28,7 @@ use crate::link::{Link, Route};
 use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
 use crate::watcher::{WatchKind, WatchRequest, WatchTable};
+use crate::wire::{ClientTls, ReadSide, Wire};
 
 /// A successful reply.
 #[derive(Debug)]
@@ -64,8 +62,8 @@ pub(crate) enum Registration {
 
 /// An open connection with its session granted.
 pub(crate) struct Connection {
-    reader: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
-    writer: OwnedWriteHalf,
+    reader: FramedRead<ReadSide, LengthDelimitedCodec>,
+    writer: Arc<Wire>,
     pub(crate) grant: SessionGrant,
     /// When the handshake was sent.
     pub(crate) sent: Instant,
@@ -76,6 +74,7 @@ pub(crate) async fn open(
     addr: &str,
     request: &ConnectRequest,
     connect_timeout: Duration,
+    tls: Option<&ClientTls>,
 ) -> Result<Connection> {
     let failed = |reason: String| Error::Connect {
         addr: addr.to_owned(),
@@ -83,15 +82,11 @@ pub(crate) async fn open(
     };
     let sent = Instant::now();
     let attempt = async {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let (read, mut writer) = stream.into_split();
+        let (writer, read) = crate::wire::connect(addr, tls).await.map_err(failed)?;
         let mut buf = BytesMut::new();
         request.encode(&mut buf);
         writer
-            .write_all(&buf)
+            .write_all(&mut buf)
             .await
             .map_err(|e| failed(format!("sending the handshake: {e}")))?;
         let mut reader = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
@@ -119,6 +114,7 @@ pub(crate) async fn open(
                 }
                 // The message is the leader's client address, if known.
                 ErrorCode::NotLeader => Error::NotLeader(message),
+                ErrorCode::TlsRequired => failed(message),
                 _ => failed(format!("{code}: {message}")),
             }),
         }
@@ -146,6 +142,7 @@ pub(crate) async fn open_leader(
     addrs: &[String],
     request: &ConnectRequest,
     connect_timeout: Duration,
+    tls: Option<&ClientTls>,
 ) -> Result<(Connection, String)> {
     let mut queue: VecDeque<String> = first
         .map(str::to_owned)
@@ -155,7 +152,7 @@ pub(crate) async fn open_leader(
     let mut redirects = 0;
     let mut last = None;
     while let Some(addr) = queue.pop_front() {
-        match open(&addr, request, connect_timeout).await {
+        match open(&addr, request, connect_timeout, tls).await {
             Ok(conn) => return Ok((conn, addr)),
             Err(e @ Error::SessionExpired(_)) => return Err(e),
             Err(Error::NotLeader(leader)) => {
@@ -193,6 +190,8 @@ enum End {
 pub(crate) struct SessionTask {
     pub(crate) addrs: Vec<String>,
     pub(crate) connect_timeout: Duration,
+    /// TLS settings, for a server that takes TLS.
+    pub(crate) tls: Option<ClientTls>,
     pub(crate) session: SessionId,
     pub(crate) secret: SessionSecret,
     pub(crate) timeout: Duration,
@@ -295,7 +294,14 @@ impl SessionTask {
                 return Err(end);
             }
             let (hint, addrs) = (self.leader.clone(), self.addrs.clone());
-            let opening = open_leader(hint.as_deref(), &addrs, &request, self.connect_timeout);
+            let tls = self.tls.clone();
+            let opening = open_leader(
+                hint.as_deref(),
+                &addrs,
+                &request,
+                self.connect_timeout,
+                tls.as_ref(),
+            );
             tokio::pin!(opening);
             let link = self.link.clone();
             let result = loop {
@@ -344,7 +350,7 @@ impl SessionTask {
     /// Puts a connection to use: watches set again, unanswered requests
     /// sent again and the requests kept meanwhile sent, in that order,
     /// before any new request.
-    fn go_up(&mut self, writer: &Arc<OwnedWriteHalf>) {
+    fn go_up(&mut self, writer: &Arc<Wire>) {
         // After a resume the server holds none of our watches: set them again
         // before anything else, relative to the last revision we saw.
         let [data, exist, child] = self.watches.paths();
@@ -382,7 +388,6 @@ impl SessionTask {
             ..
         } = conn;
         self.liveness.answered(sent);
-        let writer = Arc::new(writer);
         self.go_up(&writer);
         let link = self.link.clone();
 
@@ -413,7 +418,7 @@ impl SessionTask {
                     if let Some(reason) = out.broken.clone() {
                         break End::Lost(reason);
                     }
-                    draining = !out.wbuf.is_empty();
+                    draining = out.unsent;
                 }
                 _ = link.kick.notified() => {
                     let out = link.lock();
@@ -423,7 +428,7 @@ impl SessionTask {
                     if out.dropped {
                         break End::Dropped;
                     }
-                    draining = !out.wbuf.is_empty();
+                    draining = out.unsent;
                 }
                 frame = reader.next() => {
                     last_heard = Instant::now();

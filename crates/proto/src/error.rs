@@ -60,6 +60,8 @@ pub enum ErrorCode {
     /// message is the leader's client address (`host:port`), or empty if no
     /// leader is known right now.
     NotLeader,
+    /// The server takes TLS connections only, and this one spoke plaintext.
+    TlsRequired,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -90,6 +92,7 @@ impl ErrorCode {
             ErrorCode::TooManyWatches => 20,
             ErrorCode::ResultLost => 21,
             ErrorCode::NotLeader => 22,
+            ErrorCode::TlsRequired => 23,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -120,6 +123,7 @@ impl ErrorCode {
             20 => ErrorCode::TooManyWatches,
             21 => ErrorCode::ResultLost,
             22 => ErrorCode::NotLeader,
+            23 => ErrorCode::TlsRequired,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -149,6 +153,7 @@ impl ErrorCode {
             ErrorCode::TooManyWatches => "too many watches",
             ErrorCode::ResultLost => "result lost",
             ErrorCode::NotLeader => "not leader",
+            ErrorCode::TlsRequired => "tls required",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

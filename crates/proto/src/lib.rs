@@ -16,6 +16,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod path;
+pub mod pem;
 pub mod probe;
 pub mod request;
 pub mod response;

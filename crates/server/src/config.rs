@@ -44,6 +44,10 @@ pub struct Config {
     /// A snapshot is taken in the background after this many bytes of log
     /// (default 64 MiB); the log before it is then removed.
     pub snapshot_every_bytes: u64,
+    /// If set, clients must connect with TLS, with these settings (see
+    /// [`crate::tls::server_config`]); plaintext clients are refused with
+    /// `tls-required`. Default: plaintext.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl Default for Config {
@@ -60,6 +64,7 @@ impl Default for Config {
             data_dir: None,
             fsync: FsyncPolicy::Always,
             snapshot_every_bytes: 64 << 20,
+            tls: None,
         }
     }
 }

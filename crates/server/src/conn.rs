@@ -113,6 +113,8 @@ struct ReadGate {
 enum FrameError {
     TooLarge(usize),
     Io(io::Error),
+    /// The server takes TLS only, and the client spoke plaintext.
+    Plaintext,
 }
 
 /// A connection's state, boxed: the task that serves it then holds one
@@ -127,6 +129,9 @@ pub(crate) struct Conn {
     shared: Arc<Shared>,
     /// Present on a cluster member: holds back reads (see [`ReadGate`]).
     gate: Option<Box<ReadGate>>,
+    /// Present on a TLS connection: records in and out of the socket go
+    /// through it; the buffers hold plaintext.
+    tls: Option<Box<rustls::ServerConnection>>,
 }
 
 impl Conn {
@@ -140,6 +145,7 @@ impl Conn {
             wbuf: LazyBuf::default(),
             gate,
             shared,
+            tls: None,
         })
     }
 }
@@ -223,7 +229,7 @@ impl Conn {
             return None;
         }
         let frame = tokio::select! {
-            r = timeout(limit, self.read_frame()) => match r {
+            r = timeout(limit, self.first_frame()) => match r {
                 Ok(Ok(Some(frame))) => frame,
                 Ok(Ok(None)) => return None,
                 Ok(Err(FrameError::TooLarge(len))) => {
@@ -231,8 +237,32 @@ impl Conn {
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     return None;
                 }
+                Ok(Err(FrameError::Io(e))) if self.tls.is_some() => {
+                    info!(peer = %self.peer(), "closing: {e}");
+                    return None;
+                }
                 Ok(Err(FrameError::Io(e))) => {
                     debug!(peer = %self.peer(), "connection failed before its handshake: {e}");
+                    return None;
+                }
+                Ok(Err(FrameError::Plaintext)) => {
+                    info!(peer = %self.peer(), "refusing a plaintext client: this server takes TLS connections only");
+                    Stats::add(&self.shared.stats.protocol_errors, 1);
+                    let message = "this server takes TLS connections only: connect with TLS (baton --tls-ca FILE, or ClientBuilder::tls)".to_string();
+                    // Answered in the form the client asked in: a probe or a
+                    // backup request gets a JSON error, a handshake a refusal.
+                    let first = timeout(limit, self.read_frame()).await;
+                    match first {
+                        Ok(Ok(Some(frame)))
+                            if baton_proto::probe::is_probe(&frame)
+                                || baton_proto::probe::is_backup_request(&frame) =>
+                        {
+                            let answer = serde_json::json!({ "error": message }).to_string();
+                            baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
+                            let _ = timeout(CLOSE_GRACE, self.write_all()).await;
+                        }
+                        _ => self.refuse(ErrorCode::TlsRequired, message).await,
+                    }
                     return None;
                 }
                 Err(_) => {
@@ -395,18 +425,18 @@ impl Conn {
                         _ => {}
                     }
                 }
-                if self.wbuf.is_empty() {
+                if !self.unsent() {
                     self.wbuf.release();
                     break;
                 }
                 if self.write_some()? > 0 {
                     stall = None;
                 }
-                if !self.wbuf.is_empty() {
+                if self.unsent() {
                     break;
                 }
             }
-            if self.wbuf.is_empty() {
+            if !self.unsent() {
                 stall = None;
             } else if stall.is_none() {
                 stall = Some(Box::pin(sleep(self.shared.config.write_stall_timeout)));
@@ -415,7 +445,7 @@ impl Conn {
             let can_read = !stopping
                 && self.rbuf.len() < self.max_frame() + READ_BUDGET
                 && !self.backlogged(outbox);
-            let want_write = !self.wbuf.is_empty();
+            let want_write = self.unsent();
             // One hand-written wait instead of a select over readiness
             // futures: an idle connection then holds no future state at all.
             // (The closure takes `this` whole, not each field it uses, to
@@ -545,6 +575,7 @@ impl Conn {
                     outbox.close(Some((ErrorCode::MalformedRequest, e.to_string())), 0);
                     return true;
                 }
+                Err(FrameError::Plaintext) => unreachable!("only the first frame is checked"),
             };
             Stats::add(&self.shared.stats.bytes_in, frame.len() as u64 + 4);
             if let Some(gate) = &mut self.gate {
@@ -656,6 +687,34 @@ impl Conn {
         Ok(Some(frame.freeze()))
     }
 
+    /// The first frame of a connection, after the TLS handshake if the
+    /// server takes TLS only.
+    async fn first_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
+        if let Some(config) = self.shared.tls() {
+            let mut first = [0u8; 1];
+            if self.stream.peek(&mut first).await.map_err(FrameError::Io)? == 0 {
+                return Ok(None);
+            }
+            if !crate::tls::looks_like_tls(first[0]) {
+                return Err(FrameError::Plaintext);
+            }
+            let tls = rustls::ServerConnection::new(config)
+                .map_err(|e| FrameError::Io(crate::tls::io_error(e)))?;
+            self.tls = Some(Box::new(tls));
+            while self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+                if self.unsent() {
+                    self.write_all().await.map_err(FrameError::Io)?;
+                    continue;
+                }
+                self.stream.readable().await.map_err(FrameError::Io)?;
+                if self.read_some().map_err(FrameError::Io)? == 0 {
+                    return Ok(None);
+                }
+            }
+        }
+        self.read_frame().await
+    }
+
     /// Reads until one complete frame is buffered; `None` on a clean close.
     async fn read_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
         loop {
@@ -677,6 +736,9 @@ impl Conn {
     /// connection waits for the next bytes without one more `recv` that would
     /// only say "would block". The chunk is not zeroed first.
     fn read_some(&mut self) -> io::Result<usize> {
+        if self.tls.is_some() {
+            return self.read_some_tls();
+        }
         let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut total = 0;
@@ -707,9 +769,89 @@ impl Conn {
         Ok(total.max(1))
     }
 
+    /// [`read_some`](Self::read_some) on a TLS connection: records from the
+    /// socket go through rustls, and the plaintext they hold into the read
+    /// buffer. Returns 0 only at the end of the stream.
+    fn read_some_tls(&mut self) -> io::Result<usize> {
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let (mut raw, mut plain, mut eof) = (0, 0, false);
+        while raw < READ_BUDGET {
+            let mut buf = tokio::io::ReadBuf::uninit(&mut chunk);
+            match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
+                Poll::Pending => break,
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Ready(Ok(())) => {
+                    let read = buf.filled();
+                    if read.is_empty() {
+                        eof = true;
+                        break;
+                    }
+                    raw += read.len();
+                    let full = read.len() == buf.capacity();
+                    let (n, closed) = self.tls_in(read)?;
+                    plain += n;
+                    if closed {
+                        eof = true;
+                        break;
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(gate) = &mut self.gate {
+            gate.received += plain as u64;
+        }
+        if eof && plain == 0 {
+            return Ok(0);
+        }
+        Ok(plain.max(1))
+    }
+
+    /// Feeds records to rustls and moves the plaintext they hold into the
+    /// read buffer. Returns the plaintext's length, and whether the client
+    /// closed its side of the session.
+    fn tls_in(&mut self, mut records: &[u8]) -> io::Result<(usize, bool)> {
+        let tls = self.tls.as_mut().expect("a TLS connection");
+        let mut plain = 0;
+        while !records.is_empty() {
+            tls.read_tls(&mut records)?;
+            if let Err(e) = tls.process_new_packets() {
+                // Tell the client why (an alert), best effort.
+                let _ = tls.write_tls(&mut crate::tls::SocketWriter(&self.stream));
+                return Err(crate::tls::io_error(e));
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                match std::io::Read::read(&mut tls.reader(), &mut chunk) {
+                    Ok(0) => return Ok((plain, true)),
+                    Ok(n) => {
+                        self.rbuf.get().extend_from_slice(&chunk[..n]);
+                        plain += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok((plain, false))
+    }
+
+    /// Whether output waits to be written: plaintext in the write buffer,
+    /// or TLS records rustls holds.
+    fn unsent(&self) -> bool {
+        !self.wbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
     /// Writes as much of the write buffer as the socket takes now; returns
     /// how many bytes that was.
     fn write_some(&mut self) -> io::Result<usize> {
+        if self.tls.is_some() {
+            return self.write_some_tls();
+        }
         let mut total = 0;
         while !self.wbuf.is_empty() {
             match self.stream.try_write(self.wbuf.bytes()) {
@@ -801,11 +943,40 @@ impl Conn {
         }
     }
 
+    /// [`write_some`](Self::write_some) on a TLS connection: plaintext goes
+    /// into rustls, and the records it makes to the socket.
+    fn write_some_tls(&mut self) -> io::Result<usize> {
+        let tls = self.tls.as_mut().expect("a TLS connection");
+        let mut total = 0;
+        loop {
+            if !self.wbuf.is_empty() {
+                let taken = std::io::Write::write(&mut tls.writer(), self.wbuf.bytes())?;
+                self.wbuf.get().advance(taken);
+            }
+            if !tls.wants_write() {
+                break;
+            }
+            match tls.write_tls(&mut crate::tls::SocketWriter(&self.stream)) {
+                Ok(n) => {
+                    Stats::add(&self.shared.stats.bytes_out, n as u64);
+                    total += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.wbuf.is_empty() {
+            self.wbuf.release();
+        }
+        Ok(total)
+    }
+
     /// Writes the whole write buffer, waiting for the socket as needed.
     async fn write_all(&mut self) -> io::Result<()> {
         loop {
             self.write_some()?;
-            if self.wbuf.is_empty() {
+            if !self.unsent() {
                 return Ok(());
             }
             self.stream.writable().await?;

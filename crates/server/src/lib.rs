@@ -27,6 +27,7 @@ mod server;
 pub mod state;
 mod stats;
 mod status;
+pub mod tls;
 mod watches;
 
 pub use config::{Config, ConfigError};

@@ -43,6 +43,16 @@ pub(crate) struct Shared {
     /// One permit per connection that may still be served. A connection's
     /// permit is forgotten when accepted and added back when it closes.
     pub(crate) connection_slots: Semaphore,
+    /// TLS settings for new connections, if clients must use TLS; replaced
+    /// by a reload.
+    tls: std::sync::RwLock<Option<Arc<rustls::ServerConfig>>>,
+}
+
+impl Shared {
+    /// The TLS settings a new connection uses, if any.
+    pub(crate) fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl Shared {
@@ -164,6 +174,18 @@ impl ServerHandle {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// Replaces the TLS settings (renewed certificates, say): connections
+    /// made from now on use them, those open keep theirs. Returns false,
+    /// changing nothing, on a server that takes plaintext connections.
+    pub fn reload_tls(&self, config: Arc<rustls::ServerConfig>) -> bool {
+        let mut tls = self.shared.tls.write().unwrap_or_else(|e| e.into_inner());
+        if tls.is_none() {
+            return false;
+        }
+        *tls = Some(config);
+        true
     }
 }
 
@@ -416,6 +438,7 @@ impl Parts {
             mark: mark.clone(),
             expiry_wake: expiry_wake.clone(),
         };
+        let tls = config.tls.clone();
         let core = Core::new(sm, log, role, with, Instant::now());
         Parts {
             shared: Arc::new(Shared {
@@ -428,6 +451,7 @@ impl Parts {
                 replicated: !log_applies_at_once,
                 stopping: watch::channel(false).0,
                 started: std::time::Instant::now(),
+                tls: std::sync::RwLock::new(tls),
             }),
             data_dir,
             log_failed,

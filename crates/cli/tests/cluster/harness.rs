@@ -287,9 +287,10 @@ impl Cluster {
 
     /// What member `id` says of itself (the status probe).
     pub async fn status(&self, id: u64) -> Option<Value> {
-        let answer = baton_client::probe(&self.members[&id].client, Duration::from_millis(500))
-            .await
-            .ok()?;
+        let answer =
+            baton_client::probe(&self.members[&id].client, Duration::from_millis(500), None)
+                .await
+                .ok()?;
         serde_json::from_str(&answer).ok()
     }
 
