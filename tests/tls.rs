@@ -120,7 +120,7 @@ async fn a_plaintext_client_is_told_the_server_takes_tls_only() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("TLS connections only"), "{err}");
-    let err = baton::backup(&server.addr(), Duration::from_secs(10), None)
+    let err = baton::backup(&server.addr(), Duration::from_secs(10), None, None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("TLS connections only"), "{err}");

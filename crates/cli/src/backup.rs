@@ -70,7 +70,7 @@ async fn save(servers: &str, args: SaveArgs) -> CliResult {
     let mut last = String::from("no server address given");
     let mut fetched = None;
     for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match baton_client::backup(addr, limit, crate::tls()).await {
+        match baton_client::backup(addr, limit, crate::tls(), crate::token()).await {
             Ok(backup) => {
                 fetched = Some((addr.to_owned(), backup));
                 break;

@@ -55,6 +55,12 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_KEY")]
     tls_key: Option<std::path::PathBuf>,
 
+    /// Read the token that names this client's identity from FILE (for a
+    /// server that checks identities; the BATON_TOKEN variable holds the
+    /// token itself instead). Use it over TLS.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -143,9 +149,10 @@ fn main() -> ExitCode {
         }
     };
     if !matches!(cli.command, Command::Serve(_)) {
-        match client_tls(&cli) {
-            Ok(tls) => {
+        match client_tls(&cli).and_then(|tls| Ok((tls, client_token(&cli)?))) {
+            Ok((tls, token)) => {
                 let _ = CLIENT_TLS.set(tls);
+                let _ = CLIENT_TOKEN.set(token);
             }
             Err(e) => {
                 eprintln!("baton: {e}");
@@ -213,13 +220,50 @@ pub fn tls() -> Option<&'static baton_client::ClientTls> {
     CLIENT_TLS.get().and_then(Option::as_ref)
 }
 
-/// A session's settings for `server`, with this command's TLS settings.
-pub fn client_builder(server: &str) -> baton_client::ClientBuilder {
-    let builder = baton_client::Client::builder(server);
-    match tls() {
-        Some(tls) => builder.tls(tls.clone()),
-        None => builder,
+/// The token client commands name their identity with, if any.
+static CLIENT_TOKEN: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+
+/// The token from --token-file, or else BATON_TOKEN.
+fn client_token(cli: &Cli) -> Result<Option<Vec<u8>>, CliError> {
+    if let Some(path) = &cli.token_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CliError::msg(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(CliError::msg(format!(
+                "the token file {} is empty",
+                path.display()
+            )));
+        }
+        return Ok(Some(token.as_bytes().to_vec()));
     }
+    Ok(std::env::var("BATON_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .map(String::into_bytes))
+}
+
+/// The token of client commands.
+pub fn token() -> Option<&'static [u8]> {
+    CLIENT_TOKEN.get().and_then(Option::as_deref)
+}
+
+/// A session's settings for `server`, with this command's TLS settings and
+/// token.
+pub fn client_builder(server: &str) -> baton_client::ClientBuilder {
+    let mut builder = baton_client::Client::builder(server);
+    if let Some(tls) = tls() {
+        builder = builder.tls(tls.clone());
+    }
+    if let Some(token) = token() {
+        builder = builder.token(token.to_vec());
+    }
+    builder
 }
 
 /// Logs to stderr, filtered by RUST_LOG; `info` for the server, `warn` for

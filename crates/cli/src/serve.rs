@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use baton_server::auth::{Identities, Identity, Rights};
 use baton_server::persist::FsyncPolicy;
 use baton_server::tls::TlsFiles;
 use baton_server::{Config, Server};
@@ -189,6 +190,13 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_ca: Option<PathBuf>,
 
+    /// Identities, from the config file only ([[identity]] tables): with
+    /// any, a client must name one with its token, and each request needs
+    /// that identity's rights on its path (docs/operations.md).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<Vec<IdentityConfig>>,
+
     /// Threads that serve clients (and, in a cluster, the other members).
     /// By default a single server uses one per core and a cluster member
     /// one in all: a member's every change passes between several tasks
@@ -198,6 +206,68 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", env = "BATON_THREADS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) threads: Option<u16>,
+}
+
+/// One `[[identity]]` table of the config file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct IdentityConfig {
+    name: String,
+    /// The token itself (prefer token-file: this file then holds a secret).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    /// A file holding the token (surrounding white space ignored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_file: Option<PathBuf>,
+    /// Rights by path prefix: `"/locks/payments" = ["read", "lock", "fence"]`.
+    rights: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl IdentityConfig {
+    fn build(&self) -> Result<Identity, String> {
+        let name = &self.name;
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), None) => t.trim().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    format!(
+                        "identity {name}: cannot read its token-file {}: {e}",
+                        path.display()
+                    )
+                })?
+                .trim()
+                .to_owned(),
+            _ => {
+                return Err(format!(
+                    "identity {name}: give token-file (or token), one of them"
+                ))
+            }
+        };
+        if token.len() < 16 {
+            return Err(format!(
+                "identity {name}: its token has {} bytes; use at least 16 (e.g. `openssl rand -hex 32`)",
+                token.len()
+            ));
+        }
+        let mut rules = Vec::new();
+        for (prefix, names) in &self.rights {
+            let mut rights = Rights::default();
+            for right in names {
+                let r = Rights::parse(right).ok_or_else(|| {
+                    format!(
+                        "identity {name}: rights for {prefix}: unknown right {right:?} (read, write, lock, fence or admin)"
+                    )
+                })?;
+                rights = Rights::union_of(rights, r);
+            }
+            rules.push((prefix.clone(), rights));
+        }
+        Ok(Identity::new(
+            name.clone(),
+            baton_proto::Token(token.into_bytes().into()),
+            rules,
+        ))
+    }
 }
 
 /// A cluster member's default election timeout, in milliseconds.
@@ -233,6 +303,8 @@ pub struct Settings {
     pub(crate) tls_files: Option<TlsFiles>,
     /// The TLS settings read from them at start.
     pub(crate) tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// The identities clients must name, if any.
+    pub(crate) identities: Option<std::sync::Arc<Identities>>,
     /// The merged settings as a config file would give them.
     pub(crate) effective: ServeArgs,
 }
@@ -368,6 +440,28 @@ impl Settings {
             (Some(_), None, _) => return Err(bad("tls-cert", "needs tls-key (--tls-key), its private key".into())),
             (None, Some(_), _) => return Err(bad("tls-key", "needs tls-cert (--tls-cert), the certificate it goes with".into())),
         };
+        let identities = match &s.identity {
+            None => None,
+            Some(list) if list.is_empty() => None,
+            Some(list) => {
+                let built = list
+                    .iter()
+                    .map(IdentityConfig::build)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| bad("identity", e))?;
+                Some(std::sync::Arc::new(
+                    Identities::new(built).map_err(|e| bad("identity", e))?,
+                ))
+            }
+        };
+        // Shown without the tokens themselves.
+        if let Some(list) = &mut s.identity {
+            for identity in list {
+                if identity.token.is_some() {
+                    identity.token = Some("(hidden)".into());
+                }
+            }
+        }
         let tls = match &tls_files {
             Some(files) => {
                 Some(baton_server::tls::server_config(files).map_err(|e| bad("tls-cert", e))?)
@@ -406,6 +500,7 @@ impl Settings {
             threads: s.threads,
             tls_files,
             tls,
+            identities,
             effective: s,
         };
         settings
@@ -450,6 +545,7 @@ impl Settings {
             fsync: self.fsync,
             snapshot_every_bytes: self.snapshot_every,
             tls: self.tls.clone(),
+            identities: self.identities.clone(),
             ..Config::default()
         };
         // Room for the largest reply twice over, whatever the data limit.
@@ -477,6 +573,9 @@ pub async fn run(args: Settings) -> CliResult {
         .map_err(|e| CliError::msg(e.to_string()))?;
     serve_metrics(&args, server.handle()).await?;
     reload_on_sighup(&args, server.handle())?;
+    if args.identities.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "this server is open to anyone who can reach {addr}: no identity is configured ([[identity]] in the config file; docs/operations.md)");
+    }
     tracing::info!(%addr, tls = args.tls.is_some(), "baton server ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());
     server.run(shutdown_signal()).await?;

@@ -240,3 +240,93 @@ fn bad_keys_and_values_are_refused_naming_the_key() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
+    let dir = scratch("identities");
+    let admin_token = write(&dir, "admin.token", "admin-token-0123456789abcdef\n");
+    let file = write(
+        &dir,
+        "baton.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata-dir = {:?}\n\n\
+             [[identity]]\nname = \"ops\"\ntoken-file = {:?}\nrights = {{ \"/\" = [\"admin\"] }}\n\n\
+             [[identity]]\nname = \"viewer\"\ntoken = \"viewer-token-0123456789abcdef\"\n\
+             rights = {{ \"/\" = [\"read\"] }}\n",
+            dir.join("data").to_str().unwrap(),
+            admin_token.to_str().unwrap()
+        ),
+    );
+    let config = file.to_str().unwrap();
+    let shown = printed(&["--config", config], &[]);
+    assert!(!shown.contains("viewer-token"), "{shown}");
+    assert!(shown.contains("token = \"(hidden)\""), "{shown}");
+    assert!(shown.contains("admin.token"), "{shown}");
+
+    let mut child = serve(&["--config", config], &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let run = |token: Option<&str>, token_file: Option<&Path>, args: &[&str]| {
+        let mut cmd = baton();
+        cmd.env_remove("BATON_TOKEN").args(["--server", &addr]);
+        if let Some(f) = token_file {
+            cmd.arg("--token-file").arg(f);
+        }
+        if let Some(t) = token {
+            cmd.env("BATON_TOKEN", t);
+        }
+        cmd.args(args).output().unwrap()
+    };
+    let ok = run(None, Some(&admin_token), &["create", "/guarded", "v"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let anonymous = run(None, None, &["get", "/guarded"]);
+    assert_eq!(anonymous.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(
+        err.contains("authentication failed") && err.contains("token"),
+        "{err}"
+    );
+    let viewer = Some("viewer-token-0123456789abcdef");
+    assert_eq!(run(viewer, None, &["get", "/guarded"]).stdout, b"v");
+    let not_allowed = run(viewer, None, &["create", "/not-mine"]);
+    assert_eq!(not_allowed.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&not_allowed.stderr);
+    assert!(
+        err.contains("permission denied")
+            && err.contains("viewer")
+            && err.contains("write right on /not-mine"),
+        "{err}"
+    );
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(exit_within(&mut child, 10).success());
+
+    // A right that does not exist, a short token, an identity without one.
+    for (text, want) in [
+        ("[[identity]]\nname = \"x\"\ntoken = \"0123456789abcdefgh\"\nrights = { \"/\" = [\"own\"] }\n", "unknown right \"own\""),
+        ("[[identity]]\nname = \"x\"\ntoken = \"short\"\nrights = {}\n", "at least 16"),
+        ("[[identity]]\nname = \"x\"\nrights = {}\n", "token-file"),
+        ("[[identity]]\nname = \"x\"\ntoken = \"0123456789abcdefgh\"\nrights = {}\nrole = \"a\"\n", "unknown field `role`"),
+    ] {
+        let bad = write(&dir, "bad.toml", text);
+        let err = refused(&["--config", bad.to_str().unwrap()], &[]);
+        assert!(err.contains(want), "{text}: {err}");
+        // Named with its identity, or with its line in the file.
+        assert!(err.contains("identity x") || err.contains("line 5"), "{text}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    path, ConnectRequest, CreateMode, PredecessorWatch, Reply, Request, SessionId, Stat,
+    path, ConnectRequest, CreateMode, PredecessorWatch, Reply, Request, SessionId, Stat, Token,
     PROTOCOL_VERSION,
 };
 use bytes::Bytes;
@@ -57,6 +57,7 @@ pub struct ClientBuilder {
     session_timeout: Duration,
     connect_timeout: Duration,
     tls: Option<ClientTls>,
+    token: Option<Token>,
 }
 
 impl ClientBuilder {
@@ -81,6 +82,14 @@ impl ClientBuilder {
         self
     }
 
+    /// The token that names this client's identity, for a server that
+    /// checks identities (docs/operations.md, "Identities and rights").
+    /// Send it over TLS: anyone who reads it can act as the identity.
+    pub fn token(mut self, token: impl Into<bytes::Bytes>) -> Self {
+        self.token = Some(Token(token.into()));
+        self
+    }
+
     /// Opens a new session on the first server that answers.
     ///
     /// # Errors
@@ -97,6 +106,7 @@ impl ClientBuilder {
             version: PROTOCOL_VERSION,
             timeout_ms: self.session_timeout.as_millis().min(u32::MAX as u128) as u32,
             resume: None,
+            token: self.token.clone(),
         };
         // A cluster between leaders (an election) sends everyone away for a
         // moment: keep trying, within the connect timeout.
@@ -128,6 +138,7 @@ impl ClientBuilder {
             addrs: self.addrs.clone(),
             connect_timeout: self.connect_timeout,
             tls: self.tls.clone(),
+            token: self.token.clone(),
             session: grant.session_id,
             secret: grant.secret,
             timeout: Duration::from_millis(grant.timeout_ms.into()),
@@ -240,6 +251,7 @@ impl Client {
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
+            token: None,
         }
     }
 

@@ -56,6 +56,14 @@ pub enum Error {
     /// side, or a peer that is not a Baton server.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The server checks identities and did not accept this client's: no
+    /// token, or one that names no identity.
+    #[error("authentication failed: {0}")]
+    AuthenticationFailed(String),
+    /// The client's identity lacks the right the request needs; the message
+    /// names the identity, the right and the path. Nothing was done.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// TLS settings that cannot be used: a file that cannot be read, or a
     /// certificate and key that do not go together.
     #[error("TLS settings: {0}")]
@@ -81,6 +89,8 @@ impl Error {
             ErrorCode::TooManyConnections => Error::TooManyConnections(message),
             ErrorCode::BadArguments => Error::BadArguments(message),
             ErrorCode::StaleFence => Error::StaleFence(message),
+            ErrorCode::AuthenticationFailed => Error::AuthenticationFailed(message),
+            ErrorCode::PermissionDenied => Error::PermissionDenied(message),
             // Handled before a connection broke, its reply lost: its outcome
             // is as unknown as that of a request cut off in flight.
             ErrorCode::ResultLost => Error::ConnectionLoss(message),
@@ -107,6 +117,8 @@ impl Error {
             Error::TooManyConnections(_) => ErrorCode::TooManyConnections,
             Error::BadArguments(_) => ErrorCode::BadArguments,
             Error::StaleFence(_) => ErrorCode::StaleFence,
+            Error::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
+            Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
             Error::Server { code, .. } => *code,
             _ => return None,
         })

@@ -80,7 +80,14 @@ pub struct Backup {
 /// [`Error::Connect`] if the server cannot be reached, does not answer
 /// within `limit` or breaks off; [`Error::Protocol`] if it refuses (the
 /// message says why) or answers something that is not a backup.
-pub async fn backup(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Result<Backup> {
+/// On a server that checks identities, `token` must name one with the
+/// admin right.
+pub async fn backup(
+    addr: &str,
+    limit: Duration,
+    tls: Option<&ClientTls>,
+    token: Option<&[u8]>,
+) -> Result<Backup> {
     use baton_proto::probe::{encode_backup_request, BACKUP_CHUNK};
     let failed = |reason: String| Error::Connect {
         addr: addr.to_owned(),
@@ -93,7 +100,7 @@ pub async fn backup(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Res
         .map_err(timed("connection"))?
         .map_err(failed)?;
     let mut buf = BytesMut::new();
-    encode_backup_request(&mut buf);
+    encode_backup_request(&mut buf, token);
     wire.write_all(&mut buf)
         .await
         .map_err(|e| failed(format!("sending the request: {e}")))?;

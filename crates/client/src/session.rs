@@ -115,6 +115,7 @@ pub(crate) async fn open(
                 // The message is the leader's client address, if known.
                 ErrorCode::NotLeader => Error::NotLeader(message),
                 ErrorCode::TlsRequired => failed(message),
+                ErrorCode::AuthenticationFailed => Error::AuthenticationFailed(message),
                 _ => failed(format!("{code}: {message}")),
             }),
         }
@@ -192,6 +193,8 @@ pub(crate) struct SessionTask {
     pub(crate) connect_timeout: Duration,
     /// TLS settings, for a server that takes TLS.
     pub(crate) tls: Option<ClientTls>,
+    /// The identity's token, for a server that checks identities.
+    pub(crate) token: Option<baton_proto::Token>,
     pub(crate) session: SessionId,
     pub(crate) secret: SessionSecret,
     pub(crate) timeout: Duration,
@@ -287,6 +290,7 @@ impl SessionTask {
             version: PROTOCOL_VERSION,
             timeout_ms: self.timeout.as_millis() as u32,
             resume: Some((self.session, self.secret)),
+            token: self.token.clone(),
         };
         let mut backoff = Duration::from_millis(20);
         loop {

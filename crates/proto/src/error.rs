@@ -62,6 +62,11 @@ pub enum ErrorCode {
     NotLeader,
     /// The server takes TLS connections only, and this one spoke plaintext.
     TlsRequired,
+    /// The server checks identities, and the handshake's token names none.
+    AuthenticationFailed,
+    /// The client's identity lacks the right the request needs on its
+    /// path; the message names the identity, the right and the path.
+    PermissionDenied,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -93,6 +98,8 @@ impl ErrorCode {
             ErrorCode::ResultLost => 21,
             ErrorCode::NotLeader => 22,
             ErrorCode::TlsRequired => 23,
+            ErrorCode::AuthenticationFailed => 24,
+            ErrorCode::PermissionDenied => 25,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -124,6 +131,8 @@ impl ErrorCode {
             21 => ErrorCode::ResultLost,
             22 => ErrorCode::NotLeader,
             23 => ErrorCode::TlsRequired,
+            24 => ErrorCode::AuthenticationFailed,
+            25 => ErrorCode::PermissionDenied,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -154,6 +163,8 @@ impl ErrorCode {
             ErrorCode::ResultLost => "result lost",
             ErrorCode::NotLeader => "not leader",
             ErrorCode::TlsRequired => "tls required",
+            ErrorCode::AuthenticationFailed => "authentication failed",
+            ErrorCode::PermissionDenied => "permission denied",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

@@ -2,12 +2,15 @@
 //!
 //! # Format
 //! ```text
-//! ConnectRequest (client -> server, first frame), 34 bytes:
+//! ConnectRequest (client -> server, first frame), 34 bytes, or more with a
+//! token:
 //!   magic        [4]  "BATN"
 //!   version      u16  protocol version the client speaks (1)
 //!   timeout_ms   u32  requested session timeout
 //!   session_id   u64  0 to open a new session, else the session to resume
 //!   secret       [16] the session's secret when resuming, else zeros
+//!   optional, for a server that checks identities:
+//!   token        u16 length + bytes (at most MAX_TOKEN)
 //!
 //! ConnectResponse (server -> client, first frame):
 //!   status       u16  0 = success, else an error code
@@ -48,6 +51,36 @@ pub struct ConnectRequest {
     pub timeout_ms: u32,
     /// The session to resume, or `None` for a new session.
     pub resume: Option<(SessionId, SessionSecret)>,
+    /// The token that names this client's identity, for a server that
+    /// checks identities.
+    pub token: Option<Token>,
+}
+
+/// Most bytes of a token.
+pub const MAX_TOKEN: usize = 1024;
+
+/// A secret that names a client's identity. Shown as `Token(..)`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub Bytes);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl Token {
+    /// Whether `other` is the same token, in time that depends on the
+    /// lengths only.
+    pub fn matches(&self, other: &[u8]) -> bool {
+        self.0.len() == other.len()
+            && self
+                .0
+                .iter()
+                .zip(other)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
 }
 
 impl ConnectRequest {
@@ -57,6 +90,7 @@ impl ConnectRequest {
             version: PROTOCOL_VERSION,
             timeout_ms,
             resume: None,
+            token: None,
         }
     }
 
@@ -69,6 +103,10 @@ impl ConnectRequest {
             let (id, secret) = self.resume.unwrap_or_default();
             b.put_u64(id.0);
             b.put_slice(&secret.0);
+            if let Some(token) = &self.token {
+                b.put_u16(token.0.len() as u16);
+                b.put_slice(&token.0);
+            }
         });
     }
 
@@ -92,17 +130,31 @@ impl ConnectRequest {
                 version,
                 timeout_ms: 0,
                 resume: None,
+                token: None,
             });
         }
         let timeout_ms = r.u32("timeout")?;
         let id = r.u64("session id")?;
         let secret = SessionSecret(r.array("secret")?);
+        let token = if r.at_end() {
+            None
+        } else {
+            let token = r.raw16("token")?;
+            if token.len() > MAX_TOKEN {
+                return Err(DecodeError::BadValue {
+                    what: "token length",
+                    value: token.len() as u64,
+                });
+            }
+            Some(Token(token))
+        };
         r.finish()?;
         let resume = (id != 0).then_some((SessionId(id), secret));
         Ok(ConnectRequest {
             version,
             timeout_ms,
             resume,
+            token,
         })
     }
 }

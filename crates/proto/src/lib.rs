@@ -24,7 +24,7 @@ mod wire;
 
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{frame_codec, MAX_RESPONSE_FRAME};
-pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret};
+pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret, Token};
 pub use path::PathError;
 pub use request::{
     CreateMode, OpCode, PredecessorWatch, Request, RequestDecodeError, RequestFrame,

@@ -12,9 +12,12 @@
 //! StatusAnswer (server -> client, one frame): a JSON object, UTF-8; then
 //! the server closes the connection.
 //!
-//! BackupRequest (client -> server, first frame), 6 bytes:
+//! BackupRequest (client -> server, first frame), 6 bytes, or more with a
+//! token:
 //!   magic    [4]  "BATB"
 //!   version  u16  1
+//!   token    u16 length + bytes, optional: for a server that checks
+//!            identities, one with the admin right
 //! BackupAnswer (server -> client): one frame holding a JSON object, either
 //! {"revision", "bytes", "sessions", "nodes"} or {"error": message}; after
 //! the first, the snapshot's `bytes` bytes in frames of at most 1 MiB, then
@@ -51,11 +54,22 @@ pub const BACKUP_MAGIC: [u8; 4] = *b"BATB";
 pub const BACKUP_CHUNK: usize = 1 << 20;
 
 /// Appends a backup request, framed, to `buf`.
-pub fn encode_backup_request(buf: &mut BytesMut) {
+pub fn encode_backup_request(buf: &mut BytesMut, token: Option<&[u8]>) {
     encode_frame(buf, |b| {
         b.put_slice(&BACKUP_MAGIC);
         b.put_u16(PROBE_VERSION);
+        if let Some(token) = token {
+            b.put_u16(token.len() as u16);
+            b.put_slice(token);
+        }
     });
+}
+
+/// The token a backup request carries, if any (a malformed one is none).
+pub fn backup_token(payload: &[u8]) -> Option<&[u8]> {
+    let rest = payload.get(6..)?;
+    let len = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
+    rest.get(2..2 + len)
 }
 
 /// Whether a first frame's payload is a backup request.

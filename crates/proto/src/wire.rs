@@ -95,6 +95,11 @@ impl Reader {
         String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::InvalidUtf8 { what })
     }
 
+    /// Whether every byte has been read.
+    pub(crate) fn at_end(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     /// Fails if bytes are left over: a frame must be exactly its message.
     pub(crate) fn finish(self) -> Result<(), DecodeError> {
         if self.buf.is_empty() {

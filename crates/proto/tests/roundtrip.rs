@@ -211,11 +211,13 @@ proptest! {
         resume in proptest::option::of((1u64.., any::<[u8; 16]>())),
         grant in proptest::option::of((any::<u32>(), any::<u64>(), any::<[u8; 16]>(), any::<bool>(), any::<u32>())),
         message in ".{0,40}",
+        token in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
     ) {
         let req = ConnectRequest {
             version: PROTOCOL_VERSION,
             timeout_ms,
             resume: resume.map(|(id, s)| (SessionId(id), SessionSecret(s))),
+            token: token.map(|t| Token(t.into())),
         };
         let mut buf = BytesMut::new();
         req.encode(&mut buf);

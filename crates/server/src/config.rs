@@ -48,6 +48,10 @@ pub struct Config {
     /// [`crate::tls::server_config`]); plaintext clients are refused with
     /// `tls-required`. Default: plaintext.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// If set, a client must name one of these identities with its token,
+    /// and each request needs its identity's rights on its path (see
+    /// [`crate::auth`]). Default: open to every client.
+    pub identities: Option<std::sync::Arc<crate::auth::Identities>>,
 }
 
 impl Default for Config {
@@ -65,6 +69,7 @@ impl Default for Config {
             fsync: FsyncPolicy::Always,
             snapshot_every_bytes: 64 << 20,
             tls: None,
+            identities: None,
         }
     }
 }

@@ -129,9 +129,19 @@ pub(crate) struct Conn {
     shared: Arc<Shared>,
     /// Present on a cluster member: holds back reads (see [`ReadGate`]).
     gate: Option<Box<ReadGate>>,
-    /// Present on a TLS connection: records in and out of the socket go
-    /// through it; the buffers hold plaintext.
-    tls: Option<Box<rustls::ServerConnection>>,
+    /// Present on a TLS connection or one with an identity (allocated only
+    /// then, so a plaintext connection stays as small as before).
+    secure: Option<Box<Secure>>,
+}
+
+/// What a connection keeps on a server with TLS or identities.
+#[derive(Default)]
+struct Secure {
+    /// Records in and out of the socket go through it; the connection's
+    /// buffers hold plaintext.
+    tls: Option<rustls::ServerConnection>,
+    /// The client's identity, on a server that checks identities.
+    identity: Option<Arc<crate::auth::Identity>>,
 }
 
 impl Conn {
@@ -145,7 +155,7 @@ impl Conn {
             wbuf: LazyBuf::default(),
             gate,
             shared,
-            tls: None,
+            secure: None,
         })
     }
 }
@@ -237,7 +247,7 @@ impl Conn {
                     Stats::add(&self.shared.stats.protocol_errors, 1);
                     return None;
                 }
-                Ok(Err(FrameError::Io(e))) if self.tls.is_some() => {
+                Ok(Err(FrameError::Io(e))) if self.is_tls() => {
                     info!(peer = %self.peer(), "closing: {e}");
                     return None;
                 }
@@ -279,6 +289,23 @@ impl Conn {
             return None;
         }
         if baton_proto::probe::is_backup_request(&frame) {
+            if let Some(identities) = &self.shared.config.identities {
+                let identity =
+                    baton_proto::probe::backup_token(&frame).and_then(|t| identities.find(t));
+                let refused = match identity {
+                    None => Some("this server checks identities: a backup needs the token of one with the admin right".to_string()),
+                    Some(id) => id.need(crate::auth::Rights::ADMIN, "/").err().map(|e| e.message),
+                };
+                if let Some(message) = refused {
+                    info!(peer = %self.peer(), "backup refused: {message}");
+                    let answer =
+                        serde_json::json!({ "error": format!("permission denied: {message}") })
+                            .to_string();
+                    baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
+                    let _ = timeout(CLOSE_GRACE, self.write_all()).await;
+                    return None;
+                }
+            }
             if let Err(e) = self.send_backup().await {
                 warn!(peer = %self.peer(), "backup not sent: {e}");
             }
@@ -294,6 +321,20 @@ impl Conn {
                 return None;
             }
         };
+        if let Some(identities) = &self.shared.config.identities {
+            let found = request.token.as_ref().and_then(|t| identities.find(&t.0));
+            let Some(identity) = found else {
+                let message = if request.token.is_some() {
+                    "the token names no identity of this server".to_string()
+                } else {
+                    "this server checks identities: connect with a token (baton --token-file FILE or BATON_TOKEN, or ClientBuilder::token)".to_string()
+                };
+                info!(peer = %self.peer(), "handshake refused: {message}");
+                self.refuse(ErrorCode::AuthenticationFailed, message).await;
+                return None;
+            };
+            self.secure.get_or_insert_with(Default::default).identity = Some(identity);
+        }
         // A cluster member resumes a session only once it has proven, after
         // the handshake arrived, that it still leads: a leader cut off from
         // the majority still believes it leads, and an answered resume tells
@@ -584,10 +625,13 @@ impl Conn {
             let started = std::time::Instant::now();
             let flow = match RequestFrame::decode(frame) {
                 Ok(request) => {
-                    let flow = self
-                        .shared
-                        .core()
-                        .handle(session, request, outbox, Instant::now());
+                    let flow = self.shared.core().handle(
+                        session,
+                        request,
+                        outbox,
+                        self.secure.as_ref().and_then(|s| s.identity.as_deref()),
+                        Instant::now(),
+                    );
                     let took = started.elapsed();
                     let stats = &self.shared.stats;
                     Stats::add(&stats.handle_ns, took.as_nanos() as u64);
@@ -700,8 +744,8 @@ impl Conn {
             }
             let tls = rustls::ServerConnection::new(config)
                 .map_err(|e| FrameError::Io(crate::tls::io_error(e)))?;
-            self.tls = Some(Box::new(tls));
-            while self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+            self.secure.get_or_insert_with(Default::default).tls = Some(tls);
+            while self.tls().is_some_and(|t| t.is_handshaking()) {
                 if self.unsent() {
                     self.write_all().await.map_err(FrameError::Io)?;
                     continue;
@@ -736,7 +780,7 @@ impl Conn {
     /// connection waits for the next bytes without one more `recv` that would
     /// only say "would block". The chunk is not zeroed first.
     fn read_some(&mut self) -> io::Result<usize> {
-        if self.tls.is_some() {
+        if self.is_tls() {
             return self.read_some_tls();
         }
         let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
@@ -815,7 +859,11 @@ impl Conn {
     /// read buffer. Returns the plaintext's length, and whether the client
     /// closed its side of the session.
     fn tls_in(&mut self, mut records: &[u8]) -> io::Result<(usize, bool)> {
-        let tls = self.tls.as_mut().expect("a TLS connection");
+        let tls = self
+            .secure
+            .as_mut()
+            .and_then(|s| s.tls.as_mut())
+            .expect("a TLS connection");
         let mut plain = 0;
         while !records.is_empty() {
             tls.read_tls(&mut records)?;
@@ -840,16 +888,25 @@ impl Conn {
         Ok((plain, false))
     }
 
+    /// The connection's TLS state, on a TLS connection.
+    fn tls(&self) -> Option<&rustls::ServerConnection> {
+        self.secure.as_ref().and_then(|s| s.tls.as_ref())
+    }
+
+    fn is_tls(&self) -> bool {
+        self.tls().is_some()
+    }
+
     /// Whether output waits to be written: plaintext in the write buffer,
     /// or TLS records rustls holds.
     fn unsent(&self) -> bool {
-        !self.wbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+        !self.wbuf.is_empty() || self.tls().is_some_and(|t| t.wants_write())
     }
 
     /// Writes as much of the write buffer as the socket takes now; returns
     /// how many bytes that was.
     fn write_some(&mut self) -> io::Result<usize> {
-        if self.tls.is_some() {
+        if self.is_tls() {
             return self.write_some_tls();
         }
         let mut total = 0;
@@ -946,7 +1003,11 @@ impl Conn {
     /// [`write_some`](Self::write_some) on a TLS connection: plaintext goes
     /// into rustls, and the records it makes to the socket.
     fn write_some_tls(&mut self) -> io::Result<usize> {
-        let tls = self.tls.as_mut().expect("a TLS connection");
+        let tls = self
+            .secure
+            .as_mut()
+            .and_then(|s| s.tls.as_mut())
+            .expect("a TLS connection");
         let mut total = 0;
         loop {
             if !self.wbuf.is_empty() {

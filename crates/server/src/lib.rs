@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+pub mod auth;
 pub mod config;
 mod conn;
 mod core;

@@ -24,12 +24,25 @@ impl Core {
         session: SessionId,
         frame: RequestFrame,
         outbox: &Arc<Outbox>,
+        identity: Option<&crate::auth::Identity>,
         now: Instant,
     ) -> Flow {
         let RequestFrame { xid, request } = frame;
         let op = request.op() as u8;
         if let Err(flow) = self.touch(session, xid, op, outbox, now) {
             return flow;
+        }
+        if let Some(identity) = identity {
+            let owns = |path: &str| {
+                self.sm
+                    .node(path)
+                    .is_some_and(|n| n.owner() == Some(session))
+            };
+            if let Err(refused) = identity.authorize(&request, owns) {
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                self.answer(session, outbox, xid, op, Err(refused));
+                return Flow::Continue;
+            }
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let origin = Origin { session, xid };

@@ -1,0 +1,312 @@
+//! Identities and their rights on path prefixes.
+//!
+//! A server with identities refuses a handshake whose token names none,
+//! and checks every request against the rights of the connection's
+//! identity on the request's path: `read` (exists, get data, get children,
+//! predecessor, check token, watches), `write` (create, delete, set data),
+//! `lock` (enqueue: joining a lock's or an election's queue, and deleting
+//! one's own ephemeral node there: a release), `fence` (fenced create,
+//! delete and set data) and `admin` (everything, the server's counters and
+//! backups). A rule's prefix covers the path itself and everything under
+//! it; an identity's rights on a path are those of every rule that covers
+//! it. Without identities the server is open, as it always was.
+
+use std::sync::Arc;
+
+use baton_proto::{ErrorCode, ErrorReply, Request, Token};
+
+/// A set of rights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rights(u8);
+
+impl Rights {
+    pub const READ: Rights = Rights(1);
+    pub const WRITE: Rights = Rights(2);
+    pub const LOCK: Rights = Rights(4);
+    pub const FENCE: Rights = Rights(8);
+    pub const ADMIN: Rights = Rights(16);
+
+    /// The names a config file gives rights by.
+    pub const NAMES: [(&'static str, Rights); 5] = [
+        ("read", Rights::READ),
+        ("write", Rights::WRITE),
+        ("lock", Rights::LOCK),
+        ("fence", Rights::FENCE),
+        ("admin", Rights::ADMIN),
+    ];
+
+    /// The right named `name`, if there is one.
+    pub fn parse(name: &str) -> Option<Rights> {
+        Rights::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, r)| r)
+    }
+
+    fn union(self, other: Rights) -> Rights {
+        Rights(self.0 | other.0)
+    }
+
+    /// Both sets of rights.
+    pub fn union_of(a: Rights, b: Rights) -> Rights {
+        a.union(b)
+    }
+
+    /// Whether these rights allow what `wanted` names (admin allows all).
+    pub fn allow(self, wanted: Rights) -> bool {
+        self.0 & Rights::ADMIN.0 != 0 || self.0 & wanted.0 == wanted.0
+    }
+
+    fn name(self) -> &'static str {
+        Rights::NAMES
+            .iter()
+            .find(|&&(_, r)| r == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+/// An identity: its name, its token and its rules.
+#[derive(Debug)]
+pub struct Identity {
+    pub name: String,
+    token: Token,
+    rules: Vec<(String, Rights)>,
+}
+
+impl Identity {
+    /// An identity with `token` and `rules` (prefix, rights).
+    pub fn new(name: String, token: Token, rules: Vec<(String, Rights)>) -> Identity {
+        Identity { name, token, rules }
+    }
+
+    /// The rights this identity has on `path`.
+    pub fn rights_on(&self, path: &str) -> Rights {
+        self.rules
+            .iter()
+            .filter(|(prefix, _)| covers(prefix, path))
+            .fold(Rights::default(), |all, &(_, r)| all.union(r))
+    }
+
+    /// `Ok` if this identity has `right` on `path`, else the error that
+    /// names the identity, the right and the path.
+    pub(crate) fn need(&self, right: Rights, path: &str) -> Result<(), ErrorReply> {
+        if self.rights_on(path).allow(right) {
+            return Ok(());
+        }
+        Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "identity {} has no {} right on {path}",
+                self.name,
+                right.name()
+            ),
+        ))
+    }
+
+    /// Checks `request` of a session; `owns` says whether a path is an
+    /// ephemeral node of that session (a lock holder may delete its own
+    /// node, which is how it releases).
+    pub(crate) fn authorize(
+        &self,
+        request: &Request,
+        owns: impl Fn(&str) -> bool,
+    ) -> Result<(), ErrorReply> {
+        let write_or_fence = |fence: &Option<u64>| {
+            if fence.is_some() {
+                Rights::FENCE
+            } else {
+                Rights::WRITE
+            }
+        };
+        match request {
+            Request::Create { path, fence, .. } | Request::SetData { path, fence, .. } => {
+                self.need(write_or_fence(fence), path)
+            }
+            Request::Delete { path, fence, .. } => {
+                let released =
+                    fence.is_none() && self.rights_on(path).allow(Rights::LOCK) && owns(path);
+                if released {
+                    Ok(())
+                } else {
+                    self.need(write_or_fence(fence), path)
+                }
+            }
+            Request::Enqueue { path, .. } => self.need(Rights::LOCK, path),
+            Request::Exists { path, .. }
+            | Request::GetData { path, .. }
+            | Request::GetChildren { path, .. }
+            | Request::Predecessor { path, .. }
+            | Request::CheckToken { path, .. } => self.need(Rights::READ, path),
+            Request::SetWatches {
+                data,
+                exist,
+                child,
+                queue,
+                ..
+            } => {
+                for path in data.iter().chain(exist).chain(child) {
+                    self.need(Rights::READ, path)?;
+                }
+                for (path, _) in queue {
+                    if !self.rights_on(path).allow(Rights::LOCK) {
+                        self.need(Rights::READ, path)?;
+                    }
+                }
+                Ok(())
+            }
+            Request::Stats => self.need(Rights::ADMIN, "/"),
+            Request::Ping | Request::CloseSession | Request::RemoveWatches { .. } => Ok(()),
+        }
+    }
+}
+
+/// Whether a rule for `prefix` covers `path`: the path itself, or one under
+/// it (`/a` covers `/a` and `/a/b`, not `/ab`).
+fn covers(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+/// Every identity a server knows.
+#[derive(Debug)]
+pub struct Identities {
+    list: Vec<Arc<Identity>>,
+}
+
+impl Identities {
+    /// Checks that names and tokens are unique and prefixes are paths.
+    ///
+    /// # Errors
+    /// A message naming the identity and what is wrong.
+    pub fn new(list: Vec<Identity>) -> Result<Identities, String> {
+        for (i, a) in list.iter().enumerate() {
+            if a.token.0.is_empty() {
+                return Err(format!("identity {}: its token is empty", a.name));
+            }
+            for b in &list[..i] {
+                if a.name == b.name {
+                    return Err(format!("identity {} is given twice", a.name));
+                }
+                if a.token.matches(&b.token.0) {
+                    return Err(format!(
+                        "identities {} and {} have the same token",
+                        b.name, a.name
+                    ));
+                }
+            }
+            for (prefix, _) in &a.rules {
+                baton_proto::path::validate(prefix)
+                    .map_err(|e| format!("identity {}: rule for {prefix:?}: {e}", a.name))?;
+            }
+        }
+        Ok(Identities {
+            list: list.into_iter().map(Arc::new).collect(),
+        })
+    }
+
+    /// The identity `token` names, if any. Every token is compared, in time
+    /// that does not depend on where they differ.
+    pub fn find(&self, token: &[u8]) -> Option<Arc<Identity>> {
+        let mut found = None;
+        for identity in &self.list {
+            if identity.token.matches(token) {
+                found = Some(identity.clone());
+            }
+        }
+        found
+    }
+
+    /// How many identities there are.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(rules: &[(&str, &[&str])]) -> Identity {
+        let rules = rules
+            .iter()
+            .map(|(p, rs)| {
+                let rights = rs
+                    .iter()
+                    .map(|r| Rights::parse(r).unwrap())
+                    .fold(Rights::default(), Rights::union);
+                (p.to_string(), rights)
+            })
+            .collect();
+        Identity::new("team".into(), Token("t".into()), rules)
+    }
+
+    #[test]
+    fn prefixes_cover_their_subtree_only_and_rights_add_up() {
+        let id = identity(&[("/locks/a", &["lock", "fence"]), ("/", &["read"])]);
+        assert!(id.rights_on("/locks/a").allow(Rights::LOCK));
+        assert!(id.rights_on("/locks/a/lock-1").allow(Rights::FENCE));
+        assert!(id.rights_on("/locks/a/lock-1").allow(Rights::READ));
+        assert!(!id.rights_on("/locks/ab").allow(Rights::LOCK));
+        assert!(!id.rights_on("/locks/b/x").allow(Rights::WRITE));
+        let admin = identity(&[("/", &["admin"])]);
+        assert!(admin.rights_on("/x").allow(Rights::FENCE));
+    }
+
+    #[test]
+    fn requests_need_the_right_their_kind_and_path_call_for() {
+        let id = identity(&[("/locks/a", &["lock", "read"])]);
+        let enqueue = Request::Enqueue {
+            path: "/locks/a/lock-".into(),
+            data: Default::default(),
+        };
+        assert!(id.authorize(&enqueue, |_| false).is_ok());
+        let delete = |path: &str| Request::Delete {
+            path: path.into(),
+            version: None,
+            fence: None,
+        };
+        // Its own node: a release. Another's: refused.
+        assert!(id.authorize(&delete("/locks/a/lock-1"), |_| true).is_ok());
+        let e = id
+            .authorize(&delete("/locks/a/lock-2"), |_| false)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::PermissionDenied);
+        assert!(
+            e.message.contains("no write right on /locks/a/lock-2"),
+            "{}",
+            e.message
+        );
+        let fenced = Request::SetData {
+            path: "/locks/a/data".into(),
+            data: Default::default(),
+            version: None,
+            fence: Some(3),
+        };
+        let e = id.authorize(&fenced, |_| true).unwrap_err();
+        assert!(e.message.contains("no fence right"), "{}", e.message);
+        assert!(id.authorize(&Request::Stats, |_| true).is_err());
+        assert!(id.authorize(&Request::Ping, |_| false).is_ok());
+    }
+
+    #[test]
+    fn tokens_and_names_are_unique() {
+        let t = |s: &str| Token(s.to_owned().into());
+        let a = Identity::new("a".into(), t("one"), vec![]);
+        let b = Identity::new("b".into(), t("one"), vec![]);
+        assert!(Identities::new(vec![a, b])
+            .unwrap_err()
+            .contains("same token"));
+        let ids = Identities::new(vec![
+            Identity::new("a".into(), t("one"), vec![]),
+            Identity::new("b".into(), t("two"), vec![]),
+        ])
+        .unwrap();
+        assert_eq!(ids.find(b"two").unwrap().name, "b");
+        assert!(ids.find(b"three").is_none());
+    }
+}
