@@ -376,3 +376,22 @@ async fn calls_in_flight_when_the_session_expires_fail_with_session_expired() {
     writer.close().await;
     server.stop().await;
 }
+
+/// A client whose session task is gone (its runtime was shut down) fails
+/// every call and returns from close at once, instead of waiting forever.
+#[test]
+fn calls_fail_at_once_when_the_session_task_is_gone() {
+    let server_rt = tokio::runtime::Runtime::new().unwrap();
+    let server = server_rt.block_on(TestServer::start());
+    let addr = server.addr();
+    let client_rt = tokio::runtime::Runtime::new().unwrap();
+    let client = client_rt.block_on(async { baton::Client::connect(&addr).await.unwrap() });
+    drop(client_rt);
+    let other = tokio::runtime::Runtime::new().unwrap();
+    other.block_on(async {
+        let result = within(5, "the call", client.exists("/")).await;
+        assert!(matches!(result, Err(baton::Error::Closed)), "{result:?}");
+        within(5, "close", client.close()).await;
+    });
+    server_rt.block_on(server.stop());
+}

@@ -146,8 +146,18 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    let mut out =
-        std::fs::File::create(&tmp).map_err(|e| failed("cannot create a file beside", e))?;
+    // Readable by its owner only: a backup holds every node's data and the
+    // sessions' secrets.
+    let mut out = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+    }
+    .map_err(|e| failed("cannot create a file beside", e))?;
     out.write_all(bytes)
         .and_then(|()| out.sync_all())
         .map_err(|e| failed("cannot write", e))?;

@@ -197,6 +197,14 @@ impl Link {
         out.closing.push(done);
         drop(out);
         self.kick.notify_one();
+        // Callers waiting for room are answered now: no request goes after
+        // a close.
+        self.room.notify_waiters();
+    }
+
+    /// Whether the session is over for this client.
+    pub(crate) fn is_ended(&self) -> bool {
+        matches!(self.lock().route, Route::Ended(_))
     }
 
     /// Every `Client` handle is gone.

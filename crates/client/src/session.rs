@@ -218,6 +218,23 @@ pub(crate) struct SessionTask {
     pub(crate) unanswered: VecDeque<Pending>,
 }
 
+impl Drop for SessionTask {
+    /// However the task ends (its runtime shut down, say), no caller waits
+    /// for it: what is pending fails, and later calls fail at once.
+    fn drop(&mut self) {
+        if self.link.is_ended() {
+            return;
+        }
+        let (pending, closing) = self.link.down();
+        fail_pending(pending, &Error::Closed);
+        fail_pending(std::mem::take(&mut self.unanswered), &Error::Closed);
+        for done in closing {
+            let _ = done.send(());
+        }
+        self.link.end(&Error::Closed);
+    }
+}
+
 /// Most connections one request is sent on before it fails with
 /// `ConnectionLoss`.
 const MAX_SENDS: u8 = 3;

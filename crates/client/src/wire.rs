@@ -267,7 +267,9 @@ impl AsyncRead for ReadSide {
         loop {
             {
                 let mut c = wire.tls();
-                match c.reader().read(buf.initialize_unfilled()) {
+                // Only what one record can hold is zeroed for each read.
+                let room = buf.remaining().min(16 * 1024);
+                match c.reader().read(buf.initialize_unfilled_to(room)) {
                     // Ok(0) is the server's close_notify: the end.
                     Ok(n) => {
                         buf.advance(n);

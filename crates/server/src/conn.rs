@@ -929,6 +929,13 @@ impl Conn {
     /// Answers a backup request: a snapshot of the state as it is now, once
     /// the log holds all of it, in frames (see `baton_proto::probe`).
     async fn send_backup(&mut self) -> io::Result<()> {
+        let shared = self.shared.clone();
+        let Ok(_one_at_a_time) = shared.backups.try_acquire() else {
+            let error = "another backup is being taken; try again once it is done";
+            return self
+                .send_backup_frame(serde_json::json!({ "error": error }).to_string().as_bytes())
+                .await;
+        };
         let sm = self.shared.core().state();
         let revision = sm.revision();
         let deadline = Instant::now() + BACKUP_DURABLE_WAIT;
@@ -991,12 +998,17 @@ impl Conn {
     async fn send_backup_frame(&mut self, payload: &[u8]) -> io::Result<()> {
         baton_proto::probe::encode_answer_bytes(self.wbuf.get(), payload);
         let limit = self.shared.config.write_stall_timeout;
-        match timeout(limit, self.write_all()).await {
-            Ok(r) => r,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client took no bytes for {} ms", limit.as_millis()),
-            )),
+        loop {
+            self.write_some()?;
+            if !self.unsent() {
+                return Ok(());
+            }
+            if timeout(limit, self.stream.writable()).await.is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client took no bytes for {} ms", limit.as_millis()),
+                ));
+            }
         }
     }
 

@@ -20,6 +20,8 @@ const MAX_LOCKS: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct LockBoard {
     locks: HashMap<Arc<str>, Figures>,
+    /// How many of them have a holder now.
+    held: usize,
 }
 
 #[derive(Debug, Default)]
@@ -70,10 +72,10 @@ impl LockBoard {
     pub(crate) fn granted(&mut self, node: &Arc<str>, token: u64, created_ms: u64, now_ms: u64) {
         let lock = parent(node);
         if !self.locks.contains_key(lock) && self.locks.len() >= MAX_LOCKS {
-            self.locks.retain(|_, f| f.holder.is_some());
-            if self.locks.len() >= MAX_LOCKS {
-                return;
+            if self.held >= self.locks.len() {
+                return; // every one is held: nothing to forget
             }
+            self.locks.retain(|_, f| f.holder.is_some());
         }
         let now = Instant::now();
         let figures = match self.locks.get_mut(lock) {
@@ -88,6 +90,8 @@ impl LockBoard {
             // failover, say): its hold ends now.
             figures.holds += 1;
             figures.hold_ns += now.duration_since(old.since).as_nanos() as u64;
+        } else {
+            self.held += 1;
         }
         figures.grants += 1;
         figures.wait_ms += now_ms.saturating_sub(created_ms);
@@ -107,6 +111,7 @@ impl LockBoard {
             let old = figures.holder.take().expect("just seen");
             figures.holds += 1;
             figures.hold_ns += old.since.elapsed().as_nanos() as u64;
+            self.held -= 1;
         }
     }
 
@@ -177,6 +182,14 @@ mod tests {
         assert_eq!(board.len(), MAX_LOCKS);
         board.granted(&Arc::from("/new/n"), 1, 0, 0);
         assert_eq!(board.len(), MAX_LOCKS / 2 + 1);
+        assert_eq!(board.held, MAX_LOCKS / 2 + 1);
+        // Full of held locks: a new one is not followed, and costs no scan.
+        let mut full = LockBoard::default();
+        for i in 0..MAX_LOCKS {
+            full.granted(&Arc::from(format!("/h{i}/n").as_str()), 1, 0, 0);
+        }
+        full.granted(&Arc::from("/late/n"), 1, 0, 0);
+        assert_eq!((full.len(), full.held), (MAX_LOCKS, MAX_LOCKS));
     }
 
     #[test]

@@ -146,7 +146,7 @@ const BUSIEST_LOCKS: usize = 10;
 const OPS: usize = 15;
 /// Results: 0 for success, then the error codes by wire number, then one
 /// for any other code.
-const RESULTS: usize = 25;
+const RESULTS: usize = 27;
 
 /// What the server measures beyond its plain counters.
 #[derive(Debug)]
@@ -191,6 +191,22 @@ impl Metrics {
         };
         self.replies[op * RESULTS + result].fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// A label value as the text format needs it: `\`, `"` and line feeds
+/// escaped (the encoder writes label values as given, and a path may hold
+/// any of them).
+fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A label value from a name: lower case, words joined by `_`.
@@ -516,7 +532,7 @@ fn encode_locks(e: &mut DescriptorEncoder<'_>, locks: &[LockView]) -> Result<(),
         let mut family = e.encode_descriptor(name, help, unit.as_ref(), kind)?;
         for lock in locks {
             let Some(v) = field(lock) else { continue };
-            let labels = [("lock", lock.lock.to_string())];
+            let labels = [("lock", escaped(&lock.lock))];
             let metric = family.encode_family(&labels)?;
             match kind {
                 MetricType::Counter => ConstCounter::new(v).encode(metric)?,

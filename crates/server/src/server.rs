@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     /// TLS settings for new connections, if clients must use TLS; replaced
     /// by a reload.
     tls: std::sync::RwLock<Option<Arc<rustls::ServerConfig>>>,
+    /// One backup at a time: each holds a whole encoded snapshot.
+    pub(crate) backups: Semaphore,
 }
 
 impl Shared {
@@ -452,6 +454,7 @@ impl Parts {
                 stopping: watch::channel(false).0,
                 started: std::time::Instant::now(),
                 tls: std::sync::RwLock::new(tls),
+                backups: Semaphore::new(1),
             }),
             data_dir,
             log_failed,

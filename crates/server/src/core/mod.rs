@@ -460,6 +460,8 @@ impl Core {
     /// tracked again from it if this server leads.
     pub(crate) fn install(&mut self, sm: StateMachine, now: Instant) {
         self.sm = sm;
+        // The holders it knew of may be gone: count afresh.
+        self.locks = Default::default();
         if self.role == Role::Leader {
             self.lead(now);
         }
