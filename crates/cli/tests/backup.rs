@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,15 +28,7 @@ fn serve_on(data_dir: &Path) -> (Child, String) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("no address from baton serve: {line:?}"))
-        .to_owned();
+    let addr = common::listening_addr(&mut child);
     (child, addr)
 }
 

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -118,15 +117,7 @@ fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let addr = common::listening_addr(&mut child);
     let create = |name: &str, size: usize| {
         baton()
             .args(["--server", &addr, "create", name])
@@ -268,15 +259,7 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let addr = common::listening_addr(&mut child);
     let run = |token: Option<&str>, token_file: Option<&Path>, args: &[&str]| {
         let mut cmd = baton();
         cmd.env_remove("BATON_TOKEN").args(["--server", &addr]);

@@ -6,7 +6,6 @@ mod common;
 #[path = "../../../tests/common/pki.rs"]
 mod pki;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 
@@ -36,15 +35,7 @@ fn serve_tls(dir: &Path, cert: &Path, key: &Path, client_ca: Option<&Path>) -> (
         .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("no address from baton serve: {line:?}"))
-        .to_owned();
+    let addr = common::listening_addr(&mut child);
     (child, addr)
 }
 

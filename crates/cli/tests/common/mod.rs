@@ -19,7 +19,6 @@ pub struct Served {
 
 impl Served {
     pub fn start() -> Served {
-        use std::io::BufRead;
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("baton-cli-test-{}-{n}", std::process::id()));
@@ -38,15 +37,7 @@ impl Served {
             .stderr(Stdio::null())
             .spawn()
             .expect("start baton serve");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read baton serve's stdout");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("baton serve did not say where it listens: {line:?}"))
-            .to_owned();
+        let addr = listening_addr(&mut child);
         Served { child, addr, dir }
     }
 
@@ -89,6 +80,20 @@ impl Drop for Served {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The address a `baton serve` child says it listens on: the first line of
+/// its stdout, which must be piped.
+pub fn listening_addr(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("read baton serve's stdout");
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("baton serve did not say where it listens: {line:?}"))
+        .to_owned()
 }
 
 /// Polls `check` every 10 ms until it holds, failing after `secs` seconds.
