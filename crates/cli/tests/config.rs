@@ -313,3 +313,48 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The example configuration shipped for the systemd unit is accepted as
+/// it is, and with every commented setting turned on.
+#[test]
+fn the_shipped_example_configuration_is_accepted() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/baton.toml");
+    let shown = printed(&["--config", example], &[]);
+    assert!(shown.contains("data-dir = \"/var/lib/baton\""), "{shown}");
+    // Uncommented: the keys it mentions exist (the TLS files are made here).
+    let dir = scratch("example");
+    let pki = {
+        #[path = "../../../tests/common/pki.rs"]
+        mod pki;
+        pki::make_pki(&dir, "example")
+    };
+    let text = std::fs::read_to_string(example)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            l.strip_prefix("# ")
+                .filter(|l| l.contains(" = "))
+                .unwrap_or(l)
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("/etc/baton/server.pem", pki.server_cert.to_str().unwrap())
+        .replace("/etc/baton/server.key", pki.server_key.to_str().unwrap())
+        .replace("/etc/baton/clients-ca.pem", pki.ca.to_str().unwrap());
+    let all = write(&dir, "all.toml", &text);
+    let shown = printed(&["--config", all.to_str().unwrap()], &[]);
+    for key in [
+        "metrics-listen",
+        "tls-cert",
+        "tls-ca",
+        "max-data",
+        "threads",
+    ] {
+        assert!(
+            shown.contains(&format!("{key} = ")),
+            "no {key} in:\n{shown}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
