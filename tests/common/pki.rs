@@ -37,21 +37,26 @@ pub fn make_pki(dir: &Path, name: &str) -> Pki {
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca = params.self_signed(&ca_key).unwrap();
 
-    let leaf = |names: Vec<String>, purpose: ExtendedKeyUsagePurpose| {
+    let leaf = |names: Vec<String>, purposes: Vec<ExtendedKeyUsagePurpose>| {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(names).unwrap();
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("{name} {purpose:?}"));
-        params.extended_key_usages = vec![purpose];
+            .push(DnType::CommonName, format!("{name} {purposes:?}"));
+        params.extended_key_usages = purposes;
         let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
         (cert.pem(), key.serialize_pem())
     };
+    // A server's certificate also serves a cluster member, which presents it
+    // to the other members as a client too.
     let (server_cert, server_key) = leaf(
         vec!["127.0.0.1".into(), "localhost".into()],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
     );
-    let (client_cert, client_key) = leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth);
+    let (client_cert, client_key) = leaf(vec![], vec![ExtendedKeyUsagePurpose::ClientAuth]);
     Pki {
         ca: write("ca.pem", ca.pem()),
         server_cert: write("server.pem", server_cert),

@@ -204,6 +204,7 @@ pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliRe
         .transpose()?
         .unwrap_or_default();
     config.server = server;
+    config.peer_tls = args.peer_tls.clone();
     let peer_addr = peers
         .local_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
@@ -365,9 +366,15 @@ async fn change(servers: &str, change: Change) -> CliResult {
             )
         })?
         .to_owned();
-    let done = baton_cluster::network::ask_change(&peer, change, Duration::from_secs(120))
-        .await
-        .map_err(CliError::msg)?;
+    let peer_tls = crate::peer_tls()?;
+    let done = baton_cluster::network::ask_change(
+        &peer,
+        change,
+        Duration::from_secs(120),
+        peer_tls.as_ref(),
+    )
+    .await
+    .map_err(CliError::msg)?;
     println!("{done}");
     Ok(ExitCode::SUCCESS)
 }

@@ -152,6 +152,11 @@ fn main() -> ExitCode {
         match client_tls(&cli).and_then(|tls| Ok((tls, client_token(&cli)?))) {
             Ok((tls, token)) => {
                 let _ = CLIENT_TLS.set(tls);
+                let _ = CLIENT_TLS_FILES.set(TlsFiles {
+                    ca: cli.tls_ca.clone(),
+                    cert: cli.tls_cert.clone(),
+                    key: cli.tls_key.clone(),
+                });
                 let _ = CLIENT_TOKEN.set(token);
             }
             Err(e) => {
@@ -212,6 +217,34 @@ fn client_tls(cli: &Cli) -> Result<Option<baton_client::ClientTls>, CliError> {
             let identity = cert.as_deref().zip(key.as_deref());
             Ok(Some(baton_client::ClientTls::from_files(ca, identity)?))
         }
+    }
+}
+
+/// The TLS files client commands were given: the authority, and this
+/// client's certificate and key.
+static CLIENT_TLS_FILES: std::sync::OnceLock<TlsFiles> = std::sync::OnceLock::new();
+
+#[derive(Default)]
+struct TlsFiles {
+    ca: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+}
+
+/// Mutual TLS for talking to cluster members on their peer port (`baton
+/// cluster add` and `remove`): with --tls-ca, --tls-cert and --tls-key all
+/// given, else `None`.
+pub fn peer_tls() -> Result<Option<baton_cluster::network::PeerTls>, CliError> {
+    let files = CLIENT_TLS_FILES.get_or_init(TlsFiles::default);
+    match (&files.ca, &files.cert, &files.key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            baton_cluster::network::PeerTls::from_files(cert, key, ca)
+                .map(Some)
+                .map_err(CliError::msg)
+        }
+        // Without a certificate of its own this client cannot speak to
+        // members that use TLS between them; it tries plain TCP.
+        _ => Ok(None),
     }
 }
 

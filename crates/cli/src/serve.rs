@@ -105,6 +105,14 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) snapshot_entries: Option<u64>,
 
+    /// Mutual TLS between cluster members: each presents its tls-cert (which
+    /// must name the host of its peer address and allow both server and
+    /// client authentication) and takes only certificates that chain to the
+    /// authority in this PEM file. Needs tls-cert and tls-key.
+    #[arg(long, value_name = "FILE", env = "BATON_PEER_TLS_CA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) peer_tls_ca: Option<PathBuf>,
+
     /// Reach member ID at ADDR instead of the peer address it advertises
     /// (through a tunnel or a proxy), as ID=ADDR, separated by commas.
     #[arg(long, value_name = "ROUTES", env = "BATON_ROUTE")]
@@ -305,6 +313,8 @@ pub struct Settings {
     pub(crate) tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// The identities clients must name, if any.
     pub(crate) identities: Option<std::sync::Arc<Identities>>,
+    /// Mutual TLS with the other members of a cluster, if set.
+    pub(crate) peer_tls: Option<baton_cluster::network::PeerTls>,
     /// The merged settings as a config file would give them.
     pub(crate) effective: ServeArgs,
 }
@@ -404,6 +414,7 @@ impl Settings {
                 ("election-timeout", asked.election_timeout.is_some()),
                 ("snapshot-entries", asked.snapshot_entries.is_some()),
                 ("route", s.route.is_some()),
+                ("peer-tls-ca", s.peer_tls_ca.is_some()),
             ];
             if let Some((key, _)) = cluster_only.iter().find(|(_, set)| *set) {
                 return Err(bad(
@@ -462,6 +473,19 @@ impl Settings {
                 }
             }
         }
+        let peer_tls =
+            match (&s.peer_tls_ca, &tls_files) {
+                (None, _) => None,
+                (Some(ca), Some(files)) => Some(
+                    baton_cluster::network::PeerTls::from_files(&files.cert, &files.key, ca)
+                        .map_err(|e| bad("peer-tls-ca", e))?,
+                ),
+                (Some(_), None) => return Err(bad(
+                    "peer-tls-ca",
+                    "members present their tls-cert to each other: give tls-cert and tls-key too"
+                        .into(),
+                )),
+            };
         let tls = match &tls_files {
             Some(files) => {
                 Some(baton_server::tls::server_config(files).map_err(|e| bad("tls-cert", e))?)
@@ -501,6 +525,7 @@ impl Settings {
             tls_files,
             tls,
             identities,
+            peer_tls,
             effective: s,
         };
         settings

@@ -44,14 +44,16 @@ pub enum Change {
 pub struct Status {
     raft: Raft,
     id: NodeId,
+    tls: Option<network::PeerTls>,
     described: Arc<Mutex<Option<serde_json::Value>>>,
 }
 
 impl Status {
-    pub fn new(raft: Raft, id: NodeId) -> Status {
+    pub fn new(raft: Raft, id: NodeId, tls: Option<network::PeerTls>) -> Status {
         Status {
             raft,
             id,
+            tls,
             described: Arc::default(),
         }
     }
@@ -87,7 +89,7 @@ impl Status {
         let mut metrics = self.raft.metrics();
         loop {
             let shape = Shape::of(&metrics.borrow_and_update());
-            let described = describe(&self.raft, self.id, &routes).await;
+            let described = describe(&self.raft, self.id, &routes, self.tls.as_ref()).await;
             *self.described.lock().unwrap_or_else(|e| e.into_inner()) = Some(described);
             let next = tokio::time::Instant::now() + REFRESH;
             loop {
@@ -128,7 +130,12 @@ impl Shape {
 
 /// The cluster as this member sees it; the leader asks every other member
 /// for its progress.
-async fn describe(raft: &Raft, id: NodeId, routes: &BTreeMap<NodeId, String>) -> serde_json::Value {
+async fn describe(
+    raft: &Raft,
+    id: NodeId,
+    routes: &BTreeMap<NodeId, String>,
+    tls: Option<&network::PeerTls>,
+) -> serde_json::Value {
     let m = raft.metrics().borrow().clone();
     let membership = m.membership_config.membership().clone();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -141,7 +148,7 @@ async fn describe(raft: &Raft, id: NodeId, routes: &BTreeMap<NodeId, String>) ->
             .map(|(n, node)| {
                 let addr = routes.get(n).cloned().unwrap_or_else(|| node.peer.clone());
                 let n = *n;
-                async move { (n, network::status_of(id, &addr, ASK).await.ok()) }
+                async move { (n, network::status_of(id, &addr, ASK, tls).await.ok()) }
             });
         asked = futures::future::join_all(asks).await.into_iter().collect();
     }

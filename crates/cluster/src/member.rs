@@ -60,6 +60,8 @@ pub struct MemberConfig {
     /// The member's server's settings (its data directory is unused: the
     /// state comes from the replicated log).
     pub server: Config,
+    /// Mutual TLS with the other members; `None`: plain TCP.
+    pub peer_tls: Option<crate::network::PeerTls>,
 }
 
 impl MemberConfig {
@@ -76,6 +78,7 @@ impl MemberConfig {
             snapshot_every: 10_000,
             routes: BTreeMap::new(),
             server: Config::default(),
+            peer_tls: None,
         }
     }
 }
@@ -147,15 +150,20 @@ impl ClusterMember {
                 .validate()
                 .map_err(|e| MemberError::Raft(e.to_string()))?,
         );
-        let network = Network::new(config.id, config.routes.clone());
+        let network = Network::new(config.id, config.routes.clone(), config.peer_tls.clone());
         let raft = Raft::new(config.id, raft_config, network, log, sm)
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(network::serve(peers, raft.clone(), stopped.clone()));
+        tokio::spawn(network::serve(
+            peers,
+            raft.clone(),
+            stopped.clone(),
+            config.peer_tls.clone(),
+        ));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
         let proposals = start_proposer(raft.clone(), stopped.clone());
-        let status = Status::new(raft.clone(), config.id);
+        let status = Status::new(raft.clone(), config.id, config.peer_tls.clone());
         tokio::spawn(
             status
                 .clone()

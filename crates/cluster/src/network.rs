@@ -124,19 +124,99 @@ pub struct Network {
     id: NodeId,
     routes: Arc<BTreeMap<NodeId, String>>,
     idle: Idle,
+    tls: Option<PeerTls>,
 }
 
 impl Network {
-    pub fn new(id: NodeId, routes: BTreeMap<NodeId, String>) -> Network {
+    pub fn new(id: NodeId, routes: BTreeMap<NodeId, String>, tls: Option<PeerTls>) -> Network {
         Network {
             id,
             routes: Arc::new(routes),
             idle: Idle::default(),
+            tls,
         }
     }
 }
 
-type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+/// A connection to or from another member: plain TCP, or TLS over it.
+trait PeerIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin> PeerIo for T {}
+
+type Conn = Framed<Box<dyn PeerIo>, LengthDelimitedCodec>;
+
+/// Mutual TLS between members: each presents its certificate, and takes
+/// only certificates that chain to the members' authority. Cheap to clone.
+#[derive(Clone)]
+pub struct PeerTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls(..)")
+    }
+}
+
+impl PeerTls {
+    /// Settings from PEM files: this member's certificate and key (its
+    /// certificate must name the host of its peer address, and allow both
+    /// server and client authentication) and the authority every member's
+    /// certificate chains to.
+    ///
+    /// # Errors
+    /// A message naming the file and what is wrong with it.
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> Result<PeerTls, String> {
+        use rustls::{ClientConfig, RootCertStore, ServerConfig};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        for c in baton_proto::pem::read_certs(ca)? {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: not a usable CA certificate: {e}", ca.display()))?;
+        }
+        let roots = Arc::new(roots);
+        let certs = baton_proto::pem::read_certs(cert)?;
+        let key = baton_proto::pem::read_key(key)?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| format!("{}: {e}", ca.display()))?;
+        let server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs.clone(), key.clone_key())
+            .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
+        Ok(PeerTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
+        })
+    }
+}
+
+/// The name a member at `addr` must carry in its certificate: the host.
+fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| format!("{host} is not a name TLS can check: {e}"))
+}
 
 /// Connections left open by the short-lived clients openraft makes for
 /// every read barrier and election, for the next ones to use: dialing
@@ -180,6 +260,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             reused: false,
             idle: Some(self.idle.clone()),
             failures: Some(0),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -199,6 +280,8 @@ pub struct Peer {
     /// (`None` for an operator's one-off question): the first failure and
     /// the recovery are logged, not every retry.
     failures: Option<u32>,
+    /// Mutual TLS with the other members, if they use it.
+    tls: Option<PeerTls>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -235,7 +318,26 @@ impl Peer {
                 })?
                 .map_err(|e| Failed(format!("cannot connect to {}: {e}", self.addr)))?;
             let _ = stream.set_nodelay(true);
-            let mut framed = Framed::new(stream, codec());
+            let io: Box<dyn PeerIo> = match &self.tls {
+                None => Box::new(stream),
+                Some(tls) => {
+                    let name = server_name(&self.addr).map_err(Failed)?;
+                    let shake = tls.connector.connect(name, stream);
+                    let stream = tokio::time::timeout(DIAL_TIMEOUT, shake)
+                        .await
+                        .map_err(|_| {
+                            Failed(format!(
+                                "no TLS handshake with {} within {DIAL_TIMEOUT:?}",
+                                self.addr
+                            ))
+                        })?
+                        .map_err(|e| {
+                            Failed(format!("TLS handshake with {} failed: {e}", self.addr))
+                        })?;
+                    Box::new(stream)
+                }
+            };
+            let mut framed = Framed::new(io, codec());
             let hello = bincode::serialize(&Hello {
                 magic: MAGIC,
                 version: VERSION,
@@ -431,7 +533,12 @@ fn entries_that_fit(entries: &[crate::types::Entry], budget: usize) -> usize {
 ///
 /// # Errors
 /// The member could not be reached or did not answer within `limit`.
-pub async fn status_of(from: NodeId, addr: &str, limit: Duration) -> Result<MemberStatus, String> {
+pub async fn status_of(
+    from: NodeId,
+    addr: &str,
+    limit: Duration,
+    tls: Option<&PeerTls>,
+) -> Result<MemberStatus, String> {
     let mut peer = Peer {
         from,
         target: 0,
@@ -440,6 +547,7 @@ pub async fn status_of(from: NodeId, addr: &str, limit: Duration) -> Result<Memb
         reused: false,
         idle: None,
         failures: None,
+        tls: tls.cloned(),
     };
     match peer.call(&Request::Status, limit).await {
         Ok(Response::Status(s)) => Ok(s),
@@ -458,6 +566,7 @@ pub async fn ask_change(
     addr: &str,
     change: crate::admin::Change,
     limit: Duration,
+    tls: Option<&PeerTls>,
 ) -> Result<String, String> {
     let mut peer = Peer {
         from: 0,
@@ -467,6 +576,7 @@ pub async fn ask_change(
         reused: false,
         idle: None,
         failures: None,
+        tls: tls.cloned(),
     };
     match peer.call(&Request::Change(change), limit).await {
         Ok(Response::Changed(r)) => r,
@@ -476,7 +586,12 @@ pub async fn ask_change(
 }
 
 /// Answers other members on `listener` until `stop` is set.
-pub async fn serve(listener: TcpListener, raft: Raft, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    mut stop: watch::Receiver<bool>,
+    tls: Option<PeerTls>,
+) {
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -485,7 +600,13 @@ pub async fn serve(listener: TcpListener, raft: Raft, mut stop: watch::Receiver<
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(answer(stream, peer.to_string(), raft.clone(), stop.clone()));
+                tokio::spawn(answer(
+                    stream,
+                    peer.to_string(),
+                    raft.clone(),
+                    stop.clone(),
+                    tls.clone(),
+                ));
             }
             Err(e) => {
                 debug!("peer accept failed: {e}");
@@ -496,8 +617,31 @@ pub async fn serve(listener: TcpListener, raft: Raft, mut stop: watch::Receiver<
 }
 
 /// Answers one member's connection.
-async fn answer(stream: TcpStream, peer: String, raft: Raft, mut stop: watch::Receiver<bool>) {
-    let mut framed = Framed::new(stream, codec());
+async fn answer(
+    stream: TcpStream,
+    peer: String,
+    raft: Raft,
+    mut stop: watch::Receiver<bool>,
+    tls: Option<PeerTls>,
+) {
+    let io: Box<dyn PeerIo> = match tls {
+        None => Box::new(stream),
+        Some(tls) => {
+            let shake = tls.acceptor.accept(stream);
+            match tokio::time::timeout(Duration::from_secs(5), shake).await {
+                Ok(Ok(stream)) => Box::new(stream),
+                Ok(Err(e)) => {
+                    info!(%peer, "closing a peer connection: TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    info!(%peer, "closing a peer connection: no TLS handshake within 5 s");
+                    return;
+                }
+            }
+        }
+    };
+    let mut framed = Framed::new(io, codec());
     let hello = match tokio::time::timeout(Duration::from_secs(5), framed.next()).await {
         Ok(Some(Ok(frame))) => bincode::deserialize::<Hello>(&frame).ok(),
         _ => None,
@@ -607,7 +751,7 @@ mod tests {
     #[tokio::test]
     async fn short_lived_clients_share_one_connection() {
         let (addr, accepted) = fake_member(false).await;
-        let mut network = Network::new(1, BTreeMap::new());
+        let mut network = Network::new(1, BTreeMap::new(), None);
         for _ in 0..20 {
             assert!(matches!(
                 ask(&mut network, &addr).await,
@@ -620,7 +764,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_connection_the_other_side_closed_is_replaced() {
         let (addr, accepted) = fake_member(true).await;
-        let mut network = Network::new(1, BTreeMap::new());
+        let mut network = Network::new(1, BTreeMap::new(), None);
         for _ in 0..5 {
             assert!(matches!(
                 ask(&mut network, &addr).await,

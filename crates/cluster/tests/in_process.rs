@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_client::{Client, CreateMode, Lock};
+use baton_cluster::network::PeerTls;
 use baton_cluster::{ClusterMember, Member, MemberConfig};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -15,7 +16,20 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
+#[path = "../../../tests/common/pki.rs"]
+mod pki;
+
+struct Cluster {
+    members: Vec<Running>,
+    peers: Vec<String>,
+}
+
 async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
+    let (c, root) = cluster_with(n, name, None).await;
+    (c.members, root)
+}
+
+async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std::path::PathBuf) {
     let root = std::env::temp_dir().join(format!("baton-inproc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let mut listeners = Vec::new();
@@ -33,10 +47,12 @@ async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
         listeners.push((id, clients, peers));
     }
     let mut running = Vec::new();
+    let peer_addrs = initial.values().map(|m| m.peer.clone()).collect();
     for (id, clients, peers) in listeners {
         let mut config = MemberConfig::new(id, root.join(format!("m{id}")));
         config.initial = Some(initial.clone());
         config.server.min_session_timeout = Duration::from_millis(500);
+        config.peer_tls = tls.clone();
         let member = ClusterMember::start(config, clients, peers).await.unwrap();
         let client = member.client_addr().unwrap().to_string();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -53,7 +69,58 @@ async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
             task,
         });
     }
-    (running, root)
+    (
+        Cluster {
+            members: running,
+            peers: peer_addrs,
+        },
+        root,
+    )
+}
+
+/// Members that use mutual TLS between them elect a leader and replicate,
+/// and take no connection without a certificate from their authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_mutual_tls_replicate_and_refuse_strangers() {
+    let root = std::env::temp_dir().join(format!("baton-inproc-tls-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (ours, theirs) = (
+        pki::make_pki(&root.join("pki"), "members"),
+        pki::make_pki(&root.join("pki"), "strangers"),
+    );
+    let tls = PeerTls::from_files(&ours.server_cert, &ours.server_key, &ours.ca).unwrap();
+    let (cluster, data) = cluster_with(3, "tls", Some(tls.clone())).await;
+    let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+    let client = Client::builder(&addrs.join(","))
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("a session on the cluster");
+    client
+        .create("/over-tls", "v", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let guard = Lock::new(&client, "/locks/t").acquire().await.unwrap();
+    guard.release().await.unwrap();
+
+    let peer = &cluster.peers[0];
+    let limit = Duration::from_secs(5);
+    let status = baton_cluster::network::status_of(0, peer, limit, Some(&tls)).await;
+    assert!(status.is_ok(), "{status:?}");
+    // Plain TCP, or a certificate of another authority: refused.
+    assert!(baton_cluster::network::status_of(0, peer, limit, None)
+        .await
+        .is_err());
+    let stranger = PeerTls::from_files(&theirs.server_cert, &theirs.server_key, &ours.ca).unwrap();
+    let refused = baton_cluster::network::status_of(0, peer, limit, Some(&stranger)).await;
+    assert!(refused.is_err(), "{refused:?}");
+    client.close().await;
+    for m in cluster.members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
