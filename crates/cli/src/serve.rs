@@ -251,6 +251,13 @@ impl IdentityConfig {
                 ))
             }
         };
+        if token.len() > baton_proto::handshake::MAX_TOKEN {
+            return Err(format!(
+                "identity {name}: its token has {} bytes; at most {} are sent",
+                token.len(),
+                baton_proto::handshake::MAX_TOKEN
+            ));
+        }
         if token.len() < 16 {
             return Err(format!(
                 "identity {name}: its token has {} bytes; use at least 16 (e.g. `openssl rand -hex 32`)",

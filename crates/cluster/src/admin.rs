@@ -147,8 +147,11 @@ async fn describe(
             .filter(|(n, _)| **n != id)
             .map(|(n, node)| {
                 let addr = routes.get(n).cloned().unwrap_or_else(|| node.peer.clone());
-                let n = *n;
-                async move { (n, network::status_of(id, &addr, ASK, tls).await.ok()) }
+                let (n, advertised) = (*n, node.peer.clone());
+                async move {
+                    let status = network::status_of(id, &addr, &advertised, ASK, tls).await;
+                    (n, status.ok())
+                }
             });
         asked = futures::future::join_all(asks).await.into_iter().collect();
     }

@@ -256,6 +256,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             from: self.id,
             target,
             addr,
+            name: node.peer.clone(),
             conn: None,
             reused: false,
             idle: Some(self.idle.clone()),
@@ -271,6 +272,9 @@ pub struct Peer {
     from: NodeId,
     target: NodeId,
     addr: String,
+    /// The member's advertised peer address, whose host its certificate
+    /// must name (`addr` may be a route to it: a tunnel, a proxy).
+    name: String,
     conn: Option<Conn>,
     /// Whether `conn` was taken from the idle ones (and may have been
     /// closed by the other side meanwhile).
@@ -321,7 +325,7 @@ impl Peer {
             let io: Box<dyn PeerIo> = match &self.tls {
                 None => Box::new(stream),
                 Some(tls) => {
-                    let name = server_name(&self.addr).map_err(Failed)?;
+                    let name = server_name(&self.name).map_err(Failed)?;
                     let shake = tls.connector.connect(name, stream);
                     let stream = tokio::time::timeout(DIAL_TIMEOUT, shake)
                         .await
@@ -533,9 +537,12 @@ fn entries_that_fit(entries: &[crate::types::Entry], budget: usize) -> usize {
 ///
 /// # Errors
 /// The member could not be reached or did not answer within `limit`.
+/// `advertised` is the member's own peer address (its certificate names that
+/// host); `addr` is where to reach it, the same or a route to it.
 pub async fn status_of(
     from: NodeId,
     addr: &str,
+    advertised: &str,
     limit: Duration,
     tls: Option<&PeerTls>,
 ) -> Result<MemberStatus, String> {
@@ -543,6 +550,7 @@ pub async fn status_of(
         from,
         target: 0,
         addr: addr.to_owned(),
+        name: advertised.to_owned(),
         conn: None,
         reused: false,
         idle: None,
@@ -572,6 +580,7 @@ pub async fn ask_change(
         from: 0,
         target: 0,
         addr: addr.to_owned(),
+        name: addr.to_owned(),
         conn: None,
         reused: false,
         idle: None,

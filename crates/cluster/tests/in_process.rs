@@ -105,14 +105,16 @@ async fn members_with_mutual_tls_replicate_and_refuse_strangers() {
 
     let peer = &cluster.peers[0];
     let limit = Duration::from_secs(5);
-    let status = baton_cluster::network::status_of(0, peer, limit, Some(&tls)).await;
+    let status = baton_cluster::network::status_of(0, peer, peer, limit, Some(&tls)).await;
     assert!(status.is_ok(), "{status:?}");
     // Plain TCP, or a certificate of another authority: refused.
-    assert!(baton_cluster::network::status_of(0, peer, limit, None)
-        .await
-        .is_err());
+    assert!(
+        baton_cluster::network::status_of(0, peer, peer, limit, None)
+            .await
+            .is_err()
+    );
     let stranger = PeerTls::from_files(&theirs.server_cert, &theirs.server_key, &ours.ca).unwrap();
-    let refused = baton_cluster::network::status_of(0, peer, limit, Some(&stranger)).await;
+    let refused = baton_cluster::network::status_of(0, peer, peer, limit, Some(&stranger)).await;
     assert!(refused.is_err(), "{refused:?}");
     client.close().await;
     for m in cluster.members {

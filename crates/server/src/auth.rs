@@ -93,14 +93,29 @@ impl Identity {
         if self.rights_on(path).allow(right) {
             return Ok(());
         }
-        Err(ErrorReply::new(
+        Err(self.refusal(right, path))
+    }
+
+    /// [`need`](Self::need) for a node whose name the server completes (a
+    /// sequential create, an enqueue): the node is made beside `path`, in
+    /// its parent, so the right is needed there. (A rule for `path` itself
+    /// covers none of the nodes it can make.)
+    fn need_in_parent(&self, right: Rights, path: &str) -> Result<(), ErrorReply> {
+        if self.rights_on(parent(path)).allow(right) {
+            return Ok(());
+        }
+        Err(self.refusal(right, path))
+    }
+
+    fn refusal(&self, right: Rights, path: &str) -> ErrorReply {
+        ErrorReply::new(
             ErrorCode::PermissionDenied,
             format!(
                 "identity {} has no {} right on {path}",
                 self.name,
                 right.name()
             ),
-        ))
+        )
     }
 
     /// Checks `request` of a session; `owns` says whether a path is an
@@ -119,19 +134,36 @@ impl Identity {
             }
         };
         match request {
-            Request::Create { path, fence, .. } | Request::SetData { path, fence, .. } => {
-                self.need(write_or_fence(fence), path)
+            Request::Create {
+                path, fence, mode, ..
+            } => {
+                let right = write_or_fence(fence);
+                if mode.is_sequential() {
+                    self.need_in_parent(right, path)?;
+                } else {
+                    self.need(right, path)?;
+                }
+                // A fenced create raises its parent's fence too.
+                if fence.is_some() {
+                    self.need(Rights::FENCE, parent(path))?;
+                }
+                Ok(())
             }
+            Request::SetData { path, fence, .. } => self.need(write_or_fence(fence), path),
             Request::Delete { path, fence, .. } => {
                 let released =
                     fence.is_none() && self.rights_on(path).allow(Rights::LOCK) && owns(path);
                 if released {
-                    Ok(())
-                } else {
-                    self.need(write_or_fence(fence), path)
+                    return Ok(());
                 }
+                self.need(write_or_fence(fence), path)?;
+                // A fenced delete raises its parent's fence too.
+                if fence.is_some() {
+                    self.need(Rights::FENCE, parent(path))?;
+                }
+                Ok(())
             }
-            Request::Enqueue { path, .. } => self.need(Rights::LOCK, path),
+            Request::Enqueue { path, .. } => self.need_in_parent(Rights::LOCK, path),
             Request::Exists { path, .. }
             | Request::GetData { path, .. }
             | Request::GetChildren { path, .. }
@@ -157,6 +189,14 @@ impl Identity {
             Request::Stats => self.need(Rights::ADMIN, "/"),
             Request::Ping | Request::CloseSession | Request::RemoveWatches { .. } => Ok(()),
         }
+    }
+}
+
+/// The parent of a path (`/` for a node under the root).
+fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
     }
 }
 
@@ -205,8 +245,8 @@ impl Identities {
         })
     }
 
-    /// The identity `token` names, if any. Every token is compared, in time
-    /// that does not depend on where they differ.
+    /// The identity `token` names, if any. Every token is compared, each in
+    /// time that depends on its length only, not on where they differ.
     pub fn find(&self, token: &[u8]) -> Option<Arc<Identity>> {
         let mut found = None;
         for identity in &self.list {
@@ -291,6 +331,51 @@ mod tests {
         assert!(e.message.contains("no fence right"), "{}", e.message);
         assert!(id.authorize(&Request::Stats, |_| true).is_err());
         assert!(id.authorize(&Request::Ping, |_| false).is_ok());
+    }
+
+    #[test]
+    fn a_rule_for_a_name_covers_none_of_the_nodes_made_from_it() {
+        // The server makes /locks/a/x0000000123 in /locks/a: a rule for
+        // /locks/a/x must not let it join /locks/a's queue.
+        let narrow = identity(&[("/locks/a/x", &["lock", "write"])]);
+        let enqueue = Request::Enqueue {
+            path: "/locks/a/x".into(),
+            data: Default::default(),
+        };
+        assert!(narrow.authorize(&enqueue, |_| false).is_err());
+        let create = Request::Create {
+            path: "/locks/a/x".into(),
+            data: Default::default(),
+            mode: baton_proto::CreateMode::PersistentSequential,
+            fence: None,
+        };
+        assert!(narrow.authorize(&create, |_| false).is_err());
+        // A rule for the queue's parent does.
+        let queue = identity(&[("/locks/a", &["lock"])]);
+        let join = Request::Enqueue {
+            path: "/locks/a/lock-".into(),
+            data: Default::default(),
+        };
+        assert!(queue.authorize(&join, |_| false).is_ok());
+    }
+
+    #[test]
+    fn a_fenced_create_or_delete_needs_fence_on_the_parent_whose_fence_it_raises() {
+        let id = identity(&[("/res/data/x", &["fence"])]);
+        let create = Request::Create {
+            path: "/res/data/x".into(),
+            data: Default::default(),
+            mode: baton_proto::CreateMode::Persistent,
+            fence: Some(7),
+        };
+        let e = id.authorize(&create, |_| false).unwrap_err();
+        assert!(
+            e.message.contains("no fence right on /res/data"),
+            "{}",
+            e.message
+        );
+        let wide = identity(&[("/res", &["fence"])]);
+        assert!(wide.authorize(&create, |_| false).is_ok());
     }
 
     #[test]
