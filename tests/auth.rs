@@ -216,3 +216,19 @@ async fn backups_need_the_admin_right_and_the_probe_names_no_lock() {
     admin.close().await;
     server.stop().await;
 }
+
+/// A client of another protocol version is told so, not that its token is
+/// missing: the version decides how the rest of its handshake reads.
+#[tokio::test]
+async fn another_protocol_version_is_refused_for_its_version() {
+    use baton::proto::{ConnectRequest, ErrorCode, PROTOCOL_VERSION};
+    let server = guarded_server().await;
+    let mut raw = Raw::connect(&server.addr()).await;
+    let request = ConnectRequest {
+        version: PROTOCOL_VERSION + 1,
+        ..ConnectRequest::new(1_000)
+    };
+    let (code, _) = raw.handshake(&request).await.result.unwrap_err();
+    assert_eq!(code, ErrorCode::UnsupportedVersion);
+    server.stop().await;
+}

@@ -65,11 +65,16 @@ pub fn encode_backup_request(buf: &mut BytesMut, token: Option<&[u8]>) {
     });
 }
 
-/// The token a backup request carries, if any (a malformed one is none).
+/// The token a backup request carries, if any: none for a request of
+/// another version, or one whose token is malformed, too long or followed
+/// by other bytes.
 pub fn backup_token(payload: &[u8]) -> Option<&[u8]> {
+    if payload.get(4..6)? != PROBE_VERSION.to_be_bytes() {
+        return None;
+    }
     let rest = payload.get(6..)?;
     let len = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
-    rest.get(2..2 + len)
+    (len <= crate::handshake::MAX_TOKEN && rest.len() == 2 + len).then(|| &rest[2..])
 }
 
 /// Whether a first frame's payload is a backup request.
@@ -85,4 +90,24 @@ pub fn encode_answer(buf: &mut BytesMut, json: &str) {
 /// Appends one frame of an answer holding `payload`.
 pub fn encode_answer_bytes(buf: &mut BytesMut, payload: &[u8]) {
     encode_frame(buf, |b| b.put_slice(payload));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_token_is_read_only_from_a_well_formed_request() {
+        let mut buf = BytesMut::new();
+        encode_backup_request(&mut buf, Some(b"secret-token"));
+        let payload = &buf[4..];
+        assert_eq!(backup_token(payload), Some(&b"secret-token"[..]));
+        let mut trailing = payload.to_vec();
+        trailing.push(0);
+        assert_eq!(backup_token(&trailing), None);
+        let mut other_version = payload.to_vec();
+        other_version[5] = 9;
+        assert_eq!(backup_token(&other_version), None);
+        assert_eq!(backup_token(&payload[..6]), None);
+    }
 }

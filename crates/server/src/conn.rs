@@ -321,7 +321,9 @@ impl Conn {
                 return None;
             }
         };
-        if let Some(identities) = &self.shared.config.identities {
+        // A handshake of another version is refused for its version, below.
+        let checked = request.version == baton_proto::PROTOCOL_VERSION;
+        if let Some(identities) = self.shared.config.identities.as_ref().filter(|_| checked) {
             let found = request.token.as_ref().and_then(|t| identities.find(&t.0));
             let Some(identity) = found else {
                 let message = if request.token.is_some() {
