@@ -14,6 +14,17 @@ use tokio::net::{TcpListener, TcpStream};
 const REQUIRE_PYTHON_PARSER: &str = "BATON_TEST_OPENMETRICS_PARSER";
 const PYTHON: &str = "/usr/bin/python3";
 
+/// Serves `server`'s metrics on a free loopback port; returns its address.
+async fn metrics_endpoint(server: &TestServer) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(baton::server::metrics::serve(
+        listener,
+        server.handle.clone(),
+    ));
+    addr
+}
+
 /// One HTTP request; returns the status line, the headers and the body.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String, String) {
     let mut stream = within(
@@ -125,12 +136,7 @@ fn histogram_count(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
 async fn a_scrape_counts_what_the_server_did_and_parses() {
     let dir = TempDir::new("metrics");
     let server = TestServer::with_config(durable_config(dir.path())).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics = listener.local_addr().unwrap();
-    tokio::spawn(baton::server::metrics::serve(
-        listener,
-        server.handle.clone(),
-    ));
+    let metrics = metrics_endpoint(&server).await;
 
     let a = server.client().await;
     let b = server.client().await;
@@ -248,12 +254,7 @@ async fn a_scrape_counts_what_the_server_did_and_parses() {
 #[tokio::test]
 async fn a_client_that_sends_nothing_does_not_hold_the_endpoint() {
     let server = TestServer::start().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics = listener.local_addr().unwrap();
-    tokio::spawn(baton::server::metrics::serve(
-        listener,
-        server.handle.clone(),
-    ));
+    let metrics = metrics_endpoint(&server).await;
     // One connection says nothing, another sends garbage: a scrape still
     // gets its answer.
     let _silent = TcpStream::connect(metrics).await.unwrap();
@@ -268,12 +269,7 @@ async fn a_client_that_sends_nothing_does_not_hold_the_endpoint() {
 #[tokio::test]
 async fn a_lock_path_with_quotes_and_backslashes_stays_one_label() {
     let server = TestServer::start().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics = listener.local_addr().unwrap();
-    tokio::spawn(baton::server::metrics::serve(
-        listener,
-        server.handle.clone(),
-    ));
+    let metrics = metrics_endpoint(&server).await;
     let c = server.client().await;
     let tricky = r#"/l/x",role="leader\"#;
     let held = Lock::new(&c, tricky).acquire().await.unwrap();
@@ -295,5 +291,39 @@ async fn a_lock_path_with_quotes_and_backslashes_stays_one_label() {
     }
     held.release().await.unwrap();
     c.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_past_the_endpoints_limit_are_closed_and_it_recovers() {
+    let server = TestServer::start().await;
+    let metrics = metrics_endpoint(&server).await;
+    // 64 connections that say nothing hold every slot.
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(TcpStream::connect(metrics).await.unwrap());
+    }
+    let mut extra = TcpStream::connect(metrics).await.unwrap();
+    let _ = extra.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = within(
+        10,
+        "the extra connection to close",
+        extra.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    // Once they go, scrapes are answered again.
+    drop(silent);
+    eventually_async(10, "a scrape to be answered", || async {
+        let Ok(mut s) = TcpStream::connect(metrics).await else {
+            return false;
+        };
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await;
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        answer.starts_with(b"HTTP/1.1 200 OK")
+    })
+    .await;
     server.stop().await;
 }

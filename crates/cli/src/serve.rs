@@ -629,7 +629,13 @@ pub fn reload_on_sighup(
                 tracing::info!("SIGHUP: nothing to reload (no TLS)");
                 continue;
             };
-            match baton_server::tls::server_config(files) {
+            // Reads files: not on a runtime thread.
+            let read = files.clone();
+            let loaded =
+                tokio::task::spawn_blocking(move || baton_server::tls::server_config(&read))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("reading the files failed: {e}")));
+            match loaded {
                 Ok(config) => {
                     handle.reload_tls(config);
                     tracing::info!(cert = %files.cert.display(), "SIGHUP: TLS certificate reloaded; new connections use it");

@@ -4,20 +4,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use baton_client::{Client, CreateMode};
-use common::{baton, exit_within, Served};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("baton-backup-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::{baton, free_addr, scratch, stop, Served};
 
 /// A `baton serve` on `data_dir`, and its address.
 fn serve_on(data_dir: &Path) -> (Child, String) {
@@ -30,11 +23,6 @@ fn serve_on(data_dir: &Path) -> (Child, String) {
         .unwrap();
     let addr = common::listening_addr(&mut child);
     (child, addr)
-}
-
-fn stop(mut child: Child) {
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(exit_within(&mut child, 30).success());
 }
 
 #[test]
@@ -115,7 +103,7 @@ fn a_backup_taken_under_load_restores_every_change_acknowledged_before_it() {
         client.close().await;
         children.into_iter().map(|c| format!("/load/{c}")).collect()
     });
-    stop(child);
+    stop(child, 30);
 
     // Every change acknowledged before the second save began is there; and
     // nothing is there that no writer made.
@@ -223,16 +211,11 @@ fn a_damaged_backup_or_a_used_directory_is_refused_and_nothing_is_written() {
         .output()
         .unwrap();
     assert_eq!(got.stdout, b"v");
-    stop(child);
+    stop(child, 30);
 
     // Nobody to save from.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let out = baton()
-        .args(["--server", &format!("127.0.0.1:{port}"), "snapshot", "save"])
+        .args(["--server", &free_addr(), "snapshot", "save"])
         .arg(dir.join("never.snap"))
         .output()
         .unwrap();

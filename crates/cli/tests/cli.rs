@@ -4,10 +4,9 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::Stdio;
 
-use common::{baton, Served};
+use common::{baton, free_addr, Served};
 
 #[test]
 fn client_commands_create_read_change_and_remove_nodes() {
@@ -53,13 +52,8 @@ fn failures_name_what_was_wrong_in_one_line() {
 
 #[test]
 fn an_unreachable_server_is_reported_with_a_hint() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let out = baton()
-        .args(["--server", &format!("127.0.0.1:{port}"), "ls", "/"])
+        .args(["--server", &free_addr(), "ls", "/"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -319,13 +313,8 @@ fn status_shows_the_server_at_a_glance_and_fails_when_none_answers() {
     }
 
     // Nobody there: exit 1 and say so.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let out = baton()
-        .args(["--server", &format!("127.0.0.1:{port}"), "status"])
+        .args(["--server", &free_addr(), "status"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

@@ -6,16 +6,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{baton, exit_within};
+use common::{baton, free_addr, scratch, stop};
 
 /// A fresh directory for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("baton-config-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
@@ -82,18 +75,14 @@ fn scrape(addr: &str) -> String {
 fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
     let dir = scratch("layers");
     let data_dir = dir.join("data");
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let metrics_addr = free_addr();
     let file = write(
         &dir,
         "baton.toml",
         &format!(
             "# a comment\nlisten = \"127.0.0.1:0\"\ndata-dir = {:?}\nfsync = \"never\"\n\
              max-data = 2048\nmin-session-timeout = 500\nmax-connections = 10\n\
-             metrics-listen = \"127.0.0.1:{metrics_port}\"\n",
+             metrics-listen = \"{metrics_addr}\"\n",
             data_dir.to_str().unwrap()
         ),
     );
@@ -132,14 +121,13 @@ fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
     assert!(err.contains("4096"), "{err}");
     assert!(data_dir.exists(), "the file's data directory is used");
     // And its metrics endpoint.
-    let metrics = scrape(&format!("127.0.0.1:{metrics_port}"));
+    let metrics = scrape(&metrics_addr);
     assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
     assert!(
         metrics.contains("baton_server_info{version=") && metrics.contains("fsync=\"never\""),
         "{metrics}"
     );
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(exit_within(&mut child, 10).success());
+    stop(child, 10);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -295,8 +283,7 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
             && err.contains("write right on /not-mine"),
         "{err}"
     );
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(exit_within(&mut child, 10).success());
+    stop(child, 10);
 
     // A right that does not exist, a short token, an identity without one.
     for (text, want) in [

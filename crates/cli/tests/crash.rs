@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use baton_client::{Client, CreateMode, Error, Lock, SessionId, SessionState, Stat};
 use bytes::Bytes;
-use common::baton;
+use common::{baton, free_addr};
 use tokio::sync::watch;
 
 /// Session timeout of the test's clients: long enough that sessions outlive
@@ -68,16 +68,6 @@ fn seed() -> u64 {
             .unwrap()
             .as_nanos() as u64,
     }
-}
-
-/// A loopback address whose port was free a moment ago.
-fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
 }
 
 /// A scratch directory holding a data directory and server logs. Removed

@@ -6,18 +6,11 @@ mod common;
 #[path = "../../../tests/common/pki.rs"]
 mod pki;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Output, Stdio};
 
-use common::{baton, eventually, exit_within};
+use common::{baton, eventually, scratch, stop};
 use pki::make_pki;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("baton-tls-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `baton serve` with TLS from `cert` and `key` (and client certificates
 /// checked against `client_ca`), and its address.
@@ -46,11 +39,6 @@ fn run(addr: &str, tls: &[&Path], args: &[&str]) -> Output {
         cmd.arg(flag).arg(file);
     }
     cmd.args(["--server", addr]).args(args).output().unwrap()
-}
-
-fn stop(mut child: Child) {
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(exit_within(&mut child, 30).success());
 }
 
 #[test]
@@ -100,7 +88,7 @@ fn commands_work_over_tls_and_a_plaintext_one_is_told_what_to_do() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("need --tls-ca"));
-    stop(server);
+    stop(server, 30);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -127,7 +115,7 @@ fn client_certificates_are_checked_when_the_server_has_an_authority() {
         "{}",
         String::from_utf8_lossy(&member.stderr)
     );
-    stop(server);
+    stop(server, 30);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -163,6 +151,6 @@ fn sighup_loads_a_renewed_certificate_and_a_bad_one_changes_nothing() {
     eventually(10, "the renewed certificate", || works(&new.ca));
     assert!(!works(&old.ca));
     assert!(log().contains("TLS certificate reloaded"), "{}", log());
-    stop(server);
+    stop(server, 30);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -283,7 +283,14 @@ impl Conn {
             _ = shutdown.changed() => return None,
         };
         if baton_proto::probe::is_probe(&frame) {
-            let answer = crate::status::json(&self.shared);
+            // It reads the data directory's listing: not on a runtime thread.
+            let shared = self.shared.clone();
+            let answer =
+                match tokio::task::spawn_blocking(move || crate::status::json(&shared)).await {
+                    Ok(answer) => answer,
+                    Err(e) => serde_json::json!({ "error": format!("the status failed: {e}") })
+                        .to_string(),
+                };
             baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
             let _ = timeout(CLOSE_GRACE, self.write_all()).await;
             return None;
@@ -774,56 +781,24 @@ impl Conn {
         }
     }
 
-    /// Reads what the socket has, up to [`READ_BUDGET`]. Returns 0 only at end
-    /// of stream; a spurious wake-up returns 1 without reading.
+    /// Reads what the socket has, up to [`READ_BUDGET`], into the read buffer
+    /// (through rustls on a TLS connection). Returns 0 only at end of
+    /// stream; a spurious wake-up returns 1 without reading.
     ///
     /// Reads go through tokio's `poll_read`, which takes a read shorter than
     /// the buffer as the socket drained and clears its readiness then: the
     /// connection waits for the next bytes without one more `recv` that would
     /// only say "would block". The chunk is not zeroed first.
     fn read_some(&mut self) -> io::Result<usize> {
-        if self.is_tls() {
-            return self.read_some_tls();
-        }
         let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let mut total = 0;
-        while total < READ_BUDGET {
+        // Bytes from the socket, and what they hold for the read buffer (the
+        // same bytes, or on a TLS connection the plaintext of the records).
+        let (mut raw, mut got, mut eof) = (0, 0, false);
+        while raw < READ_BUDGET {
             let mut buf = tokio::io::ReadBuf::uninit(&mut chunk);
             // A pending read leaves the no-op waker registered; the wait in
             // `run` registers the task's own before it sleeps.
-            match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
-                Poll::Pending => break,
-                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Ready(Ok(())) => {
-                    let read = buf.filled();
-                    if read.is_empty() {
-                        return Ok(total);
-                    }
-                    self.rbuf.get().extend_from_slice(read);
-                    if let Some(gate) = &mut self.gate {
-                        gate.received += read.len() as u64;
-                    }
-                    total += read.len();
-                    if read.len() < buf.capacity() {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(total.max(1))
-    }
-
-    /// [`read_some`](Self::read_some) on a TLS connection: records from the
-    /// socket go through rustls, and the plaintext they hold into the read
-    /// buffer. Returns 0 only at the end of the stream.
-    fn read_some_tls(&mut self) -> io::Result<usize> {
-        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let (mut raw, mut plain, mut eof) = (0, 0, false);
-        while raw < READ_BUDGET {
-            let mut buf = tokio::io::ReadBuf::uninit(&mut chunk);
             match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
                 Poll::Pending => break,
                 Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -835,26 +810,33 @@ impl Conn {
                         break;
                     }
                     raw += read.len();
-                    let full = read.len() == buf.capacity();
-                    let (n, closed) = self.tls_in(read)?;
-                    plain += n;
+                    let drained = read.len() < buf.capacity();
+                    let closed = if self.is_tls() {
+                        let (n, closed) = self.tls_in(read)?;
+                        got += n;
+                        closed
+                    } else {
+                        self.rbuf.get().extend_from_slice(read);
+                        got += read.len();
+                        false
+                    };
                     if closed {
                         eof = true;
                         break;
                     }
-                    if !full {
+                    if drained {
                         break;
                     }
                 }
             }
         }
         if let Some(gate) = &mut self.gate {
-            gate.received += plain as u64;
+            gate.received += got as u64;
         }
-        if eof && plain == 0 {
+        if eof && got == 0 {
             return Ok(0);
         }
-        Ok(plain.max(1))
+        Ok(got.max(1))
     }
 
     /// Feeds records to rustls and moves the plaintext they hold into the

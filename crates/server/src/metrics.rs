@@ -6,6 +6,7 @@
 //! OpenMetrics text format that Prometheus reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{ErrorCode, OpCode};
@@ -614,6 +615,10 @@ pub fn render(handle: &ServerHandle) -> String {
 const MAX_HTTP_REQUEST: usize = 8 << 10;
 /// How long a metrics client may take to send its request.
 const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one metrics connection may last in all, reading and writing.
+const HTTP_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
+/// Most metrics connections served at once.
+const HTTP_CONNECTIONS: usize = 64;
 
 /// Serves `GET /metrics` on `listener` until the server behind `handle`
 /// stops. Each connection gets one answer and is closed.
@@ -622,6 +627,7 @@ pub async fn serve(listener: TcpListener, handle: ServerHandle) {
         info!(%addr, "serving metrics at http://{addr}/metrics");
     }
     let mut stopping = handle.shared().stopping.subscribe();
+    let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -629,11 +635,18 @@ pub async fn serve(listener: TcpListener, handle: ServerHandle) {
         };
         match accepted {
             Ok((stream, _)) => {
+                // Past the limit a connection is closed unanswered.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    continue;
+                };
                 let handle = handle.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = answer(stream, &handle).await {
-                        debug!("metrics request failed: {e}");
+                    match tokio::time::timeout(HTTP_ANSWER_TIMEOUT, answer(stream, &handle)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => debug!("metrics request failed: {e}"),
+                        Err(_) => debug!("metrics request abandoned: not answered within {HTTP_ANSWER_TIMEOUT:?}"),
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {

@@ -96,6 +96,32 @@ pub fn listening_addr(child: &mut Child) -> String {
         .to_owned()
 }
 
+/// A loopback address whose port was free a moment ago.
+pub fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// A fresh, empty directory for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Stops a `baton serve` child with SIGTERM; it must exit 0 within `secs`
+/// seconds.
+pub fn stop(mut child: Child, secs: u64) {
+    // SAFETY: kill(2) on a child process id.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(exit_within(&mut child, secs).success());
+}
+
 /// Polls `check` every 10 ms until it holds, failing after `secs` seconds.
 pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
