@@ -4,9 +4,11 @@
 //! # Format
 //! ```text
 //! every frame: length u32 (big-endian), then that many bytes of bincode
-//! a connection opens with Hello { magic "BATNPEER", version 1, from: id }
+//! a connection opens with Hello { magic "BATNPEER", version 2, from: id }
 //! then the dialing member sends requests and the other answers each, in
-//! order, on the same connection:
+//! order, on the same connection; after the Hello every frame is
+//!   call id u64 (big-endian), then the bincode of a request or an answer
+//! and an answer carries the id of the request it answers:
 //!   Append(AppendEntriesRequest)   -> Append(Result<AppendEntriesResponse>)
 //!   Vote(VoteRequest)              -> Vote(Result<VoteResponse>)
 //!   Snapshot(InstallSnapshotRequest, one chunk)
@@ -20,11 +22,20 @@
 //! Every call has the deadline openraft gives it, and a member that cannot
 //! be reached or does not answer in time is reported unreachable, so that
 //! openraft backs off before trying again.
+//!
+//! A connection is reused only after a whole exchange: a call given up
+//! between writing its request and reading its answer (openraft times its
+//! calls out on its own, by dropping them) takes its connection with it,
+//! and an answer whose id or kind is not the one asked for ends the
+//! connection. One answer read in place of another would make the leader
+//! count a member as holding entries it never stored.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BufMut;
 use futures::{SinkExt, StreamExt};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -43,12 +54,18 @@ use tracing::{debug, info, warn};
 use crate::types::{Member, NodeId, Raft, TypeConfig};
 
 const MAGIC: [u8; 8] = *b"BATNPEER";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 const MAX_FRAME: usize = 256 << 20;
 /// How long a dial may take before the member counts as unreachable.
 const DIAL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The id of the next call this process makes to any member; its answer
+/// must echo it.
+static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
+/// Bytes of the call id in front of every request and answer.
+const CALL_ID: usize = 8;
 
 fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
@@ -79,6 +96,100 @@ enum Response {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Status(MemberStatus),
     Changed(Result<String, String>),
+}
+
+/// Which request a call makes, and so which answer it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Append,
+    Vote,
+    Snapshot,
+    Status,
+    Change,
+}
+
+impl Request {
+    fn kind(&self) -> Kind {
+        match self {
+            Request::Append(_) => Kind::Append,
+            Request::Vote(_) => Kind::Vote,
+            Request::Snapshot(_) => Kind::Snapshot,
+            Request::Status => Kind::Status,
+            Request::Change(_) => Kind::Change,
+        }
+    }
+}
+
+impl Response {
+    fn kind(&self) -> Kind {
+        match self {
+            Response::Append(_) => Kind::Append,
+            Response::Vote(_) => Kind::Vote,
+            Response::Snapshot(_) => Kind::Snapshot,
+            Response::Status(_) => Kind::Status,
+            Response::Changed(_) => Kind::Change,
+        }
+    }
+}
+
+/// `message` encoded behind room for its call id.
+fn encode_call<T: Serialize>(message: &T) -> bincode::Result<bytes::BytesMut> {
+    let size = bincode::serialized_size(message)? as usize;
+    let mut buf = bytes::BytesMut::with_capacity(CALL_ID + size);
+    buf.extend_from_slice(&[0; CALL_ID]);
+    bincode::serialize_into((&mut buf).writer(), message)?;
+    Ok(buf)
+}
+
+/// A frame's call id and the rest.
+fn split_call(frame: &[u8]) -> Option<(u64, &[u8])> {
+    let (id, rest) = frame.split_first_chunk::<CALL_ID>()?;
+    Some((u64::from_be_bytes(*id), rest))
+}
+
+/// Why an exchange failed: the connection broke (worth one more try on a
+/// fresh one, if it was an idle one), or the other side answered with
+/// something that was not the answer asked for.
+enum Broken {
+    Io(Failed),
+    Protocol(Failed),
+}
+
+/// Writes request `id` (encoded in `body`) on `conn` and reads its answer,
+/// which must echo `id` and be of `kind`. On any error `conn` is in an
+/// unknown state: the caller drops it.
+async fn exchange_on(
+    conn: &mut Conn,
+    addr: &str,
+    id: u64,
+    kind: Kind,
+    body: bytes::Bytes,
+) -> Result<Response, Broken> {
+    conn.send(body)
+        .await
+        .map_err(|e| Broken::Io(Failed(format!("sending to {addr}: {e}"))))?;
+    let frame = conn
+        .next()
+        .await
+        .ok_or_else(|| Broken::Io(Failed(format!("{addr} closed the connection"))))?
+        .map_err(|e| Broken::Io(Failed(format!("reading from {addr}: {e}"))))?;
+    let protocol = |why: String| Broken::Protocol(Failed(format!("{addr}: {why}")));
+    let (answered, rest) =
+        split_call(&frame).ok_or_else(|| protocol("an answer without a call id".into()))?;
+    if answered != id {
+        return Err(protocol(format!(
+            "an answer to call {answered} came for call {id}"
+        )));
+    }
+    let response: Response =
+        bincode::deserialize(rest).map_err(|e| protocol(format!("a bad answer: {e}")))?;
+    if response.kind() != kind {
+        return Err(protocol(format!(
+            "a {:?} answer came for a {kind:?} request",
+            response.kind()
+        )));
+    }
+    Ok(response)
 }
 
 /// What a member says of itself, for `baton cluster status`.
@@ -258,7 +369,6 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr,
             name: node.peer.clone(),
             conn: None,
-            reused: false,
             idle: Some(self.idle.clone()),
             failures: Some(0),
             tls: self.tls.clone(),
@@ -275,10 +385,9 @@ pub struct Peer {
     /// The member's advertised peer address, whose host its certificate
     /// must name (`addr` may be a route to it: a tunnel, a proxy).
     name: String,
+    /// The client's connection while no call is using it: a call takes it
+    /// and puts it back only after a whole exchange.
     conn: Option<Conn>,
-    /// Whether `conn` was taken from the idle ones (and may have been
-    /// closed by the other side meanwhile).
-    reused: bool,
     idle: Option<Idle>,
     /// Calls failed in a row, for the replicated log's own connections
     /// (`None` for an operator's one-off question): the first failure and
@@ -301,135 +410,152 @@ impl Drop for Peer {
 }
 
 impl Peer {
-    /// The connection, dialed if there is none (or taken from the idle
-    /// ones, if `idle_ok`).
-    async fn dial(&mut self, idle_ok: bool) -> Result<&mut Conn, Failed> {
-        if self.conn.is_none() {
-            let idle = self.idle.as_ref().filter(|_| idle_ok);
-            if let Some(conn) = idle.and_then(|idle| idle.take(&self.addr)) {
-                self.conn = Some(conn);
-                self.reused = true;
-                return Ok(self.conn.as_mut().expect("taken above"));
-            }
-            self.reused = false;
-            let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&self.addr))
-                .await
-                .map_err(|_| {
-                    Failed(format!(
-                        "no connection to {} within {DIAL_TIMEOUT:?}",
-                        self.addr
-                    ))
-                })?
-                .map_err(|e| Failed(format!("cannot connect to {}: {e}", self.addr)))?;
-            let _ = stream.set_nodelay(true);
-            let io: Box<dyn PeerIo> = match &self.tls {
-                None => Box::new(stream),
-                Some(tls) => {
-                    let name = server_name(&self.name).map_err(Failed)?;
-                    let shake = tls.connector.connect(name, stream);
-                    let stream = tokio::time::timeout(DIAL_TIMEOUT, shake)
-                        .await
-                        .map_err(|_| {
-                            Failed(format!(
-                                "no TLS handshake with {} within {DIAL_TIMEOUT:?}",
-                                self.addr
-                            ))
-                        })?
-                        .map_err(|e| {
-                            Failed(format!("TLS handshake with {} failed: {e}", self.addr))
-                        })?;
-                    Box::new(stream)
-                }
-            };
-            let mut framed = Framed::new(io, codec());
-            let hello = bincode::serialize(&Hello {
-                magic: MAGIC,
-                version: VERSION,
-                from: self.from,
-            })
-            .expect("hello serializes");
-            framed
-                .send(bytes::Bytes::from(hello))
-                .await
-                .map_err(|e| Failed(format!("greeting {}: {e}", self.addr)))?;
-            self.conn = Some(framed);
+    /// A connection ready for a call: this client's own, one of the idle
+    /// ones (if `idle_ok`), or a new one. It is the caller's until it puts
+    /// it back after a whole exchange; whoever drops it closes it.
+    async fn connection(&mut self, idle_ok: bool) -> Result<(Conn, bool), Failed> {
+        if let Some(conn) = self.conn.take() {
+            return Ok((conn, false));
         }
-        Ok(self.conn.as_mut().expect("dialed above"))
+        let idle = self.idle.as_ref().filter(|_| idle_ok);
+        if let Some(conn) = idle.and_then(|idle| idle.take(&self.addr)) {
+            return Ok((conn, true));
+        }
+        Ok((self.dial().await?, false))
+    }
+
+    /// A new connection, greeted.
+    async fn dial(&self) -> Result<Conn, Failed> {
+        let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| {
+                Failed(format!(
+                    "no connection to {} within {DIAL_TIMEOUT:?}",
+                    self.addr
+                ))
+            })?
+            .map_err(|e| Failed(format!("cannot connect to {}: {e}", self.addr)))?;
+        let _ = stream.set_nodelay(true);
+        let io: Box<dyn PeerIo> = match &self.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                let name = server_name(&self.name).map_err(Failed)?;
+                let shake = tls.connector.connect(name, stream);
+                let stream = tokio::time::timeout(DIAL_TIMEOUT, shake)
+                    .await
+                    .map_err(|_| {
+                        Failed(format!(
+                            "no TLS handshake with {} within {DIAL_TIMEOUT:?}",
+                            self.addr
+                        ))
+                    })?
+                    .map_err(|e| Failed(format!("TLS handshake with {} failed: {e}", self.addr)))?;
+                Box::new(stream)
+            }
+        };
+        let mut framed = Framed::new(io, codec());
+        let hello = bincode::serialize(&Hello {
+            magic: MAGIC,
+            version: VERSION,
+            from: self.from,
+        })
+        .expect("hello serializes");
+        framed
+            .send(bytes::Bytes::from(hello))
+            .await
+            .map_err(|e| Failed(format!("greeting {}: {e}", self.addr)))?;
+        Ok(framed)
     }
 
     /// One call: the request out, its response back, within `limit`.
     async fn call(&mut self, request: &Request, limit: Duration) -> Result<Response, Failed> {
-        let bytes = bincode::serialize(request).map_err(|e| Failed(e.to_string()))?;
-        self.call_bytes(bytes::Bytes::from(bytes), limit).await
+        let body = encode_call(request).map_err(|e| Failed(e.to_string()))?;
+        self.call_bytes(request.kind(), body, limit).await
     }
 
-    /// One call of a request already encoded. A connection taken from the
-    /// idle ones that turns out broken is replaced by a fresh one, once:
-    /// every request between members may be made twice.
+    /// One call of a request already encoded by [`encode_call`], whose
+    /// answer must be of `kind`.
+    ///
+    /// # Cancellation safety
+    /// Safe: the connection is this call's own from the moment the request
+    /// is written until its whole answer is read, and only then goes back
+    /// to the client (or, when the client is dropped, to the idle ones). A
+    /// call given up at any point (by `limit`, or by its caller dropping
+    /// it) drops its connection with it, so no later call can read an
+    /// answer that was not meant for it. Each request also carries an id
+    /// its answer must echo, and an answer to anything else, or of another
+    /// kind, ends the connection.
     async fn call_bytes(
         &mut self,
-        bytes: bytes::Bytes,
+        kind: Kind,
+        body: bytes::BytesMut,
         limit: Duration,
     ) -> Result<Response, Failed> {
-        let addr = self.addr.clone();
-        let result = tokio::time::timeout(limit, async {
-            loop {
-                let conn = self.dial(true).await?;
-                let exchanged = async {
-                    conn.send(bytes.clone())
-                        .await
-                        .map_err(|e| Failed(format!("sending to {addr}: {e}")))?;
-                    conn.next()
-                        .await
-                        .ok_or_else(|| Failed(format!("{addr} closed the connection")))?
-                        .map_err(|e| Failed(format!("reading from {addr}: {e}")))
-                }
-                .await;
-                match exchanged {
-                    Ok(frame) => {
-                        return bincode::deserialize(&frame)
-                            .map_err(|e| Failed(format!("bad answer from {addr}: {e}")))
-                    }
-                    Err(_) if self.reused => {
-                        // Not from the idle ones again: a fresh dial.
-                        self.conn = None;
-                        self.dial(false).await?;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        })
-        .await;
+        let result = tokio::time::timeout(limit, self.exchange(kind, body)).await;
         let result = match result {
             Ok(r) => r,
-            Err(_) => Err(Failed(format!("no answer from {addr} within {limit:?}"))),
+            Err(_) => Err(Failed(format!(
+                "no answer from {} within {limit:?}",
+                self.addr
+            ))),
         };
-        if result.is_err() {
-            self.conn = None;
-        }
-        if let Some(failures) = self.failures.as_mut() {
-            match &result {
-                Err(e) if *failures == 0 => {
-                    warn!(
-                        member = self.target,
-                        "cannot reach member {} ({e}); trying again", self.target
-                    );
-                    *failures = 1;
+        self.note(&result);
+        result
+    }
+
+    /// The exchange behind [`Peer::call_bytes`]. A connection taken from
+    /// the idle ones that turns out broken is replaced by a fresh one,
+    /// once: every request between members may be made twice.
+    async fn exchange(
+        &mut self,
+        kind: Kind,
+        mut body: bytes::BytesMut,
+    ) -> Result<Response, Failed> {
+        let id = NEXT_CALL.fetch_add(1, Ordering::Relaxed);
+        body[..8].copy_from_slice(&id.to_be_bytes());
+        let body = body.freeze();
+        let (mut conn, mut reused) = self.connection(true).await?;
+        loop {
+            match exchange_on(&mut conn, &self.addr, id, kind, body.clone()).await {
+                Ok(response) => {
+                    self.conn = Some(conn);
+                    return Ok(response);
                 }
-                Err(_) => *failures += 1,
-                Ok(_) if *failures > 0 => {
-                    info!(
-                        member = self.target,
-                        "member {} is reachable again, after {} failed calls",
-                        self.target,
-                        *failures
-                    );
-                    *failures = 0;
+                Err(Broken::Io(_)) if reused => {
+                    // Not from the idle ones again: a fresh dial.
+                    drop(conn);
+                    conn = self.dial().await?;
+                    reused = false;
                 }
-                Ok(_) => {}
+                Err(Broken::Io(e) | Broken::Protocol(e)) => return Err(e),
             }
         }
-        result
+    }
+
+    /// Logs the first failure in a row and the recovery, for the
+    /// replicated log's own clients.
+    fn note(&mut self, result: &Result<Response, Failed>) {
+        let Some(failures) = self.failures.as_mut() else {
+            return;
+        };
+        match result {
+            Err(e) if *failures == 0 => {
+                warn!(
+                    member = self.target,
+                    "cannot reach member {} ({e}); trying again", self.target
+                );
+                *failures = 1;
+            }
+            Err(_) => *failures += 1,
+            Ok(_) if *failures > 0 => {
+                info!(
+                    member = self.target,
+                    "member {} is reachable again, after {} failed calls", self.target, *failures
+                );
+                *failures = 0;
+            }
+            Ok(_) => {}
+        }
     }
 
     fn unreachable<E: std::error::Error>(&self, e: Failed) -> RPCError<NodeId, Member, E> {
@@ -449,7 +575,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         // them next). One entry always fits (see MAX_MEMBER_DATA).
         let mut partial = None;
         let request = Request::Append(rpc);
-        let mut bytes = bincode::serialize(&request)
+        let mut bytes = encode_call(&request)
             .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
         let Request::Append(mut rpc) = request else {
             unreachable!("made above")
@@ -458,17 +584,18 @@ impl RaftNetwork<TypeConfig> for Peer {
             let keep = entries_that_fit(&rpc.entries, MAX_FRAME - 64 * 1024);
             rpc.entries.truncate(keep);
             partial = rpc.entries.last().map(|e| e.log_id);
-            bytes = bincode::serialize(&Request::Append(rpc))
+            bytes = encode_call(&Request::Append(rpc))
                 .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
         }
-        match self.call_bytes(bytes.into(), option.hard_ttl()).await {
+        match self
+            .call_bytes(Kind::Append, bytes, option.hard_ttl())
+            .await
+        {
             Ok(Response::Append(Ok(AppendEntriesResponse::Success))) if partial.is_some() => {
                 Ok(AppendEntriesResponse::PartialSuccess(partial))
             }
             Ok(Response::Append(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            Ok(_) => Err(RPCError::Network(NetworkError::new(&Failed(
-                "an answer of the wrong kind".into(),
-            )))),
+            Ok(_) => unreachable!("exchange_on checks the kind"),
             Err(e) => Err(self.unreachable(e)),
         }
     }
@@ -483,9 +610,7 @@ impl RaftNetwork<TypeConfig> for Peer {
     > {
         match self.call(&Request::Snapshot(rpc), option.hard_ttl()).await {
             Ok(Response::Snapshot(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            Ok(_) => Err(RPCError::Network(NetworkError::new(&Failed(
-                "an answer of the wrong kind".into(),
-            )))),
+            Ok(_) => unreachable!("exchange_on checks the kind"),
             Err(e) => Err(self.unreachable(e)),
         }
     }
@@ -497,9 +622,7 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         match self.call(&Request::Vote(rpc), option.hard_ttl()).await {
             Ok(Response::Vote(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            Ok(_) => Err(RPCError::Network(NetworkError::new(&Failed(
-                "an answer of the wrong kind".into(),
-            )))),
+            Ok(_) => unreachable!("exchange_on checks the kind"),
             Err(e) => Err(self.unreachable(e)),
         }
     }
@@ -552,14 +675,13 @@ pub async fn status_of(
         addr: addr.to_owned(),
         name: advertised.to_owned(),
         conn: None,
-        reused: false,
         idle: None,
         failures: None,
         tls: tls.cloned(),
     };
     match peer.call(&Request::Status, limit).await {
         Ok(Response::Status(s)) => Ok(s),
-        Ok(_) => Err("an answer of the wrong kind".into()),
+        Ok(_) => unreachable!("exchange_on checks the kind"),
         Err(e) => Err(e.0),
     }
 }
@@ -582,14 +704,13 @@ pub async fn ask_change(
         addr: addr.to_owned(),
         name: addr.to_owned(),
         conn: None,
-        reused: false,
         idle: None,
         failures: None,
         tls: tls.cloned(),
     };
     match peer.call(&Request::Change(change), limit).await {
         Ok(Response::Changed(r)) => r,
-        Ok(_) => Err("an answer of the wrong kind".into()),
+        Ok(_) => unreachable!("exchange_on checks the kind"),
         Err(e) => Err(e.0),
     }
 }
@@ -669,7 +790,9 @@ async fn answer(
             _ = stop.changed() => return,
         };
         let Some(Ok(frame)) = frame else { return };
-        let Ok(request) = bincode::deserialize::<Request>(&frame) else {
+        let Some((id, Ok(request))) =
+            split_call(&frame).map(|(id, rest)| (id, bincode::deserialize::<Request>(rest)))
+        else {
             info!(%peer, from = hello.from, "closing a peer connection: undecodable request");
             return;
         };
@@ -680,14 +803,15 @@ async fn answer(
             Request::Status => Response::Status(MemberStatus::of(&raft)),
             Request::Change(change) => Response::Changed(crate::admin::change(&raft, change).await),
         };
-        let bytes = match bincode::serialize(&response) {
+        let mut bytes = match encode_call(&response) {
             Ok(b) => b,
             Err(e) => {
                 info!(%peer, "cannot encode an answer: {e}");
                 return;
             }
         };
-        if framed.send(bytes::Bytes::from(bytes)).await.is_err() {
+        bytes[..CALL_ID].copy_from_slice(&id.to_be_bytes());
+        if framed.send(bytes.freeze()).await.is_err() {
             return;
         }
     }
@@ -702,7 +826,7 @@ mod tests {
 
     fn entry(index: u64, data: usize) -> Entry {
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: log_id(index),
             payload: EntryPayload::Normal(Change(vec![Proposal {
                 now_ms: 1,
                 origin: None,
@@ -714,6 +838,14 @@ mod tests {
                 },
             }])),
         }
+    }
+
+    /// `response` as the answer to `request` (a frame with its call id).
+    fn answer_to(request: &[u8], response: &Response) -> bytes::Bytes {
+        let (id, _) = split_call(request).expect("a call id");
+        let mut answer = encode_call(response).unwrap();
+        answer[..CALL_ID].copy_from_slice(&id.to_be_bytes());
+        answer.freeze()
     }
 
     /// A stand-in member that answers every request with its status,
@@ -733,12 +865,10 @@ mod tests {
                 tokio::spawn(async move {
                     let mut framed = Framed::new(stream, codec());
                     let _hello = framed.next().await;
-                    while let Some(Ok(_request)) = framed.next().await {
+                    while let Some(Ok(request)) = framed.next().await {
                         let answer =
-                            bincode::serialize(&Response::Status(MemberStatus::default())).unwrap();
-                        if framed.send(bytes::Bytes::from(answer)).await.is_err()
-                            || close_after_answer
-                        {
+                            answer_to(&request, &Response::Status(MemberStatus::default()));
+                        if framed.send(answer).await.is_err() || close_after_answer {
                             return;
                         }
                     }
@@ -783,6 +913,189 @@ mod tests {
         // Each call after the first found its idle connection closed and
         // dialed again.
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+    }
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A stand-in member that answers its `n`th request (from 1, over all
+    /// its connections) with a status whose id is `n` (or, to an append,
+    /// with entries up to index `n` taken), after 300 ms for those in
+    /// `slow`.
+    async fn numbering_member(slow: &'static [u64]) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let counter = Arc::new(AtomicU64::new(0));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut framed = Framed::new(stream, codec());
+                    let _hello = framed.next().await;
+                    while let Some(Ok(request)) = framed.next().await {
+                        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                        if slow.contains(&n) {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                        let response = match split_call(&request)
+                            .and_then(|(_, r)| bincode::deserialize::<Request>(r).ok())
+                        {
+                            Some(Request::Append(_)) => Response::Append(Ok(
+                                AppendEntriesResponse::PartialSuccess(Some(log_id(n))),
+                            )),
+                            _ => Response::Status(MemberStatus {
+                                id: n,
+                                ..MemberStatus::default()
+                            }),
+                        };
+                        let answer = answer_to(&request, &response);
+                        if framed.send(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// The number a [`numbering_member`] gave the request answered.
+    fn numbered(answer: Result<Response, Failed>) -> u64 {
+        match answer {
+            Ok(Response::Status(s)) => s.id,
+            Ok(_) => panic!("an answer of another kind"),
+            Err(e) => panic!("no answer: {e}"),
+        }
+    }
+
+    /// A status call that its caller gives up on (as openraft's own
+    /// timeout does) after its request went out, before its answer came.
+    async fn given_up(peer: &mut Peer) {
+        let call = peer.call(&Request::Status, Duration::from_secs(5));
+        let given_up = tokio::time::timeout(Duration::from_millis(100), call).await;
+        assert!(given_up.is_err(), "the call should have been cut short");
+    }
+
+    #[tokio::test]
+    async fn a_call_given_up_after_its_request_went_out_never_lends_its_answer_to_the_next() {
+        // Requests 1 and 3 are answered late.
+        let addr = numbering_member(&[1, 3]).await;
+        let mut network = Network::new(1, BTreeMap::new(), None);
+        let member = Member {
+            peer: addr.clone(),
+            client: String::new(),
+        };
+        let mut peer = network.new_client(2, &member).await;
+        given_up(&mut peer).await;
+        // The next call on the same client gets its own answer.
+        let second = numbered(peer.call(&Request::Status, Duration::from_secs(5)).await);
+        assert_eq!(second, 2, "the second call read another call's answer");
+        // Its connection, clean, goes to the idle ones with the client; the
+        // next client takes it and is given up on the same way.
+        drop(peer);
+        let mut peer = network.new_client(2, &member).await;
+        given_up(&mut peer).await;
+        drop(peer);
+        // Nothing half read was left among the idle connections.
+        let mut asked = Vec::new();
+        for _ in 0..3 {
+            let mut peer = network.new_client(2, &member).await;
+            asked.push(numbered(
+                peer.call(&Request::Status, Duration::from_secs(5)).await,
+            ));
+        }
+        assert_eq!(
+            asked,
+            [4, 5, 6],
+            "answers read by calls that did not ask for them"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_append_given_up_by_openraft_is_not_answered_by_its_late_reply() {
+        let addr = numbering_member(&[1]).await;
+        let mut network = Network::new(1, BTreeMap::new(), None);
+        let member = Member {
+            peer: addr,
+            client: String::new(),
+        };
+        let mut peer = network.new_client(2, &member).await;
+        let append = || AppendEntriesRequest::<TypeConfig> {
+            vote: openraft::Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: vec![entry(1, 10)],
+        };
+        // openraft wraps each call in a timeout of its own, as long as the
+        // one it passes in, started earlier: here, a shorter one.
+        let ttl = Duration::from_millis(200);
+        let first = tokio::time::timeout(
+            Duration::from_millis(100),
+            peer.append_entries(append(), RPCOption::new(ttl)),
+        )
+        .await;
+        assert!(
+            first.is_err(),
+            "the first append should have been cut short"
+        );
+        let second = peer
+            .append_entries(append(), RPCOption::new(ttl))
+            .await
+            .expect("an answer");
+        assert_eq!(
+            second,
+            AppendEntriesResponse::PartialSuccess(Some(log_id(2))),
+            "the second append took the first one's answer"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_to_another_call_or_of_another_kind_ends_the_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut framed = Framed::new(stream, codec());
+                    let _hello = framed.next().await;
+                    while let Some(Ok(request)) = framed.next().await {
+                        let answer = match n {
+                            // An answer to a call never made.
+                            0 => {
+                                let mut a = encode_call(&Response::Status(MemberStatus::default()))
+                                    .unwrap();
+                                a[..CALL_ID].copy_from_slice(&u64::MAX.to_be_bytes());
+                                a.freeze()
+                            }
+                            // An answer of another kind.
+                            1 => answer_to(&request, &Response::Changed(Ok("done".into()))),
+                            _ => answer_to(&request, &Response::Status(MemberStatus::default())),
+                        };
+                        if framed.send(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut network = Network::new(1, BTreeMap::new(), None);
+        for expected in ["call", "Change answer"] {
+            let e = ask(&mut network, &addr).await.err().expect("refused");
+            assert!(e.0.contains(expected), "{e}");
+        }
+        assert!(matches!(
+            ask(&mut network, &addr).await,
+            Ok(Response::Status(_))
+        ));
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            3,
+            "each refused answer ended its connection"
+        );
     }
 
     #[test]

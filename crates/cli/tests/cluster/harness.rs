@@ -377,6 +377,42 @@ impl Cluster {
         }
     }
 
+    /// Stops member `id` (SIGSTOP: a paused process, as in a long GC pause
+    /// or a stopped VM) until [`Cluster::resume`].
+    pub fn pause(&self, id: u64) {
+        self.signal(id, libc::SIGSTOP);
+    }
+
+    /// Lets member `id` run again after [`Cluster::pause`].
+    pub fn resume(&self, id: u64) {
+        self.signal(id, libc::SIGCONT);
+    }
+
+    fn signal(&self, id: u64, signal: libc::c_int) {
+        let pid = self.members[&id].pid().expect("a running member") as libc::pid_t;
+        // SAFETY: kill(2) on a child of this process, which it has not
+        // reaped (the harness waits for it only when it kills it).
+        assert_eq!(
+            unsafe { libc::kill(pid, signal) },
+            0,
+            "signal {signal} to member {id}"
+        );
+    }
+
+    /// Whether member `id` is stopped (state T in /proc), as [`Cluster::pause`]
+    /// leaves it once the signal is delivered.
+    pub fn stopped(&self, id: u64) -> bool {
+        let pid = self.members[&id].pid().expect("a running member");
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    }
+
     pub fn kill9(&mut self, id: u64) {
         if let Some(m) = self.members.get_mut(&id) {
             if let Some(mut child) = m.child.take() {

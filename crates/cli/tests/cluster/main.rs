@@ -589,3 +589,114 @@ fn pid_alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Pins: a leader acknowledges nothing that no follower stored, even after
+/// its calls to a follower were given up halfway (a follower stopped while
+/// large appends went to it, so that they timed out after their requests
+/// went out). With one follower stopped throughout and the other stopped
+/// again, a write must wait; and what was acknowledged survives the leader
+/// and the long-stopped follower dying together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_acknowledges_nothing_while_both_followers_are_stopped() {
+    let mut cluster = Cluster::start(3, &["--election-timeout", "600"]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let followers: Vec<u64> = cluster
+        .members
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    let (always, sometimes) = (followers[0], followers[1]);
+    let client = cluster.client(Duration::from_secs(20)).await;
+    client
+        .create("/w", "before", CreateMode::Persistent)
+        .await
+        .unwrap();
+    for i in 0..4 {
+        client
+            .create(&format!("/big-{i}"), "", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    cluster.pause(always);
+    let mut last = Vec::new();
+    for round in 0..10u8 {
+        // The second follower stops while four large appends go to it, long
+        // enough for the leader's calls to time out with their requests
+        // written, then runs again and takes them.
+        cluster.pause(sometimes);
+        let big = vec![round; 900 * 1024];
+        let writes: Vec<_> = (0..4)
+            .map(|i| {
+                let (client, big) = (client.clone(), big.clone());
+                tokio::spawn(async move {
+                    // A reply lost with a connection is asked again (the
+                    // write is the same each time).
+                    loop {
+                        match client
+                            .set_data(&format!("/big-{i}"), big.clone(), None)
+                            .await
+                        {
+                            Err(baton_client::Error::ConnectionLoss(_)) => continue,
+                            other => return other,
+                        }
+                    }
+                })
+            })
+            .collect();
+        // About 1.7 heartbeats, give or take one.
+        let stopped_for = 140 + 40 * u64::from(round % 6);
+        tokio::time::sleep(Duration::from_millis(stopped_for)).await;
+        cluster.resume(sometimes);
+        for w in writes {
+            tokio::time::timeout(Duration::from_secs(30), w)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a large write was not acknowledged after the follower came back; logs:\n{}", cluster.logs()))
+                .unwrap()
+                .unwrap();
+        }
+        last = big;
+        // Both followers stopped: nothing can be acknowledged.
+        cluster.pause(sometimes);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(cluster.stopped(always) && cluster.stopped(sometimes)) {
+            assert!(Instant::now() < deadline, "the followers did not stop");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Within the election timeout, while the leader still answers.
+        let w = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.set_data("/w", format!("w{round}"), None),
+        )
+        .await;
+        assert!(
+            !matches!(w, Ok(Ok(_))),
+            "round {round}: a write was acknowledged while both followers were stopped ({w:?}); logs:\n{}",
+            cluster.logs()
+        );
+        cluster.resume(sometimes);
+    }
+    drop(client);
+    // The leader and the follower that missed everything die together; the
+    // other follower alone holds what was acknowledged.
+    cluster.kill9(leader);
+    cluster.kill9(always);
+    cluster.restart(leader, false);
+    cluster.restart(always, false);
+    let reader = cluster.client(Duration::from_secs(20)).await;
+    for i in 0..4 {
+        let (data, _) = tokio::time::timeout(
+            Duration::from_secs(30),
+            reader.get_data(&format!("/big-{i}")),
+        )
+        .await
+        .expect("the restarted cluster answers")
+        .unwrap();
+        assert!(
+            data[..] == last[..],
+            "/big-{i}: an acknowledged write was lost; logs:\n{}",
+            cluster.logs()
+        );
+    }
+    reader.close().await;
+}
