@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use baton_server::persist::restore::{self, RestoreError};
 use baton_server::persist::snapshot;
 
 use crate::{CliError, CliResult};
@@ -48,6 +49,13 @@ pub struct SaveArgs {
 /// the state of the snapshot, and each session in it gets a full timeout to
 /// reconnect before it expires. A single server's data directory only: a
 /// cluster member cannot start from it.
+///
+/// The restored server never hands out a fencing token, a sequence number
+/// or a revision that the saved server may have handed out after the
+/// backup: its revisions skip ahead (by default a billion, plus ten
+/// million for every second since the backup's latest change, by this
+/// machine's clock, which a second restore of the same backup skips past
+/// too; see docs/operations.md, "Restoring").
 #[derive(clap::Args)]
 pub struct RestoreArgs {
     /// The snapshot to restore.
@@ -56,6 +64,12 @@ pub struct RestoreArgs {
     /// The new server's data directory.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
+
+    /// Skip exactly N revisions instead of the default. Safe only if N is
+    /// more than the saved server handed out after the backup (its latest
+    /// revision, from `baton status`, minus the backup's).
+    #[arg(long, value_name = "N")]
+    bump_revision: Option<u64>,
 }
 
 pub async fn run(servers: &str, command: SnapshotCommand) -> CliResult {
@@ -103,12 +117,16 @@ fn restore(args: RestoreArgs) -> CliResult {
     let file = &args.file;
     let bytes = std::fs::read(file)
         .map_err(|e| CliError::msg(format!("cannot read {}: {e}", file.display())))?;
-    let sm = snapshot::decode(&bytes).map_err(|(at, why)| {
-        CliError::msg(format!(
-            "{} is not a whole Baton snapshot (at byte {at}: {why}): damaged or cut short? Nothing was restored",
+    let restored = restore::prepare(&bytes, args.bump_revision).map_err(|e| match e {
+        RestoreError::Damaged { .. } => CliError::msg(format!(
+            "{} is {e}: damaged or cut short? Nothing was restored",
             file.display()
-        ))
+        )),
+        RestoreError::Skip(why) => {
+            CliError::msg(format!("--bump-revision: {why}; nothing was restored"))
+        }
     })?;
+    let sm = &restored.state;
     let dir = &args.data_dir;
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
@@ -125,14 +143,24 @@ fn restore(args: RestoreArgs) -> CliResult {
         }
         Err(e) => return Err(CliError::msg(format!("cannot read {}: {e}", dir.display()))),
     }
+    let mut out = std::io::Cursor::new(Vec::with_capacity(bytes.len()));
+    snapshot::encode(sm, &mut out)
+        .map_err(|e| CliError::msg(format!("encoding the restored state: {e}")))?;
     let target = dir.join(snapshot::file_name(sm.revision()));
-    write_durably(&target, &bytes)?;
+    write_durably(&target, out.get_ref())?;
     println!(
-        "restored revision {} ({} sessions, {} nodes) into {}; start the server with: baton serve --data-dir {}",
-        sm.revision(),
+        "restored revision {} ({} sessions, {} nodes) into {}; the restored server continues from revision {} ({} revisions skipped{}); start the server with: baton serve --data-dir {}",
+        restored.saved_revision,
         sm.session_count(),
         sm.node_count(),
         dir.display(),
+        sm.revision() + 1,
+        restored.skipped,
+        if args.bump_revision.is_some() {
+            ", as --bump-revision asked"
+        } else {
+            ": past anything the saved server can have handed out since"
+        },
         dir.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -223,3 +223,103 @@ fn a_damaged_backup_or_a_used_directory_is_refused_and_nothing_is_written() {
     assert!(!dir.join("never.snap").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The sequence number `baton create --sequential` printed (its name's
+/// suffix).
+fn sequence_of(created: &str) -> u64 {
+    let name = created.trim();
+    name[name.len() - 10..]
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}"))
+}
+
+/// The fencing token `baton lock` gave its command.
+fn lock_token(addr: &str, path: &str) -> u64 {
+    let out = baton()
+        .args(["--server", addr, "lock", path, "--", "sh", "-c"])
+        .arg("echo $BATON_FENCING_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn restore_into(file: &Path, data: &Path, extra: &[&str]) -> String {
+    let out = baton()
+        .args(["snapshot", "restore"])
+        .arg(file)
+        .arg("--data-dir")
+        .arg(data)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Pins: a restored backup never hands out a token, a sequence number or a
+/// revision the server it was taken from may have handed out after it, and
+/// neither does a second restore of the same backup.
+#[test]
+fn a_restored_backup_never_hands_out_a_token_again() {
+    let dir = scratch("tokens");
+    let s = Served::start();
+    let first = lock_token(&s.addr, "/locks/report");
+    let file = dir.join("backup.snap");
+    s.ok(&["snapshot", "save", file.to_str().unwrap()]);
+    // The old server goes on handing out tokens after the backup.
+    let mut highest = first;
+    for _ in 0..5 {
+        highest = highest.max(lock_token(&s.addr, "/locks/report"));
+        highest = highest.max(sequence_of(&s.ok(&[
+            "create",
+            "--sequential",
+            "/seq-",
+            "x",
+        ])));
+    }
+    drop(s);
+
+    let mut handed_out = highest;
+    for n in 0..2 {
+        let data = dir.join(format!("restored-{n}"));
+        let said = restore_into(&file, &data, &[]);
+        assert!(said.contains("continues from revision"), "{said}");
+        let (child, addr) = serve_on(&data);
+        let token = lock_token(&addr, "/locks/report");
+        assert!(
+            token > handed_out,
+            "restore {n}: token {token} after a restore; the servers before handed out up to {handed_out}"
+        );
+        let created = baton()
+            .args(["--server", &addr, "create", "--sequential", "/seq-", "x"])
+            .output()
+            .unwrap();
+        let sequence = sequence_of(&String::from_utf8_lossy(&created.stdout));
+        assert!(sequence > handed_out, "restore {n}: sequence {sequence}");
+        handed_out = handed_out.max(token).max(sequence);
+        stop(child, 30);
+    }
+
+    // An operator who knows better may choose the step, and is told what
+    // it is.
+    let data = dir.join("restored-chosen");
+    let said = restore_into(&file, &data, &["--bump-revision", "1000"]);
+    assert!(said.contains("1000"), "{said}");
+    let (child, addr) = serve_on(&data);
+    assert!(lock_token(&addr, "/locks/report") > first + 1000);
+    stop(child, 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}

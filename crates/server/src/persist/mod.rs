@@ -16,6 +16,7 @@
 
 mod log;
 pub mod record;
+pub mod restore;
 pub mod segment;
 pub mod snapshot;
 

@@ -317,6 +317,25 @@ impl StateMachine {
         Ok(sm)
     }
 
+    /// Moves the revision `by` further on, as if that many changes had
+    /// been made: every sequence number, session id and fencing token
+    /// handed out from then on is above the skipped range. A restored
+    /// backup skips past everything the server it was taken from can have
+    /// handed out after it.
+    ///
+    /// # Errors
+    /// The revision would pass `u64::MAX`; nothing changes.
+    pub fn skip_revisions(&mut self, by: u64) -> Result<(), String> {
+        self.revision = self.revision.checked_add(by).ok_or_else(|| {
+            format!(
+                "revision {} cannot move {by} further on: it would pass {}",
+                self.revision,
+                u64::MAX
+            )
+        })?;
+        Ok(())
+    }
+
     pub fn node(&self, path: &str) -> Option<&Node> {
         self.nodes.get(path)
     }
