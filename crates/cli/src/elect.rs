@@ -31,10 +31,10 @@ use crate::{CliError, CliResult};
 /// SIGKILL when the grace is up; if leadership is gone already (its node was
 /// deleted, the session expired), CMD gets SIGKILL at once. Either way baton
 /// exits with status 125. SIGINT, SIGTERM and SIGHUP sent to baton are
-/// passed on to CMD, which gets SIGKILL if it outlives the grace. CMD runs in
-/// its own process group, killed when CMD exits; if baton itself dies, the
-/// kernel kills CMD (though not what CMD started). When CMD exits, baton
-/// resigns and exits with CMD's status.
+/// passed on to CMD, which gets SIGKILL if it outlives the grace. When CMD
+/// exits, everything it left running gets SIGKILL; if baton itself dies, CMD
+/// and everything it started die too. When CMD exits, baton resigns and exits
+/// with CMD's status.
 ///
 /// With no CMD it prints the epoch and leads until SIGINT, SIGTERM or
 /// SIGHUP. Whatever the way out, baton closes its session before it exits,

@@ -29,9 +29,10 @@ pub const EXIT_TIMEOUT: u8 = 124;
 /// exits with status 125. SIGINT, SIGTERM and SIGHUP sent to baton are
 /// passed on to CMD, which gets SIGKILL if it outlives the grace.
 ///
-/// CMD runs in its own process group, which gets SIGKILL when CMD exits, so
-/// nothing it leaves running outlives the lock. If baton itself dies (killed,
-/// or a crash), the kernel kills CMD (though not what CMD started).
+/// When CMD exits, everything it started and left running gets SIGKILL
+/// (daemons that double-forked included), so nothing outlives the lock; if
+/// baton itself dies (killed, or a crash), CMD and everything it started die
+/// too (a small reaper process between baton and CMD sees to it).
 ///
 /// With no CMD, prints the token and holds the lock until SIGINT, SIGTERM or
 /// SIGHUP. Whatever the way out, baton closes its session before it exits,

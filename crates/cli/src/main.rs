@@ -8,6 +8,7 @@ mod elect;
 mod lease;
 mod local;
 mod lock;
+mod reaper;
 mod serve;
 mod signals;
 mod status;
@@ -108,6 +109,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == reaper::SUBCOMMAND) {
+        reaper::run(args.collect());
+    }
     let mut cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve(_)));
     // A server's settings are merged and checked before anything starts:

@@ -1,139 +1,107 @@
-//! Running a command so that it dies with `baton`.
+//! Running a command so that it, and everything it starts, dies with
+//! `baton`.
 //!
-//! What is covered, and how:
+//! The command runs under a reaper (`crate::reaper`): a small `baton`
+//! process of its own between this one and the command, which is a child
+//! subreaper and holds one end of a socket pair whose other end only this
+//! process holds. What is covered, and how:
 //!
-//! - The command runs in its own process group, so that stopping it reaches
-//!   what it started, and a signal from the terminal reaches only `baton`,
-//!   which decides what the command gets.
-//! - Before it executes, the command asks the kernel for SIGKILL when its
-//!   parent goes (`PR_SET_PDEATHSIG`), so a `baton` that dies without
-//!   running any code of its own (SIGKILL, the OOM killer, an abort) takes
-//!   the command with it. The kernel sends that signal when the *thread*
-//!   that forked the command ends, so commands are forked from one thread
-//!   that lives as long as the process. A `baton` that died before the
-//!   request was made is caught by checking the parent's pid right after it.
-//! - On every path where `baton` itself ends the run (the command exited,
-//!   the lease was lost, a signal, a panic that unwinds), the whole process
-//!   group gets SIGKILL before the lease is let go, so nothing the command
-//!   left running in the background outlives the lease.
-//!
-//! Not covered: when `baton` dies without running code, the parent-death
-//! signal reaches the command alone, not the processes it started; and a
-//! process that leaves the command's process group (`setsid`, `setpgid`)
-//! is out of reach on every path. Run under a service manager that kills
-//! the whole control group, and have shell wrappers `exec` the real program,
-//! where that matters.
+//! - The command runs in its own process group, so that a signal from the
+//!   terminal reaches only `baton`, which decides what the command gets;
+//!   signals it passes on go to the reaper, which forwards them to that
+//!   group.
+//! - When the run ends on any path (the command exited, the lease was lost,
+//!   a signal, a panic that unwinds, or `baton` dying without running any
+//!   code of its own: SIGKILL, the OOM killer, an abort), this process's end
+//!   of the socket closes, and the reaper kills every descendant of the
+//!   command with SIGKILL: its process group, and every process that left
+//!   it (`setsid`, a double fork), since an orphaned descendant becomes the
+//!   reaper's child. Then it exits, and only then does the lease go.
+//! - If the reaper itself is killed, the kernel kills the command
+//!   (`PR_SET_PDEATHSIG`); what the command started is then out of reach,
+//!   as it is for a process that escapes to another supervisor altogether.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::mpsc;
-use std::sync::OnceLock;
 
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
-use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 use tokio::time::{sleep_until, Instant};
 
-/// A command running under supervision. Dropping it kills its process
-/// group, unless that was done already.
+use crate::reaper;
+
+/// A command running under supervision. Dropping it ends the run: the
+/// reaper kills every descendant of the command.
 pub struct Supervised {
+    /// The reaper, whose exit status is the command's.
     child: Child,
-    /// The process group, named by its leader's pid.
-    group: i32,
-    /// The leader's exit status, once reaped.
+    /// The reaper's pid, while it is not reaped.
+    reaper: Option<i32>,
+    /// This process's end of the socket pair: closing it ends the run.
+    control: Option<UnixStream>,
+    /// The command's exit status, once the reaper has exited.
     status: Option<ExitStatus>,
-    /// The group has had its final SIGKILL.
-    finished: bool,
-}
-
-/// A command to fork, and where to say how it went.
-struct Job {
-    command: Command,
-    runtime: Handle,
-    reply: oneshot::Sender<io::Result<Child>>,
-}
-
-/// The thread commands are forked from: it never ends before the process
-/// does (its channel's sender lives in a static), which is what the
-/// parent-death signal needs.
-fn spawner() -> io::Result<&'static mpsc::Sender<Job>> {
-    static SPAWNER: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
-    if let Some(tx) = SPAWNER.get() {
-        return Ok(tx);
-    }
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("baton-spawner".into())
-        .spawn(move || {
-            for mut job in rx {
-                let _runtime = job.runtime.enter();
-                if let Err(Ok(child)) = job.reply.send(job.command.spawn()) {
-                    // Nobody waits for it any more: it must not run alone.
-                    if let Some(pid) = child.id() {
-                        // SAFETY: kill has no memory effects.
-                        unsafe {
-                            libc::kill(-(pid as i32), libc::SIGKILL);
-                        }
-                    }
-                }
-            }
-        })?;
-    Ok(SPAWNER.get_or_init(|| tx))
 }
 
 impl Supervised {
-    /// Starts `program` with `args` and `env`, in its own process group,
-    /// set to die with this process.
+    /// Starts `program` with `args` and `env` under a reaper, in its own
+    /// process group, set to die (with everything it starts) with this
+    /// process.
     ///
     /// # Errors
     /// The reason it could not be started.
     pub async fn spawn(program: &str, args: &[String], env: &[(&str, String)]) -> io::Result<Self> {
-        let mut command = Command::new(program);
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let theirs = OwnedFd::from(theirs);
+        let fd = theirs.as_raw_fd();
+        let mut command = Command::new(own_executable());
         command
+            .arg(reaper::SUBCOMMAND)
+            .arg(program)
             .args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the forked child before exec, and
-        // makes only async-signal-safe calls (prctl, getppid) and builds
-        // errors without allocating.
+        // SAFETY: the closure runs in the forked child before exec and makes
+        // only async-signal-safe calls (dup2, which also clears the new
+        // descriptor's close-on-exec flag).
         unsafe {
             command.pre_exec(move || {
-                #[cfg(target_os = "linux")]
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                if libc::dup2(fd, reaper::CONTROL_FD) < 0 {
                     return Err(io::Error::last_os_error());
-                }
-                // The parent may have died before the request was made.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
         }
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            command,
-            runtime: Handle::current(),
-            reply,
-        };
-        spawner()?
-            .send(job)
-            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
-        let child = answer
-            .await
-            .map_err(|_| io::Error::other("the spawner thread is gone"))??;
-        let group = child.id().map_or(0, |pid| pid as i32);
+        let mut child = command.spawn()?;
+        drop(theirs);
+        let pid = child.id().map(|pid| pid as i32);
+        ours.set_nonblocking(true)?;
+        let mut control = UnixStream::from_std(ours)?;
+        let mut report = [0u8; reaper::REPORT_LEN];
+        if control.read_exact(&mut report).await.is_err() {
+            let status = child.wait().await?;
+            return Err(io::Error::other(format!(
+                "its reaper ended before starting it ({status})"
+            )));
+        }
+        let value = i32::from_be_bytes(report[1..].try_into().expect("4 bytes"));
+        if report[0] != 0 {
+            let _ = child.wait().await;
+            return Err(io::Error::from_raw_os_error(value));
+        }
         Ok(Supervised {
             child,
-            group,
+            reaper: pid,
+            control: Some(control),
             status: None,
-            finished: false,
         })
     }
 
-    /// Waits for the command (the group's leader) to exit, then kills what
-    /// is left of its group.
+    /// Waits for the command to exit and for the reaper to have killed
+    /// whatever it left running.
     ///
     /// # Cancellation safety
     /// Safe.
@@ -143,24 +111,28 @@ impl Supervised {
         }
         let status = self.child.wait().await?;
         self.status = Some(status);
-        self.finish();
+        self.reaper = None;
+        self.control = None;
         Ok(status)
     }
 
-    /// Sends `sig` to the command's process group.
-    pub fn signal(&self, sig: i32) {
-        if self.group > 0 && !self.finished {
-            // SAFETY: kill has no memory effects; a negative pid names the
-            // process group the command leads.
+    /// Sends `sig` to the command's process group (through the reaper);
+    /// SIGKILL ends the run: everything the command started dies.
+    pub fn signal(&mut self, sig: i32) {
+        if sig == libc::SIGKILL {
+            self.control = None;
+        } else if let Some(pid) = self.reaper {
+            // SAFETY: kill has no memory effects; the reaper is this
+            // process's child and not reaped, so its pid is its own.
             unsafe {
-                libc::kill(-self.group, sig);
+                libc::kill(pid, sig);
             }
         }
     }
 
     /// Stops the command: sends `first` (if any) to its group, waits for it
-    /// until `kill_at` or until `urgent` resolves, then sends SIGKILL to the
-    /// group. Returns the command's status.
+    /// until `kill_at` or until `urgent` resolves, then kills it and every
+    /// process it started. Returns the command's status.
     pub async fn stop(
         &mut self,
         first: Option<i32>,
@@ -178,22 +150,20 @@ impl Supervised {
             _ = urgent => {}
         }
         self.signal(libc::SIGKILL);
-        // SIGKILL cannot be refused; this wait is for the kernel only.
+        // SIGKILL cannot be refused; this wait is for the kernel and the
+        // reaper's rounds only.
         self.wait()
             .await
             .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
     }
-
-    /// The final SIGKILL to the group. Right after the leader is reaped, so
-    /// its pid (the group's id) has had no time to be given out again.
-    fn finish(&mut self) {
-        self.signal(libc::SIGKILL);
-        self.finished = true;
-    }
 }
 
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        self.signal(libc::SIGKILL);
+/// This program, to run as a reaper: the running executable itself, even if
+/// its file was replaced since it started.
+fn own_executable() -> std::path::PathBuf {
+    if cfg!(target_os = "linux") {
+        "/proc/self/exe".into()
+    } else {
+        std::env::current_exe().unwrap_or_else(|_| "baton".into())
     }
 }

@@ -9,8 +9,11 @@ use std::process::{Child, Stdio};
 use common::{baton, eventually, exit_within, running, Served};
 
 /// A command that ignores every polite signal, starts a grandchild that
-/// does the same, prints both pids and waits.
-const STUBBORN: &str = "trap '' TERM HUP INT; sleep 1000 & echo $$ $!; wait";
+/// does the same and a daemon that does too (forked twice, in a session of
+/// its own, so outside the command's process group and no longer its
+/// descendant by parentage), prints the three pids and waits.
+const STUBBORN: &str = "trap '' TERM HUP INT; sleep 1000 & g=$!; \
+    d=$(sh -c 'setsid sleep 1000 >/dev/null 2>&1 & echo $!'); echo $$ $g $d; wait";
 
 fn signal(pid: u32, sig: i32) {
     // SAFETY: kill has no memory effects.
@@ -55,11 +58,19 @@ fn the_command_dies_when_baton_is_killed_with_sigkill() {
     let s = Served::start();
     let (mut supervisor, pids) = lock_running(&s, "/locks/kill9", STUBBORN, &[]);
     let _reap = Reap(pids.clone());
+    assert_eq!(pids.len(), 3, "{pids:?}");
     signal(supervisor.id(), libc::SIGKILL);
     exit_within(&mut supervisor, 10);
-    // The parent-death signal reaches the command itself; its grandchild,
-    // which nothing in baton can outlive, is not covered.
-    eventually(10, "the command to die with baton", || !running(pids[0]));
+    // The command, its grandchild and the daemon it double-forked.
+    eventually(
+        10,
+        "the command and all it started to die with baton",
+        || pids.iter().all(|&pid| !running(pid)),
+    );
+    // And the lock is free once the session is gone.
+    eventually(10, "the lock to be free", || {
+        s.ok(&["locks", "/locks/kill9"]).contains("free")
+    });
 }
 
 /// Sends `sig` to a running `baton lock` and checks that it stops the
@@ -117,10 +128,17 @@ fn the_command_and_its_group_die_when_baton_panics() {
 #[test]
 fn what_the_command_leaves_running_is_killed_before_the_lock_is_released() {
     let s = Served::start();
-    let (mut supervisor, pids) = lock_running(&s, "/locks/bg", "sleep 1000 & echo $!", &[]);
+    let (mut supervisor, pids) = lock_running(
+        &s,
+        "/locks/bg",
+        "sleep 1000 & g=$!; d=$(sh -c 'setsid sleep 1000 >/dev/null 2>&1 & echo $!'); echo $g $d",
+        &[],
+    );
     let _reap = Reap(pids.clone());
     assert!(exit_within(&mut supervisor, 10).success());
-    assert!(!running(pids[0]), "the background job outlived the lock");
+    for pid in pids {
+        assert!(!running(pid), "{pid} outlived the lock");
+    }
     assert!(s.ok(&["locks", "/locks/bg"]).contains("free"));
 }
 
@@ -136,7 +154,7 @@ fn the_leaders_command_dies_when_baton_elect_is_killed_with_sigkill() {
             "--value",
             "v",
         ])
-        .args(["--", "sh", "-c", "echo $$; exec sleep 1000"])
+        .args(["--", "sh", "-c", STUBBORN])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -145,9 +163,16 @@ fn the_leaders_command_dies_when_baton_elect_is_killed_with_sigkill() {
     BufReader::new(supervisor.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let pid: u32 = line.trim().parse().unwrap();
-    let _reap = Reap(vec![pid]);
+    let pids: Vec<u32> = line
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let _reap = Reap(pids.clone());
     signal(supervisor.id(), libc::SIGKILL);
     exit_within(&mut supervisor, 10);
-    eventually(10, "the command to die with baton", || !running(pid));
+    eventually(
+        10,
+        "the command and all it started to die with baton",
+        || pids.iter().all(|&pid| !running(pid)),
+    );
 }
