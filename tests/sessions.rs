@@ -395,3 +395,90 @@ fn calls_fail_at_once_when_the_session_task_is_gone() {
     });
     server_rt.block_on(server.stop());
 }
+
+/// A replicated log stand-in that commits proposals in order on a task of
+/// its own, and holds them back while `held` is set, noting each one.
+struct HeldLog {
+    tx: tokio::sync::mpsc::UnboundedSender<baton::server::state::Proposal>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<baton::server::state::Command>>>,
+}
+
+impl baton::server::replicate::Replicator for HeldLog {
+    fn propose(
+        &self,
+        proposal: &baton::server::state::Proposal,
+    ) -> baton::server::replicate::Proposed {
+        self.seen.lock().unwrap().push(proposal.command.clone());
+        let _ = self.tx.send(proposal.clone());
+        baton::server::replicate::Proposed::Later
+    }
+
+    fn applies_at_once(&self) -> bool {
+        false
+    }
+}
+
+/// Pins: a session whose expiry has been proposed, and is waiting to be
+/// committed, is not answered as alive: a ping from it then does not move
+/// its client's deadline past the moment its lock passes on.
+#[tokio::test]
+async fn a_session_whose_expiry_is_proposed_is_not_answered_as_alive() {
+    use baton::server::state::Command;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut config = fast_config();
+    config.min_session_timeout = Duration::from_millis(300);
+    let (server, applier) = baton::server::Server::member(listener, config).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let held = Arc::new(AtomicBool::new(false));
+    let released = Arc::new(tokio::sync::Notify::new());
+    applier.set_log(Arc::new(HeldLog {
+        tx,
+        seen: seen.clone(),
+    }));
+    let committer = {
+        let (applier, held, released) = (applier.clone(), held.clone(), released.clone());
+        tokio::spawn(async move {
+            while let Some(proposal) = rx.recv().await {
+                while held.load(Ordering::SeqCst) {
+                    released.notified().await;
+                }
+                applier.apply(&[proposal]);
+            }
+        })
+    };
+    applier.lead();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+
+    let mut raw = Raw::open(&addr, 300).await;
+    let session = raw.grant().session_id;
+    // The log stops committing; the session falls silent past its timeout,
+    // so the server proposes its expiry, which waits.
+    held.store(true, Ordering::SeqCst);
+    eventually(10, "the session's expiry to be proposed", || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|c| matches!(c, Command::ExpireSession { session: s } if *s == session))
+    })
+    .await;
+    // The client, waking from a pause, pings.
+    let answer = within(10, "an answer to the ping", raw.call(Request::Ping)).await;
+    assert_eq!(
+        answer.map_err(|e| e.code),
+        Err(ErrorCode::SessionExpired),
+        "a session whose expiry was proposed was answered as alive"
+    );
+    held.store(false, Ordering::SeqCst);
+    released.notify_one();
+    let _ = stop.send(());
+    let _ = within(10, "the server to stop", serving).await;
+    committer.abort();
+}

@@ -229,8 +229,8 @@ impl Core {
     }
 
     /// Records that `session` was heard from on `outbox`'s connection. Fails
-    /// if the session has ended (the request is answered, the connection
-    /// closed) or moved to another connection.
+    /// if the session has ended or its expiry is on its way (the request is
+    /// answered, the connection closed) or moved to another connection.
     pub(super) fn touch(
         &mut self,
         session: SessionId,
@@ -239,7 +239,14 @@ impl Core {
         outbox: &Arc<Outbox>,
         now: Instant,
     ) -> Result<(), Flow> {
-        match self.live.get_mut(&session) {
+        // A session whose expiry is proposed is as good as gone: answering
+        // it as alive would move its client's deadline past the moment its
+        // ephemerals (its place in a lock) go to someone else.
+        let live = self
+            .live
+            .get_mut(&session)
+            .filter(|_| !self.expiring.contains_key(&session));
+        match live {
             Some(live) if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) => {
                 live.last_heard = now;
                 Ok(())
