@@ -86,10 +86,6 @@ pub struct LocalArgs {
     /// Each member's election timeout, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 150)]
     pub(crate) election_timeout: u64,
-    /// Each member's --fsync policy: `always` or `never` (see `baton serve
-    /// --help`).
-    #[arg(long, value_name = "POLICY", default_value = "always")]
-    pub(crate) fsync: baton_server::persist::FsyncPolicy,
 }
 
 /// Parses `ID=PEER/CLIENT,...`.

@@ -244,8 +244,6 @@ pub async fn run(args: LocalArgs) -> CliResult {
     let extra = vec![
         "--election-timeout".to_string(),
         args.election_timeout.to_string(),
-        "--fsync".to_string(),
-        args.fsync.to_string(),
     ];
     let mut cluster = LocalCluster::start(args.members, &args.data_dir, &extra)?;
     for m in cluster.members.values() {

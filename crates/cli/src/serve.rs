@@ -140,8 +140,8 @@ pub struct ServeArgs {
 
     /// When the log is synced to disk: `always` (no reply before its change
     /// is on disk; concurrent changes share one sync) or `never` (a crash of
-    /// the server loses nothing, a power loss loses the last moments).
-    /// [default: always]
+    /// the server loses nothing, a power loss loses the last moments; a
+    /// single server only: cluster members always sync). [default: always]
     #[arg(long, value_name = "POLICY", env = "BATON_FSYNC")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fsync: Option<String>,
@@ -412,6 +412,15 @@ impl Settings {
         }
         if s.threads == Some(0) {
             return Err(bad("threads", "must be at least 1".into()));
+        }
+        if s.node_id.is_some() && fsync != FsyncPolicy::Always {
+            return Err(bad(
+                "fsync",
+                format!(
+                    "`never` is refused for a cluster member: {}",
+                    baton_cluster::member::NO_UNSYNCED_MEMBERS
+                ),
+            ));
         }
         if s.node_id.is_none() {
             let cluster_only = [

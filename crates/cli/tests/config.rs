@@ -192,6 +192,11 @@ fn bad_keys_and_values_are_refused_naming_the_key() {
             "election-timeout = 300\n",
             vec!["election-timeout", "node-id"],
         ),
+        // A cluster member that would acknowledge entries it has not synced.
+        (
+            "node-id = 1\npeers = \"1=127.0.0.1:1/127.0.0.1:2\"\nfsync = \"never\"\n",
+            vec!["fsync", "refused for a cluster member", "power loss"],
+        ),
         // Not TOML at all.
         ("max-data = = 3\n", vec!["line 1"]),
     ];

@@ -45,7 +45,9 @@ pub struct MemberConfig {
     /// Where the member keeps its replicated log and snapshots.
     pub data_dir: PathBuf,
     /// Whether the replicated log is synced before a write counts as
-    /// stored on this member.
+    /// stored on this member: only [`FsyncPolicy::Always`] is accepted. A
+    /// member that counted unsynced entries as stored would let one power
+    /// loss and the leader's crash lose a write a majority acknowledged.
     pub fsync: FsyncPolicy,
     /// The shortest time a follower waits for its leader before it stands
     /// for election (the longest is twice this).
@@ -97,6 +99,9 @@ pub enum MemberError {
     Config(String),
 }
 
+/// Why a member refuses `--fsync never`.
+pub const NO_UNSYNCED_MEMBERS: &str = "a cluster member syncs its log before it tells the leader an entry is stored (fsync always): with fsync never, one member's power loss and the leader's crash could lose writes a majority acknowledged";
+
 /// A running member.
 pub struct ClusterMember {
     server: Server,
@@ -117,6 +122,9 @@ impl ClusterMember {
         clients: TcpListener,
         peers: TcpListener,
     ) -> Result<ClusterMember, MemberError> {
+        if config.fsync != FsyncPolicy::Always {
+            return Err(MemberError::Config(NO_UNSYNCED_MEMBERS.into()));
+        }
         if config.server.max_data > MAX_MEMBER_DATA {
             return Err(MemberError::Config(format!(
                 "a cluster member accepts node data of at most {} MiB (--max-data {}): each change travels between members in one frame",
