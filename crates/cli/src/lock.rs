@@ -94,14 +94,22 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
     let Some(path) = args.path else {
         return busiest(server).await;
     };
-    let queue = crate::commands::with_session(server, async |client| {
-        Ok(Lock::new(client, &path).contenders().await?)
+    let (queue, liveness) = crate::commands::with_session(server, async |client| {
+        let queue = Lock::new(client, &path).contenders().await?;
+        let mut liveness = Vec::with_capacity(queue.len());
+        for c in &queue {
+            liveness.push(match c.owner {
+                Some(owner) => Some(client.session_status(owner).await?),
+                None => None,
+            });
+        }
+        Ok((queue, liveness))
     })
     .await?;
     if queue.is_empty() {
         println!("{path} is free: no holder, no waiters");
     }
-    for (i, c) in queue.iter().enumerate() {
+    for (i, (c, status)) in queue.iter().zip(&liveness).enumerate() {
         let role = if i == 0 {
             "holder".to_string()
         } else {
@@ -109,13 +117,39 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
         };
         let owner = c.owner.map_or_else(|| "-".into(), |o| o.to_string());
         println!(
-            "{role:<10} token {:<12} session {owner:<10} {}  {}",
+            "{role:<10} token {:<12} session {owner:<10} {}  {}{}",
             c.token.get(),
             c.node,
-            String::from_utf8_lossy(&c.identity)
+            String::from_utf8_lossy(&c.identity),
+            status.as_ref().map(unhealthy).unwrap_or_default()
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to add to a contender's line when its session is not connected:
+/// a holder whose client went quiet still holds the lock until its session
+/// expires, and the line must not look healthy meanwhile.
+fn unhealthy(status: &baton_client::SessionStatus) -> String {
+    use baton_client::Liveness;
+    let silent = crate::status::seconds(status.silent_ms as f64 / 1e3);
+    let left = status
+        .expires_in()
+        .map(|d| crate::status::seconds(d.as_secs_f64()))
+        .unwrap_or_default();
+    match status.liveness {
+        // Clients are heard from every third of their timeout: past half of
+        // it, this one is paused or cut off without the server knowing yet.
+        Liveness::Connected if status.silent_ms * 2 > u64::from(status.timeout_ms) => {
+            format!("  [silent for {silent}: expires in {left} unless it is heard from]")
+        }
+        Liveness::Connected => String::new(),
+        Liveness::Disconnected => format!(
+            "  [disconnected: silent for {silent}, expires in {left} unless its client resumes it]"
+        ),
+        Liveness::Expiring => format!("  [expiring: silent for {silent}, past its timeout]"),
+        Liveness::Gone => "  [its session is gone; the node goes with it]".into(),
+    }
 }
 
 /// `baton locks --all`: the busiest locks, from the server's status probe.

@@ -312,3 +312,34 @@ fn signal_pid(pid: u32, sig: i32) {
     // SAFETY: kill has no memory effects.
     unsafe { libc::kill(pid as i32, sig) };
 }
+
+/// Pins: `baton locks` does not show a holder whose session is silent or
+/// disconnected as a healthy one: it says so, and when the session will
+/// expire.
+#[test]
+fn locks_says_when_the_holders_session_is_silent_or_disconnected() {
+    let s = Served::start();
+    let (mut holding, _token, _out) = holder(&s, "/locks/quiet", 6000);
+    let shown = s.ok(&["locks", "/locks/quiet"]);
+    assert!(shown.starts_with("holder") && !shown.contains('['), "{shown}");
+    // Paused: connected, but silent past half its timeout.
+    signal(&holding, libc::SIGSTOP);
+    let mut shown = String::new();
+    eventually(10, "locks to call the stopped holder silent", || {
+        shown = s.ok(&["locks", "/locks/quiet"]);
+        shown.contains("[silent for")
+    });
+    assert!(shown.contains("expires in"), "{shown}");
+    // Killed: its connection is gone, its session not yet.
+    signal(&holding, libc::SIGKILL);
+    holding.wait().unwrap();
+    eventually(10, "locks to call the killed holder disconnected", || {
+        shown = s.ok(&["locks", "/locks/quiet"]);
+        shown.contains("[disconnected")
+    });
+    assert!(shown.starts_with("holder") && shown.contains("expires in"), "{shown}");
+    // And once the session expires the lock is free.
+    eventually(20, "the lock to be free", || {
+        s.ok(&["locks", "/locks/quiet"]).contains("free")
+    });
+}

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    path, ConnectRequest, CreateMode, PredecessorWatch, Reply, Request, SessionId, Stat, Token,
-    PROTOCOL_VERSION,
+    path, ConnectRequest, CreateMode, PredecessorWatch, Reply, Request, SessionId, SessionStatus,
+    Stat, Token, PROTOCOL_VERSION,
 };
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -722,6 +722,22 @@ impl Client {
     pub async fn server_stats(&self) -> Result<std::collections::BTreeMap<String, u64>> {
         match self.call(Request::Stats, None).await?.reply {
             Reply::Stats(counters) => Ok(counters.into_iter().collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether `session` (anyone's) is alive as the server sees it:
+    /// connected, disconnected and until when it may still resume, or gone.
+    ///
+    /// # Errors
+    /// As any read.
+    pub async fn session_status(&self, session: SessionId) -> Result<SessionStatus> {
+        match self
+            .call(Request::SessionStatus { session }, None)
+            .await?
+            .reply
+        {
+            Reply::SessionStatus(status) => Ok(status),
             other => Err(unexpected(other)),
         }
     }

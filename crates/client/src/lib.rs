@@ -29,7 +29,9 @@ mod state;
 mod watcher;
 mod wire;
 
-pub use baton_proto::{CreateMode, EventKind, SessionId, Stat, WatchEvent};
+pub use baton_proto::{
+    CreateMode, EventKind, Liveness, SessionId, SessionStatus, Stat, WatchEvent,
+};
 pub use client::{
     Client, ClientBuilder, Created, Enqueued, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };

@@ -30,7 +30,8 @@ pub use request::{
     CreateMode, OpCode, PredecessorWatch, Request, RequestDecodeError, RequestFrame,
 };
 pub use response::{
-    Disconnect, ErrorReply, EventKind, Reply, ReplyFrame, ServerMessage, Stat, WatchEvent,
+    Disconnect, ErrorReply, EventKind, Liveness, Reply, ReplyFrame, ServerMessage, SessionStatus,
+    Stat, WatchEvent,
 };
 
 /// Version of the protocol described by this crate, sent in the handshake.

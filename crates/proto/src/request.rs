@@ -26,6 +26,7 @@
 //!                 watch)
 //! 14 enqueue      path str (prefix of an ephemeral sequential node),
 //!                 data bytes
+//! 15 session status session u64 (any session's, not only the asker's)
 //!
 //! str     = u16 length + UTF-8 bytes
 //! bytes   = u32 length + bytes
@@ -61,6 +62,7 @@ pub enum OpCode {
     Stats = 12,
     RemoveWatches = 13,
     Enqueue = 14,
+    SessionStatus = 15,
 }
 
 impl OpCode {
@@ -81,6 +83,7 @@ impl OpCode {
             12 => OpCode::Stats,
             13 => OpCode::RemoveWatches,
             14 => OpCode::Enqueue,
+            15 => OpCode::SessionStatus,
             _ => return None,
         })
     }
@@ -102,6 +105,7 @@ impl OpCode {
             OpCode::Stats => "stats",
             OpCode::RemoveWatches => "remove watches",
             OpCode::Enqueue => "enqueue",
+            OpCode::SessionStatus => "session status",
         }
     }
 }
@@ -239,6 +243,11 @@ pub enum Request {
         path: String,
         data: Bytes,
     },
+    /// Whether a session (anyone's) is alive as the serving server sees it:
+    /// connected, or disconnected and until when it may still resume.
+    SessionStatus {
+        session: crate::SessionId,
+    },
 }
 
 /// What a predecessor request watches.
@@ -291,6 +300,7 @@ impl Request {
             Request::Stats => OpCode::Stats,
             Request::RemoveWatches { .. } => OpCode::RemoveWatches,
             Request::Enqueue { .. } => OpCode::Enqueue,
+            Request::SessionStatus { .. } => OpCode::SessionStatus,
         }
     }
 
@@ -307,9 +317,11 @@ impl Request {
             | Request::CheckToken { path, .. }
             | Request::RemoveWatches { path, .. }
             | Request::Enqueue { path, .. } => Some(path),
-            Request::Ping | Request::CloseSession | Request::SetWatches { .. } | Request::Stats => {
-                None
-            }
+            Request::Ping
+            | Request::CloseSession
+            | Request::SetWatches { .. }
+            | Request::Stats
+            | Request::SessionStatus { .. } => None,
         }
     }
 }
@@ -412,6 +424,7 @@ impl RequestFrame {
                     put_str16(b, path);
                     b.put_u8(*data as u8 | (*child as u8) << 1);
                 }
+                Request::SessionStatus { session } => b.put_u64(session.0),
                 Request::Ping | Request::CloseSession | Request::Stats => {}
                 Request::SetWatches {
                     revision,
@@ -534,6 +547,9 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
             token: r.u64("token")?,
         },
         OpCode::Stats => Request::Stats,
+        OpCode::SessionStatus => Request::SessionStatus {
+            session: crate::SessionId(r.u64("session")?),
+        },
         OpCode::RemoveWatches => {
             let path = read_path(r)?;
             let kinds = r.u8("kinds")?;

@@ -43,6 +43,11 @@
 //! 13 remove watches (empty)
 //! 14 enqueue      path str (the created node), sequence u64, stat,
 //!                 present u8, then if 1: the predecessor's path str, stat
+//! 15 session status liveness u8 (0 gone: no such session; 1 connected;
+//!                 2 disconnected: alive, without a connection, until its
+//!                 timeout runs out; 3 expiring: its expiry is on its way),
+//!                 silent_ms u64 (since the server last heard from it),
+//!                 timeout_ms u32 (0 when gone)
 //!
 //! stat, 64 bytes:
 //!   czxid u64  mzxid u64  pzxid u64  ctime u64  mtime u64
@@ -128,6 +133,63 @@ impl Stat {
     }
 }
 
+/// Whether a session is alive, as the server that serves clients sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Liveness {
+    /// No such session: it expired, was closed, or never was.
+    Gone,
+    /// Attached to a connection.
+    Connected,
+    /// Alive without a connection: its client may still resume it until
+    /// its timeout runs out.
+    Disconnected,
+    /// Silent for its whole timeout: its expiry is on its way.
+    Expiring,
+}
+
+impl Liveness {
+    fn to_u8(self) -> u8 {
+        match self {
+            Liveness::Gone => 0,
+            Liveness::Connected => 1,
+            Liveness::Disconnected => 2,
+            Liveness::Expiring => 3,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Liveness::Gone,
+            1 => Liveness::Connected,
+            2 => Liveness::Disconnected,
+            3 => Liveness::Expiring,
+            _ => return None,
+        })
+    }
+}
+
+/// A session's liveness, with how long it has been silent and its
+/// timeout: a session not heard from again expires `timeout_ms -
+/// silent_ms` from when the answer was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionStatus {
+    pub liveness: Liveness,
+    pub silent_ms: u64,
+    pub timeout_ms: u32,
+}
+
+impl SessionStatus {
+    /// How long until the session expires unless it is heard from; `None`
+    /// if it is gone.
+    pub fn expires_in(&self) -> Option<std::time::Duration> {
+        (self.liveness != Liveness::Gone).then(|| {
+            std::time::Duration::from_millis(
+                u64::from(self.timeout_ms).saturating_sub(self.silent_ms),
+            )
+        })
+    }
+}
+
 /// A successful reply's body, one variant per operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
@@ -167,6 +229,7 @@ pub enum Reply {
         stat: Stat,
         predecessor: Option<(String, Stat)>,
     },
+    SessionStatus(SessionStatus),
 }
 
 impl Reply {
@@ -186,6 +249,7 @@ impl Reply {
             Reply::Stats(_) => OpCode::Stats,
             Reply::RemoveWatches => OpCode::RemoveWatches,
             Reply::Enqueue { .. } => OpCode::Enqueue,
+            Reply::SessionStatus(_) => OpCode::SessionStatus,
         }
     }
 
@@ -236,6 +300,11 @@ impl Reply {
                     put_str16(b, name);
                     b.put_u64(*value);
                 }
+            }
+            Reply::SessionStatus(s) => {
+                b.put_u8(s.liveness.to_u8());
+                b.put_u64(s.silent_ms);
+                b.put_u32(s.timeout_ms);
             }
             Reply::Delete
             | Reply::Ping
@@ -288,6 +357,17 @@ impl Reply {
                 Reply::Stats(counters)
             }
             OpCode::RemoveWatches => Reply::RemoveWatches,
+            OpCode::SessionStatus => {
+                let raw = r.u8("liveness")?;
+                Reply::SessionStatus(SessionStatus {
+                    liveness: Liveness::from_u8(raw).ok_or(DecodeError::BadValue {
+                        what: "liveness",
+                        value: raw.into(),
+                    })?,
+                    silent_ms: r.u64("silent_ms")?,
+                    timeout_ms: r.u32("timeout_ms")?,
+                })
+            }
             OpCode::Enqueue => Reply::Enqueue {
                 path: r.str16("path")?,
                 sequence: r.u64("sequence")?,

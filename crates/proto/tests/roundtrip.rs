@@ -68,6 +68,9 @@ fn request() -> impl Strategy<Value = Request> {
         (path(), data()).prop_map(|(path, data)| Request::Enqueue { path, data }),
         (path(), any::<u64>()).prop_map(|(path, token)| Request::CheckToken { path, token }),
         Just(Request::Stats),
+        any::<u64>().prop_map(|s| Request::SessionStatus {
+            session: baton_proto::SessionId(s)
+        }),
         (path(), any::<bool>(), any::<bool>())
             .prop_map(|(path, data, child)| Request::RemoveWatches { path, data, child }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::Exists { path, watch }),
@@ -150,6 +153,18 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         proptest::option::of((path(), stat())).prop_map(Reply::Predecessor),
         proptest::option::of((path(), stat())).prop_map(Reply::CheckToken),
         prop::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..10).prop_map(Reply::Stats),
+        (0u8..4, any::<u64>(), any::<u32>()).prop_map(|(l, silent_ms, timeout_ms)| {
+            Reply::SessionStatus(baton_proto::SessionStatus {
+                liveness: [
+                    baton_proto::Liveness::Gone,
+                    baton_proto::Liveness::Connected,
+                    baton_proto::Liveness::Disconnected,
+                    baton_proto::Liveness::Expiring,
+                ][usize::from(l)],
+                silent_ms,
+                timeout_ms,
+            })
+        }),
     ];
     prop_oneof![
         ok.prop_map(Ok),

@@ -187,7 +187,10 @@ impl Identity {
                 Ok(())
             }
             Request::Stats => self.need(Rights::ADMIN, "/"),
-            Request::Ping | Request::CloseSession | Request::RemoveWatches { .. } => Ok(()),
+            Request::Ping
+            | Request::CloseSession
+            | Request::RemoveWatches { .. }
+            | Request::SessionStatus { .. } => Ok(()),
         }
     }
 }

@@ -144,7 +144,7 @@ fn metric_histogram(
 const BUSIEST_LOCKS: usize = 10;
 
 /// Operations by wire number (0 for one the server does not know).
-const OPS: usize = 15;
+const OPS: usize = 16;
 /// Results: 0 for success, then the error codes by wire number, then one
 /// for any other code.
 const RESULTS: usize = 27;

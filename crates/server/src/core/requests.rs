@@ -86,7 +86,7 @@ impl Core {
             }),
             Request::CloseSession => Ok(Command::CloseSession { session }),
             read => {
-                let result = self.read(session, read, outbox);
+                let result = self.read(session, read, outbox, now);
                 self.answer(session, outbox, xid, op, result);
                 return Flow::Continue;
             }
@@ -134,8 +134,12 @@ impl Core {
         session: SessionId,
         request: Request,
         outbox: &Arc<Outbox>,
+        now: Instant,
     ) -> Result<Reply, ErrorReply> {
         match request {
+            Request::SessionStatus { session } => {
+                Ok(Reply::SessionStatus(self.session_status(session, now)))
+            }
             Request::Predecessor { path, watch } => self.predecessor(session, &path, watch),
             Request::CheckToken { path, token } => self
                 .sm

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    ConnectRequest, ErrorCode, ErrorReply, SessionGrant, SessionId, SessionSecret, PROTOCOL_VERSION,
+    ConnectRequest, ErrorCode, ErrorReply, Liveness, SessionGrant, SessionId, SessionSecret,
+    SessionStatus, PROTOCOL_VERSION,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -258,6 +259,30 @@ impl Core {
                 outbox.close(Some(expired(session)), 0);
                 Err(Flow::Stop)
             }
+        }
+    }
+
+    /// Whether `id` is alive as this server sees it, and for how long it has
+    /// been silent.
+    pub(super) fn session_status(&self, id: SessionId, now: Instant) -> SessionStatus {
+        let (Some(session), Some(live)) = (self.sm.session(id), self.live.get(&id)) else {
+            return SessionStatus {
+                liveness: Liveness::Gone,
+                silent_ms: 0,
+                timeout_ms: 0,
+            };
+        };
+        let liveness = if self.expiring.contains_key(&id) {
+            Liveness::Expiring
+        } else if live.conn.is_some() {
+            Liveness::Connected
+        } else {
+            Liveness::Disconnected
+        };
+        SessionStatus {
+            liveness,
+            silent_ms: now.saturating_duration_since(live.last_heard).as_millis() as u64,
+            timeout_ms: session.timeout_ms,
         }
     }
 
