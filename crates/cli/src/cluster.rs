@@ -71,9 +71,10 @@ pub struct RemoveArgs {
 /// Starts MEMBERS `baton serve` processes, each on free loopback ports
 /// with its data directory under --data-dir, prints one line per member
 /// (`member ID client ADDR peer ADDR pid PID`) and runs until Ctrl-C, when
-/// it stops them all. A member that dies (kill one to see a failover) is
-/// reported and not restarted; start it again by hand with the command
-/// printed in its log. Clients use all the client addresses:
+/// it stops them all, saying which member leads whenever that changes. A
+/// member that dies (kill one to see a failover) is reported and not
+/// restarted; start it again by hand with the command printed at the top of
+/// its log (DIR/member-ID.log). Clients use all the client addresses:
 /// `baton --server A,B,C ...`.
 #[derive(clap::Args)]
 pub struct LocalArgs {
@@ -143,16 +144,35 @@ fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
 /// `baton serve --node-id ID ...`: runs a cluster member.
 pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliResult {
     let members = args.peers.as_deref().map(parse_members).transpose()?;
-    let own = members.as_ref().and_then(|m| m.get(&id)).cloned();
+    let mut own = members.as_ref().and_then(|m| m.get(&id)).cloned();
     if members.is_some() && own.is_none() {
         return Err(CliError::msg(format!(
             "--peers does not list member {id} itself; list every member of the new cluster, this one included"
         )));
     }
     if members.is_none() && !args.join {
-        return Err(CliError::msg(
-            "a cluster member needs --peers (the members of a new cluster) or --join (to be added to a running one with `baton cluster add`)",
-        ));
+        // A member started before: its data directory knows the membership,
+        // and so where this member listens.
+        let raft = args.data_dir.join("raft");
+        let stored = baton_cluster::log_store::stored_members(&raft).map_err(|e| {
+            CliError::msg(format!(
+                "cannot read the membership in {}: {e}",
+                raft.display()
+            ))
+        })?;
+        let Some(stored) = stored else {
+            return Err(CliError::msg(format!(
+                "{} holds no cluster membership: start a new cluster with --peers (every member, this one included), or start empty with --join and add this member with `baton cluster add`",
+                args.data_dir.display()
+            )));
+        };
+        own = Some(stored.get(&id).cloned().ok_or_else(|| {
+            CliError::msg(format!(
+                "member {id} is not a member of the cluster its data directory {} records (members {}): it was removed; to bring it back, wipe the directory, start it with --join and run `baton cluster add`",
+                args.data_dir.display(),
+                stored.keys().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        })?);
     }
     let clients = match (args.listen_fd, &args.listen, &own) {
         (Some(fd), _, _) => inherited(fd, "--listen-fd")?,

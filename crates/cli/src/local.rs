@@ -36,6 +36,9 @@ pub struct LocalCluster {
     extra: Vec<String>,
 }
 
+/// How often `baton cluster local` looks for a change of leader.
+const LEADER_CHECK: Duration = Duration::from_millis(500);
+
 fn bind(addr: &str) -> Result<std::net::TcpListener, CliError> {
     std::net::TcpListener::bind(addr).map_err(|e| CliError::msg(format!("cannot bind {addr}: {e}")))
 }
@@ -85,11 +88,27 @@ impl LocalCluster {
         let exe = std::env::current_exe()
             .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
         let log_path = self.dir.join(format!("member-{id}.log"));
-        let log = std::fs::OpenOptions::new()
+        let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(|e| CliError::msg(format!("cannot open {}: {e}", log_path.display())))?;
+        let data_dir = self.dir.join(format!("member-{id}"));
+        // How to start this member again once it is gone: its data
+        // directory records the membership, and so the ports it listens on.
+        let again = format!(
+            "{} serve --node-id {id} --data-dir {} {}",
+            exe.display(),
+            data_dir.display(),
+            self.extra.join(" ")
+        );
+        use std::io::Write;
+        writeln!(
+            log,
+            "baton cluster local: starting member {id}; to start it again by hand once it is gone: {}",
+            again.trim_end()
+        )
+        .map_err(|e| CliError::msg(format!("cannot write {}: {e}", log_path.display())))?;
         let (client_fd, peer_fd) = (client.as_raw_fd(), peer.as_raw_fd());
         let mut command = Command::new(&exe);
         command
@@ -101,7 +120,7 @@ impl LocalCluster {
                 &self.peers,
             ])
             .arg("--data-dir")
-            .arg(self.dir.join(format!("member-{id}")))
+            .arg(&data_dir)
             .args(["--listen-fd", &client_fd.to_string()])
             .args(["--peer-listen-fd", &peer_fd.to_string()])
             .args(&self.extra)
@@ -258,19 +277,20 @@ pub async fn run(args: LocalArgs) -> CliResult {
         args.members,
         args.data_dir.display()
     );
-    match cluster.wait_leader(Duration::from_secs(10)).await {
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    match leader {
         Some(leader) => println!("member {leader} leads"),
         None => println!("no member leads yet; see the members' logs"),
     }
-    supervise(&mut cluster).await?;
+    supervise(&mut cluster, leader).await?;
     println!("stopping the cluster");
     cluster.stop().await;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Waits for Ctrl-C (or SIGTERM, SIGHUP), reporting members that exit
-/// meanwhile.
-async fn supervise(cluster: &mut LocalCluster) -> Result<(), CliError> {
+/// meanwhile, and each change of leader.
+async fn supervise(cluster: &mut LocalCluster, mut leader: Option<u64>) -> Result<(), CliError> {
     let listen =
         |kind| signal(kind).map_err(|e| CliError::msg(format!("cannot listen for signals: {e}")));
     let (mut int, mut term, mut hup) = (
@@ -294,14 +314,26 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), CliError> {
                 return Ok(());
             }
             tokio::select! {
-                ((id, status), _, _) = futures::future::select_all(exits) => Some((id, status)),
+                ((id, status), _, _) = futures::future::select_all(exits) => Some(Some((id, status))),
+                _ = tokio::time::sleep(LEADER_CHECK) => Some(None),
                 _ = int.recv() => None,
                 _ = term.recv() => None,
                 _ = hup.recv() => None,
             }
         };
-        let Some((id, status)) = exited else {
+        let Some(exited) = exited else {
             return Ok(());
+        };
+        let Some((id, status)) = exited else {
+            let now = cluster.leader().await;
+            if now != leader {
+                match now {
+                    Some(id) => println!("member {id} leads"),
+                    None => println!("no member leads at the moment"),
+                }
+                leader = now;
+            }
+            continue;
         };
         let member = cluster.members.get_mut(&id).expect("a member");
         let pid = member.pid;
@@ -313,6 +345,9 @@ async fn supervise(cluster: &mut LocalCluster) -> Result<(), CliError> {
             Ok(s) => format!("exited with status {}", s.code().unwrap_or(-1)),
             Err(e) => format!("could not be waited for: {e}"),
         };
-        println!("member {id} (pid {pid}) {how}; not restarted");
+        println!(
+            "member {id} (pid {pid}) {how}; not restarted (the command to start it again is at the top of {}/member-{id}.log)",
+            cluster.dir.display()
+        );
     }
 }

@@ -321,7 +321,10 @@ fn locks_says_when_the_holders_session_is_silent_or_disconnected() {
     let s = Served::start();
     let (mut holding, _token, _out) = holder(&s, "/locks/quiet", 6000);
     let shown = s.ok(&["locks", "/locks/quiet"]);
-    assert!(shown.starts_with("holder") && !shown.contains('['), "{shown}");
+    assert!(
+        shown.starts_with("holder") && !shown.contains('['),
+        "{shown}"
+    );
     // Paused: connected, but silent past half its timeout.
     signal(&holding, libc::SIGSTOP);
     let mut shown = String::new();
@@ -337,7 +340,10 @@ fn locks_says_when_the_holders_session_is_silent_or_disconnected() {
         shown = s.ok(&["locks", "/locks/quiet"]);
         shown.contains("[disconnected")
     });
-    assert!(shown.starts_with("holder") && shown.contains("expires in"), "{shown}");
+    assert!(
+        shown.starts_with("holder") && shown.contains("expires in"),
+        "{shown}"
+    );
     // And once the session expires the lock is free.
     eventually(20, "the lock to be free", || {
         s.ok(&["locks", "/locks/quiet"]).contains("free")

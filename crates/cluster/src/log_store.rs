@@ -38,7 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::warn;
 
-use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::types::{Entry, LogId, Member, NodeId, StorageError, TypeConfig, Vote};
 
 /// A segment is closed and a new one started past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
@@ -121,7 +121,7 @@ impl LogStore {
         let vote: Option<Vote> = read_small(&dir.join("vote"))?;
         // Both are written as an Option of a log id.
         let purged: Option<LogId> = read_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
-        let recovered = recover(dir, purged.map(|p| p.index))?;
+        let recovered = recover(dir, purged.map(|p| p.index), Repair::Yes)?;
         // The committed id is a hint, overwritten in place and never synced:
         // a damaged one is dropped, and one past the end of the log (whose
         // tail a power loss took) is cut back to the last entry, which is
@@ -566,8 +566,46 @@ struct Recovered {
     segments: Vec<SegmentInfo>,
 }
 
+/// Whether reading the log may repair what a crash left: leftover files
+/// removed, a torn last write cut off. Only the member that owns the log
+/// repairs it; anyone else reads it as it is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Repair {
+    Yes,
+    No,
+}
+
+/// The membership the replicated log in `dir` (a member's `raft/`
+/// directory) and its snapshot hold last, read without changing anything:
+/// every member by id, `None` if the log holds none (a member that never
+/// started, or one that waits to be added).
+///
+/// # Errors
+/// Damage in the log or the snapshot's metadata, naming the file.
+pub fn stored_members(dir: &Path) -> Result<Option<BTreeMap<NodeId, Member>>, String> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let purged: Option<LogId> = read_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
+    let recovered = recover(dir, purged.map(|p| p.index), Repair::No)?;
+    let from_log = recovered
+        .entries
+        .values()
+        .rev()
+        .find_map(|e| match &e.payload {
+            openraft::EntryPayload::Membership(m) => Some(m.clone()),
+            _ => None,
+        });
+    let membership = match from_log {
+        Some(m) => Some(m),
+        None => crate::state_machine::snapshot_meta(&dir.join("snapshot"))?
+            .map(|meta| meta.last_membership.membership().clone()),
+    };
+    Ok(membership.map(|m| m.nodes().map(|(id, n)| (*id, n.clone())).collect()))
+}
+
 /// Reads every segment: entries in order, and where each batch is.
-fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
+fn recover(dir: &Path, purged: Option<u64>, repair: Repair) -> Result<Recovered, String> {
     let listed: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
         .map_err(|e| format!("listing {}: {e}", dir.display()))?
         .filter_map(|e| e.ok())
@@ -575,7 +613,7 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
     // A segment being rewritten by a truncation when the member stopped:
     // the segment itself is whole (the rename had not happened).
     for e in &listed {
-        if e.file_name().to_string_lossy().ends_with(".seg.tmp") {
+        if repair == Repair::Yes && e.file_name().to_string_lossy().ends_with(".seg.tmp") {
             std::fs::remove_file(e.path())
                 .map_err(|err| format!("removing {}: {err}", e.path().display()))?;
         }
@@ -600,7 +638,9 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
         if !bytes.iter().all(|b| *b == 0) {
             break;
         }
-        std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        if repair == Repair::Yes {
+            std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        }
         names.pop();
     }
     let mut entries = BTreeMap::new();
@@ -622,7 +662,9 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
             Ok(_) => return Err(damaged(0, "not a segment of a replicated log")),
             Err(LayoutError::Short) if i == last => {
                 // Created, never written: a crash right after the rotation.
-                std::fs::remove_file(&path).map_err(|e| e.to_string())?;
+                if repair == Repair::Yes {
+                    std::fs::remove_file(&path).map_err(|e| e.to_string())?;
+                }
                 continue;
             }
             Err(LayoutError::Short) => return Err(damaged(0, "the file ends inside its header")),
@@ -653,14 +695,16 @@ fn recover(dir: &Path, purged: Option<u64>) -> Result<Recovered, String> {
                 }
                 Err(why) => {
                     if i == last && !segment::unit_after(&bytes, at, layout) {
-                        warn!(file = %path.display(), offset = at, "dropping a torn last write of the replicated log: {why}");
-                        let file = OpenOptions::new()
-                            .write(true)
-                            .open(&path)
-                            .map_err(|e| e.to_string())?;
-                        file.set_len(at as u64)
-                            .and_then(|()| file.sync_all())
-                            .map_err(|e| format!("cutting {}: {e}", path.display()))?;
+                        if repair == Repair::Yes {
+                            warn!(file = %path.display(), offset = at, "dropping a torn last write of the replicated log: {why}");
+                            let file = OpenOptions::new()
+                                .write(true)
+                                .open(&path)
+                                .map_err(|e| e.to_string())?;
+                            file.set_len(at as u64)
+                                .and_then(|()| file.sync_all())
+                                .map_err(|e| format!("cutting {}: {e}", path.display()))?;
+                        }
                         info.len = at as u64;
                         info.allocated = at as u64;
                         break;

@@ -124,6 +124,39 @@ impl StateMachineStore {
     }
 }
 
+/// The metadata of the snapshot file at `path` (its first record), without
+/// reading the state after it; `None` if there is no such file.
+///
+/// # Errors
+/// The file cannot be read, or its metadata is damaged.
+pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, String> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    // The metadata record is small (the membership's addresses); read a
+    // bounded prefix, not the whole state.
+    let mut head = Vec::new();
+    (&mut file)
+        .take(1 << 20)
+        .read_to_end(&mut head)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let Frame::Whole { payload, .. } = record::read_frame(&head) else {
+        return Err(format!(
+            "{}: the snapshot's metadata is damaged",
+            path.display()
+        ));
+    };
+    bincode::deserialize(payload).map(Some).map_err(|e| {
+        format!(
+            "{}: the snapshot's metadata does not decode: {e}",
+            path.display()
+        )
+    })
+}
+
 /// Writes a snapshot's bytes to `path` in one step, synced.
 fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;

@@ -180,13 +180,7 @@ impl Cluster {
     ) {
         let dir = self.root.join(format!("member-{id}"));
         let log = self.root.join(format!("member-{id}.log"));
-        let routes = self
-            .links
-            .iter()
-            .filter(|((from, _), _)| *from == id)
-            .map(|((_, to), link)| format!("{to}={}", link.addr))
-            .collect::<Vec<_>>()
-            .join(",");
+        let routes = self.routes_of(id);
         let (client_addr, peer_addr) = (
             client.local_addr().unwrap().to_string(),
             peer.local_addr().unwrap().to_string(),
@@ -242,6 +236,49 @@ impl Cluster {
                 child: Some(child),
             },
         );
+    }
+
+    /// Starts member `id` again as an operator would after it died: only
+    /// its id and data directory (and the routes through this harness's
+    /// links), no member list and no inherited sockets: it finds its
+    /// addresses in the membership its data directory records.
+    pub fn restart_from_data_dir(&mut self, id: u64) {
+        self.kill9(id);
+        let m = self.members.get_mut(&id).expect("a member");
+        // The ports are free once the member is dead; take and drop them to
+        // be sure before the member binds them itself.
+        drop((bind_again(&m.client), bind_again(&m.peer)));
+        let (dir, log) = (m.dir.clone(), m.log.clone());
+        let routes = self.routes_of(id);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = baton()
+            .args(["serve", "--node-id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--route", &routes])
+            .args(&self.extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start a member");
+        self.members.get_mut(&id).expect("a member").child = Some(child);
+    }
+
+    /// The `--route` argument of member `id`: every other member through
+    /// the link from `id` to it.
+    fn routes_of(&self, id: u64) -> String {
+        self.links
+            .iter()
+            .filter(|((from, _), _)| *from == id)
+            .map(|((_, to), link)| format!("{to}={}", link.addr))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Starts member `id` again on its addresses, from its data directory

@@ -700,3 +700,193 @@ async fn a_leader_acknowledges_nothing_while_both_followers_are_stopped() {
     }
     reader.close().await;
 }
+
+/// Pins: a member killed with kill -9 is started again as the docs say,
+/// with only its id and data directory (its data directory knows the
+/// membership, and so its addresses), catches up and serves; a data
+/// directory that records no membership, or one this member was removed
+/// from, is refused with a message that says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_member_restarts_from_its_data_directory_alone() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let client = cluster.client(SESSION).await;
+    client
+        .create("/before", "1", CreateMode::Persistent)
+        .await
+        .unwrap();
+    cluster.kill9(follower);
+    client
+        .create("/while-down", "2", CreateMode::Persistent)
+        .await
+        .unwrap();
+    cluster.restart_from_data_dir(follower);
+    cluster
+        .wait_caught_up(&[follower], Duration::from_secs(20))
+        .await;
+    // It serves again: make it the leader's only way to a majority.
+    let third = *cluster
+        .members
+        .keys()
+        .find(|id| **id != leader && **id != follower)
+        .unwrap();
+    cluster.kill9(third);
+    client
+        .create("/after", "3", CreateMode::Persistent)
+        .await
+        .unwrap();
+    client.close().await;
+
+    // Refusals: an empty directory, and a member the cluster removed.
+    let empty = cluster.root.join("empty");
+    let out = common::baton()
+        .args(["serve", "--node-id", "7", "--data-dir"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("holds no cluster membership") && err.contains("--peers"),
+        "{err}"
+    );
+    let dir = cluster.members[&follower].dir.clone();
+    cluster.kill9(follower);
+    let out = common::baton()
+        .args(["serve", "--node-id", "9", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("member 9 is not a member") && err.contains("--join"),
+        "{err}"
+    );
+}
+
+/// Lines a child prints, as they come, for waiting on one with a deadline.
+fn lines_of(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The next line `want` accepts, within `limit`; every line read on the way
+/// is kept in `seen`.
+fn line_where(
+    lines: &std::sync::mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    limit: Duration,
+    want: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                seen.push(line.clone());
+                if want(&line) {
+                    return line;
+                }
+            }
+            Err(_) => panic!(
+                "no such line within {limit:?}; printed:\n{}",
+                seen.join("\n")
+            ),
+        }
+    }
+}
+
+/// Pins: `baton cluster local` says when the leader changes, and a member
+/// killed under it starts again with the command at the top of its log.
+#[test]
+fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
+    use std::process::Stdio;
+    let dir = std::env::temp_dir().join(format!("baton-cluster-local-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut local = common::baton()
+        .args(["cluster", "local", "--members", "3", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(local.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    let leads = |line: &str| line.starts_with("member ") && line.ends_with(" leads");
+    let first = line_where(&lines, &mut seen, Duration::from_secs(20), leads);
+    let leader: u64 = first.split(' ').nth(1).unwrap().parse().unwrap();
+    let pid: i32 = seen
+        .iter()
+        .find(|l| l.starts_with(&format!("member {leader} client ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let client_addr = seen
+        .iter()
+        .find(|l| l.starts_with(&format!("member {leader} client ")))
+        .and_then(|l| l.split(' ').nth(3))
+        .unwrap()
+        .to_owned();
+    // SAFETY: kill(2) on a member process of the local cluster.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    line_where(&lines, &mut seen, Duration::from_secs(10), |l| {
+        l.starts_with(&format!("member {leader} (pid {pid}) was killed")) && l.contains("member-")
+    });
+    let next = line_where(&lines, &mut seen, Duration::from_secs(20), leads);
+    assert_ne!(next, first, "{seen:?}");
+
+    // The command at the top of the dead member's log starts it again.
+    let log = std::fs::read_to_string(dir.join(format!("member-{leader}.log"))).unwrap();
+    let command = log
+        .lines()
+        .next()
+        .and_then(|l| l.split_once("once it is gone: "))
+        .map(|(_, c)| c.to_owned())
+        .unwrap_or_else(|| panic!("no restart command in:\n{log}"));
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let mut again = std::process::Command::new(words[0])
+        .args(&words[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let role = loop {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let answer = rt.block_on(baton_client::probe(
+            &client_addr,
+            Duration::from_millis(500),
+            None,
+        ));
+        if let Ok(answer) = answer {
+            let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            if status["role"] == "follower" {
+                break status["role"].clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted member does not follow"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(role, "follower");
+    let _ = again.kill();
+    let _ = again.wait();
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(local.id() as i32, libc::SIGTERM) };
+    assert!(local.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
