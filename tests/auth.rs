@@ -206,6 +206,8 @@ async fn backups_need_the_admin_right_and_the_probe_names_no_lock() {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("permission denied"), "{err}");
+        // A refusal for rights, not a protocol error.
+        assert!(matches!(err, baton::Error::PermissionDenied(_)), "{err:?}");
     }
     let backup = baton::backup(&server.addr(), limit, None, Some(ADMIN.as_bytes()))
         .await

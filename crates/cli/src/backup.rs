@@ -47,8 +47,15 @@ pub struct SaveArgs {
 /// written if it is damaged. The data directory must not exist or be
 /// empty. Then start a server on it (`baton serve --data-dir DIR`): it holds
 /// the state of the snapshot, and each session in it gets a full timeout to
-/// reconnect before it expires. A single server's data directory only: a
-/// cluster member cannot start from it.
+/// reconnect before it expires.
+///
+/// With --node-id (and the member's --peer-addr and --client-addr), DIR
+/// becomes the first member of a restored cluster instead: start it with
+/// `baton serve --node-id ID --data-dir DIR` and it leads alone; then start
+/// each other member with an empty data directory and --join, and add it
+/// with `baton cluster add` (it catches up from the first). Restore one
+/// member only: members restored one by one could each hold a different
+/// state.
 ///
 /// The restored server never hands out a fencing token, a sequence number
 /// or a revision that the saved server may have handed out after the
@@ -70,6 +77,19 @@ pub struct RestoreArgs {
     /// revision, from `baton status`, minus the backup's).
     #[arg(long, value_name = "N")]
     bump_revision: Option<u64>,
+
+    /// Make DIR the first member of a restored cluster, with this id.
+    #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u64).range(1..), requires_all = ["peer_addr", "client_addr"])]
+    node_id: Option<u64>,
+
+    /// With --node-id: where the other members will reach this one (its
+    /// --peer-listen address).
+    #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
+    peer_addr: Option<String>,
+
+    /// With --node-id: where clients will reach this member.
+    #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
+    client_addr: Option<String>,
 }
 
 pub async fn run(servers: &str, command: SnapshotCommand) -> CliResult {
@@ -84,17 +104,22 @@ async fn save(servers: &str, args: SaveArgs) -> CliResult {
     let mut last = String::from("no server address given");
     let mut fetched = None;
     for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        use baton_client::Error;
         match baton_client::backup(addr, limit, crate::tls(), crate::token()).await {
             Ok(backup) => {
                 fetched = Some((addr.to_owned(), backup));
                 break;
             }
-            Err(e @ baton_client::Error::Protocol(_)) => return Err(e.into()),
-            Err(e) => last = e.to_string(),
+            // Another member may lead, or answer.
+            Err(e @ (Error::Connect { .. } | Error::NotLeader(_))) => last = e.to_string(),
+            // The same refusal everywhere.
+            Err(e) => return Err(e.into()),
         }
     }
     let Some((addr, backup)) = fetched else {
-        return Err(CliError::msg(format!("no server answered: {last}")));
+        return Err(CliError::msg(format!(
+            "no server could take the backup; the last said: {last}"
+        )));
     };
     snapshot::decode(&backup.bytes).map_err(|(at, why)| {
         CliError::msg(format!(
@@ -143,17 +168,36 @@ fn restore(args: RestoreArgs) -> CliResult {
         }
         Err(e) => return Err(CliError::msg(format!("cannot read {}: {e}", dir.display()))),
     }
-    let mut out = std::io::Cursor::new(Vec::with_capacity(bytes.len()));
-    snapshot::encode(sm, &mut out)
-        .map_err(|e| CliError::msg(format!("encoding the restored state: {e}")))?;
-    let target = dir.join(snapshot::file_name(sm.revision()));
-    write_durably(&target, out.get_ref())?;
+    let start = match (args.node_id, args.peer_addr, args.client_addr) {
+        (Some(id), Some(peer), Some(client)) => {
+            let member = baton_cluster::Member { peer, client };
+            let raft = dir.join("raft");
+            baton_cluster::state_machine::write_seed(&raft, id, member, sm)
+                .map_err(CliError::msg)?;
+            format!(
+                "start it with: baton serve --node-id {id} --data-dir {} (it leads alone), then start each other member with an empty data directory and --join, and add it with baton cluster add",
+                dir.display()
+            )
+        }
+        _ => {
+            let mut out = std::io::Cursor::new(Vec::with_capacity(bytes.len()));
+            snapshot::encode(sm, &mut out)
+                .map_err(|e| CliError::msg(format!("encoding the restored state: {e}")))?;
+            let target = dir.join(snapshot::file_name(sm.revision()));
+            write_durably(&target, out.get_ref())?;
+            format!(
+                "start the server with: baton serve --data-dir {}",
+                dir.display()
+            )
+        }
+    };
     println!(
-        "restored revision {} ({} sessions, {} nodes) into {}; the restored server continues from revision {} ({} revisions skipped{}); start the server with: baton serve --data-dir {}",
+        "restored revision {} ({} sessions, {} nodes) into {}; the restored {} continues from revision {} ({} revisions skipped{}); {start}",
         restored.saved_revision,
         sm.session_count(),
         sm.node_count(),
         dir.display(),
+        if args.node_id.is_some() { "cluster" } else { "server" },
         sm.revision() + 1,
         restored.skipped,
         if args.bump_revision.is_some() {
@@ -161,7 +205,6 @@ fn restore(args: RestoreArgs) -> CliResult {
         } else {
             ": past anything the saved server can have handed out since"
         },
-        dir.display()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -144,35 +144,42 @@ fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
 /// `baton serve --node-id ID ...`: runs a cluster member.
 pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliResult {
     let members = args.peers.as_deref().map(parse_members).transpose()?;
-    let mut own = members.as_ref().and_then(|m| m.get(&id)).cloned();
-    if members.is_some() && own.is_none() {
+    if members.as_ref().is_some_and(|m| !m.contains_key(&id)) {
         return Err(CliError::msg(format!(
             "--peers does not list member {id} itself; list every member of the new cluster, this one included"
         )));
     }
-    if members.is_none() && !args.join {
-        // A member started before: its data directory knows the membership,
-        // and so where this member listens.
-        let raft = args.data_dir.join("raft");
-        let stored = baton_cluster::log_store::stored_members(&raft).map_err(|e| {
-            CliError::msg(format!(
-                "cannot read the membership in {}: {e}",
-                raft.display()
-            ))
-        })?;
-        let Some(stored) = stored else {
-            return Err(CliError::msg(format!(
-                "{} holds no cluster membership: start a new cluster with --peers (every member, this one included), or start empty with --join and add this member with `baton cluster add`",
-                args.data_dir.display()
-            )));
-        };
-        own = Some(stored.get(&id).cloned().ok_or_else(|| {
+    // A member started before: its data directory knows the membership
+    // (--peers and --join are for the first start only), and so where this
+    // member listens.
+    let raft = args.data_dir.join("raft");
+    let stored = baton_cluster::log_store::stored_members(&raft).map_err(|e| {
+        CliError::msg(format!(
+            "cannot read the membership in {}: {e}",
+            raft.display()
+        ))
+    })?;
+    let own = match (&stored, &members) {
+        (Some(stored), _) => Some(stored.get(&id).cloned().ok_or_else(|| {
             CliError::msg(format!(
                 "member {id} is not a member of the cluster its data directory {} records (members {}): it was removed; to bring it back, wipe the directory, start it with --join and run `baton cluster add`",
                 args.data_dir.display(),
                 stored.keys().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
             ))
-        })?);
+        })?),
+        (None, Some(members)) => members.get(&id).cloned(),
+        (None, None) if args.join => None,
+        (None, None) => {
+            return Err(CliError::msg(format!(
+                "{} holds no cluster membership: start a new cluster with --peers (every member, this one included), or start empty with --join and add this member with `baton cluster add`",
+                args.data_dir.display()
+            )))
+        }
+    };
+    if stored.is_some() && (members.is_some() || args.join) {
+        tracing::info!(
+            "the data directory records the membership: --peers and --join are for a member's first start, and are ignored"
+        );
     }
     let clients = match (args.listen_fd, &args.listen, &own) {
         (Some(fd), _, _) => inherited(fd, "--listen-fd")?,

@@ -78,8 +78,12 @@ pub struct Backup {
 ///
 /// # Errors
 /// [`Error::Connect`] if the server cannot be reached, does not answer
-/// within `limit` or breaks off; [`Error::Protocol`] if it refuses (the
-/// message says why) or answers something that is not a backup.
+/// within `limit` or breaks off; [`Error::PermissionDenied`] (or
+/// [`Error::AuthenticationFailed`]) if its identities refuse the token;
+/// [`Error::NotLeader`] if it is a cluster member that does not lead a
+/// majority; [`Error::Server`] if it cannot take one now (another backup
+/// is under way; its log is stuck); [`Error::Protocol`] if it answers
+/// something that is not a backup.
 /// On a server that checks identities, `token` must name one with the
 /// admin right.
 pub async fn backup(
@@ -123,9 +127,19 @@ pub async fn backup(
         if error.contains("TLS") {
             return Err(failed(error.to_owned()));
         }
-        return Err(Error::Protocol(format!(
-            "{addr} could not take a backup: {error}"
-        )));
+        let message = format!("{addr} could not take a backup: {error}");
+        return Err(
+            match header["code"].as_u64().and_then(|c| u16::try_from(c).ok()) {
+                Some(code) => match baton_proto::ErrorCode::from_u16(code) {
+                    baton_proto::ErrorCode::NotLeader => Error::NotLeader(message),
+                    code => Error::from_wire(code, message),
+                },
+                None => Error::Server {
+                    code: baton_proto::ErrorCode::Internal,
+                    message,
+                },
+            },
+        );
     }
     let field = |name: &str| {
         header[name].as_u64().ok_or_else(|| {

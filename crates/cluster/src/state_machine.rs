@@ -157,6 +157,51 @@ pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, String> {
     })
 }
 
+/// A member's snapshot file: the metadata's record (`header`, bincode),
+/// then `state` in Baton's snapshot format.
+fn encode(header: &[u8], state: &baton_server::state::StateMachine) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    record::frame(&mut out, |o| o.extend_from_slice(header));
+    let mut cursor = Cursor::new(out);
+    cursor.set_position(cursor.get_ref().len() as u64);
+    snapshot::encode(state, &mut cursor)?;
+    Ok(cursor.into_inner())
+}
+
+/// Makes `raft_dir` (a member's `raft/` directory, new) the start of a
+/// cluster restored from a backup: a snapshot of `state` at the log's first
+/// position whose membership is member `id` alone, at `member`'s addresses.
+/// Started, the member leads at once (it is the only voter); the others
+/// join empty and are added, catching up from its snapshot.
+///
+/// # Errors
+/// The directory cannot be made or written, naming it.
+pub fn write_seed(
+    raft_dir: &Path,
+    id: crate::NodeId,
+    member: crate::Member,
+    state: &baton_server::state::StateMachine,
+) -> Result<(), String> {
+    let first = LogId::new(openraft::CommittedLeaderId::new(0, 0), 0);
+    let voters = std::collections::BTreeSet::from([id]);
+    let nodes = std::collections::BTreeMap::from([(id, member)]);
+    let meta = SnapshotMeta {
+        last_log_id: Some(first),
+        last_membership: StoredMembership::new(
+            Some(first),
+            openraft::Membership::new(vec![voters], nodes),
+        ),
+        snapshot_id: "restored-0".into(),
+    };
+    let header = bincode::serialize(&meta).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(raft_dir)
+        .map_err(|e| format!("cannot create {}: {e}", raft_dir.display()))?;
+    let path = raft_dir.join("snapshot");
+    encode(&header, state)
+        .and_then(|bytes| save(&path, &bytes))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// Writes a snapshot's bytes to `path` in one step, synced.
 fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
@@ -187,12 +232,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let path = self.inner.path.clone();
         let header = bincode::serialize(&meta).map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         let bytes = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            record::frame(&mut out, |o| o.extend_from_slice(&header));
-            let mut cursor = Cursor::new(out);
-            cursor.set_position(cursor.get_ref().len() as u64);
-            snapshot::encode(&state, &mut cursor)?;
-            let bytes = cursor.into_inner();
+            let bytes = encode(&header, &state)?;
             save(&path, &bytes)?;
             Ok::<_, std::io::Error>(bytes)
         })

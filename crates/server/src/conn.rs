@@ -38,6 +38,13 @@ const READ_BUDGET: usize = 64 * 1024;
 const WRITE_BUDGET: usize = 64 * 1024;
 /// How long a closing connection may take to send its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// The answer to a backup request that is refused: the error's wire code
+/// (`code`, so that a client can tell a refusal for rights or leadership
+/// from a broken server) and a message that says what to do.
+fn backup_refusal(code: ErrorCode, message: &str) -> String {
+    serde_json::json!({ "error": message, "code": code.to_u16() }).to_string()
+}
+
 /// How long a backup waits for the log to hold the state it copied.
 const BACKUP_DURABLE_WAIT: Duration = Duration::from_secs(30);
 
@@ -305,9 +312,7 @@ impl Conn {
                 };
                 if let Some(message) = refused {
                     info!(peer = %self.peer(), "backup refused: {message}");
-                    let answer =
-                        serde_json::json!({ "error": format!("permission denied: {message}") })
-                            .to_string();
+                    let answer = backup_refusal(ErrorCode::PermissionDenied, &message);
                     baton_proto::probe::encode_answer(self.wbuf.get(), &answer);
                     let _ = timeout(CLOSE_GRACE, self.write_all()).await;
                     return None;
@@ -920,6 +925,25 @@ impl Conn {
                 .send_backup_frame(serde_json::json!({ "error": error }).to_string().as_bytes())
                 .await;
         };
+        // A cluster member backs up only state a majority has committed, as
+        // of the request: it must lead, and prove it (a member cut off from
+        // the majority, or one whose cluster never formed, would hand out
+        // its own view).
+        if self.shared.replicated {
+            let barrier = self.shared.core().log().read_barrier();
+            let limit = BACKUP_DURABLE_WAIT;
+            if !matches!(timeout(limit, barrier).await, Ok(Ok(()))) {
+                let (_, leader) = self.shared.core().not_leader_notice();
+                let message = if leader.is_empty() {
+                    "this cluster member does not lead a majority that answers (no leader is elected, or it is cut off): a backup must hold what a majority committed; take it from the leader once there is one (baton cluster status)".to_string()
+                } else {
+                    format!("this cluster member does not lead; take the backup from the leader, at {leader}")
+                };
+                info!(peer = %self.peer(), "backup refused: {message}");
+                let answer = backup_refusal(ErrorCode::NotLeader, &message);
+                return self.send_backup_frame(answer.as_bytes()).await;
+            }
+        }
         let sm = self.shared.core().state();
         let revision = sm.revision();
         let deadline = Instant::now() + BACKUP_DURABLE_WAIT;

@@ -890,3 +890,283 @@ fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
     assert!(local.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `baton ARGS` run to its end: (exit code, stdout, stderr).
+fn run_baton(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = common::baton().args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The token `baton lock` gives a command on `servers`.
+fn lock_token(servers: &str, path: &str) -> u64 {
+    let (code, out, err) = run_baton(&[
+        "--server",
+        servers,
+        "lock",
+        path,
+        "--",
+        "sh",
+        "-c",
+        "echo $BATON_FENCING_TOKEN",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    out.trim().parse().unwrap()
+}
+
+/// Pins: a cluster member backs up only what a majority committed: a
+/// follower sends the client to the leader, and a member without a majority
+/// (the others down, or a cluster that never formed) refuses, saying why;
+/// `baton snapshot save` given every member finds the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_comes_from_a_leader_with_a_majority_or_not_at_all() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let file = cluster.root.join("backup.snap");
+    let file = file.to_str().unwrap();
+    let (code, out, err) = run_baton(&["--server", &cluster.clients(), "snapshot", "save", file]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("saved revision "), "{out}");
+    let (code, _, err) = run_baton(&[
+        "--server",
+        &cluster.members[&follower].client,
+        "snapshot",
+        "save",
+        file,
+    ]);
+    assert_eq!(code, Some(1), "a follower saved a backup: {err}");
+    assert!(
+        err.contains("does not lead") && err.contains("leader"),
+        "{err}"
+    );
+    // The leader alone, its followers gone: no majority to prove anything.
+    for id in cluster.members.keys().copied().collect::<Vec<_>>() {
+        if id != leader {
+            cluster.kill9(id);
+        }
+    }
+    let (code, _, err) = run_baton(&[
+        "--server",
+        &cluster.members[&leader].client,
+        "snapshot",
+        "save",
+        "--timeout",
+        "20000",
+        file,
+    ]);
+    assert_eq!(
+        code,
+        Some(1),
+        "a member without a majority saved a backup: {err}"
+    );
+    assert!(err.contains("majority"), "{err}");
+    drop(cluster);
+
+    // A cluster that never formed: one member of three started.
+    let lonely = Cluster::start(3, &[]).await;
+    let mut lonely = lonely;
+    for id in [2, 3] {
+        lonely.kill9(id);
+    }
+    let (code, _, err) = run_baton(&[
+        "--server",
+        &lonely.members[&1].client,
+        "snapshot",
+        "save",
+        file,
+    ]);
+    assert_eq!(code, Some(1), "a member alone saved a backup: {err}");
+}
+
+/// Pins: a cluster is restored from a backup through one first member that
+/// leads alone and the others joining it empty; what the backup held is
+/// there, and no token handed out before is handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_restored_from_a_backup_and_tokens_go_on_rising() {
+    let cluster = Cluster::start(3, &[]).await;
+    cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let servers = cluster.clients();
+    let client = cluster.client(SESSION).await;
+    client
+        .create("/kept", "v", CreateMode::Persistent)
+        .await
+        .unwrap();
+    lock_token(&servers, "/locks/job");
+    let file = cluster.root.join("backup.snap");
+    let (code, _, err) = run_baton(&[
+        "--server",
+        &servers,
+        "snapshot",
+        "save",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut highest = 0;
+    for _ in 0..3 {
+        highest = highest.max(lock_token(&servers, "/locks/job"));
+    }
+    client.close().await;
+    // The restored cluster, on new ports and directories.
+    let dir = std::env::temp_dir().join(format!("baton-restored-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let backup = dir.join("backup.snap");
+    std::fs::copy(&file, &backup).unwrap();
+    drop(cluster);
+    let free = || common::free_addr();
+    let (p1, c1, p2, c2) = (free(), free(), free(), free());
+    let seed = dir.join("member-1");
+    let (code, out, err) = run_baton(&[
+        "snapshot",
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        seed.to_str().unwrap(),
+        "--node-id",
+        "1",
+        "--peer-addr",
+        &p1,
+        "--client-addr",
+        &c1,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("--join") && out.contains("cluster add"),
+        "{out}"
+    );
+    let mut first = Member::start(&[
+        "serve",
+        "--node-id",
+        "1",
+        "--data-dir",
+        seed.to_str().unwrap(),
+    ]);
+    let second_dir = dir.join("member-2");
+    let mut second = Member::start(&[
+        "serve",
+        "--node-id",
+        "2",
+        "--data-dir",
+        second_dir.to_str().unwrap(),
+        "--join",
+        "--peer-listen",
+        &p2,
+        "--listen",
+        &c2,
+    ]);
+    // The first member leads alone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while role_of(&c1).await.as_deref() != Some("leader") {
+        assert!(
+            Instant::now() < deadline,
+            "the first member does not lead:\n{}",
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let restored = connect(&c1, SESSION).await;
+    let (data, _) = restored.get_data("/kept").await.unwrap();
+    assert_eq!(&data[..], b"v");
+    let (code, _, err) = run_baton(&[
+        "--server",
+        &c1,
+        "cluster",
+        "add",
+        "--node-id",
+        "2",
+        "--peer-addr",
+        &p2,
+        "--client-addr",
+        &c2,
+    ]);
+    assert_eq!(
+        code,
+        Some(0),
+        "add: {err}\n{}\n{}",
+        first.log(),
+        second.log()
+    );
+    let both = format!("{c1},{c2}");
+    let token = lock_token(&both, "/locks/job");
+    assert!(
+        token > highest,
+        "token {token} after a restore; {highest} was handed out before"
+    );
+    // The second member catches up from the first.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = baton_client::probe(&c2, Duration::from_millis(500), None).await;
+        let caught_up = status.ok().and_then(|s| {
+            let v: serde_json::Value = serde_json::from_str(&s).ok()?;
+            v["cluster"]["applied_index"].as_u64()
+        });
+        if caught_up.is_some_and(|i| i > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member 2 did not catch up:\n{}",
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    restored.close().await;
+    first.stop();
+    second.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The role the server at `addr` says it has (its status probe).
+async fn role_of(addr: &str) -> Option<String> {
+    let answer = baton_client::probe(addr, Duration::from_millis(500), None)
+        .await
+        .ok()?;
+    let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
+    status["role"].as_str().map(str::to_owned)
+}
+
+/// A member process started by hand, its stderr in a file, killed on drop.
+struct Member {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Member {
+    fn start(args: &[&str]) -> Member {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let log = std::env::temp_dir().join(format!(
+            "baton-member-{}-{}.log",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = common::baton()
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Member { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
