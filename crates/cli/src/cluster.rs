@@ -29,12 +29,16 @@ pub enum ClusterCommand {
 /// Asks the servers given with --server (any member will do: one that does
 /// not lead names the leader) and prints, for every member, its id, role,
 /// addresses, applied index and how far it lags behind the leader; then the
-/// leader, the term and the commit index.
+/// leader, the term and the commit index. When no member leads, it prints
+/// what each member it can reach says of itself (its role, term, applied
+/// index and the leader it knows of) and exits with status 1.
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// Print one JSON object: `leader` (member id), `term`, `commit_index`
-    /// and `members`, each with `id`, `client_addr`, `peer_addr`, `role`,
-    /// `voter`, `applied_index` and `lag`.
+    /// Print one JSON object: `leader` (member id), `term`, `commit_index`,
+    /// `majority` (whether the leader reaches one) and `members`, each with
+    /// `id`, `client_addr`, `peer_addr`, `role`, `voter`, `applied_index`
+    /// and `lag`. Without a leader: `leader` null and `members`, each with
+    /// `client_addr`, `id`, `role`, `term`, `applied_index` and `leader`.
     #[arg(long)]
     json: bool,
 }
@@ -319,10 +323,140 @@ async fn leader_view(servers: &str) -> Result<Value, CliError> {
     Err(CliError::msg(format!("no leader found: {last}")))
 }
 
+/// What every member that answers says of itself: the given addresses,
+/// and the members they name, asked at once. For a cluster without a
+/// leader, where no member can describe the others' progress.
+async fn every_member(servers: &str) -> Vec<(String, Option<Value>)> {
+    let limit = Duration::from_secs(2);
+    let mut asked: Vec<(String, Option<Value>)> = Vec::new();
+    let mut next: Vec<String> = servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    // Two rounds: the addresses given, then members they name.
+    for _ in 0..2 {
+        next.retain(|a| !asked.iter().any(|(b, _)| a == b));
+        next.dedup();
+        let answers = futures::future::join_all(next.iter().map(|addr| async move {
+            let answer = baton_client::probe(addr, limit, crate::tls()).await.ok();
+            answer.and_then(|a| serde_json::from_str::<Value>(&a).ok())
+        }))
+        .await;
+        let mut named = Vec::new();
+        for (addr, answer) in next.drain(..).zip(answers) {
+            for m in answer.as_ref().map_or(&[][..], |a| {
+                a["cluster"]["members"]
+                    .as_array()
+                    .map_or(&[][..], |v| &v[..])
+            }) {
+                if let Some(client) = m["client_addr"].as_str() {
+                    named.push(client.to_owned());
+                }
+            }
+            asked.push((addr, answer));
+        }
+        next = named;
+    }
+    asked
+}
+
+/// `baton cluster status` when no member leads: each member's own view.
+fn print_without_leader(why: &str, views: &[(String, Option<Value>)], json: bool) -> CliResult {
+    let own = |v: &Value| {
+        let id = v["cluster"]["id"].clone();
+        let me = v["cluster"]["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["id"] == id).cloned())
+            .unwrap_or(Value::Null);
+        (
+            id,
+            me["role"].clone(),
+            v["cluster"]["term"].clone(),
+            v["cluster"]["applied_index"].clone(),
+            v["cluster"]["leader"].clone(),
+        )
+    };
+    if json {
+        let members: Vec<Value> = views
+            .iter()
+            .map(|(addr, view)| match view {
+                Some(v) => {
+                    let (id, role, term, applied, leader) = own(v);
+                    serde_json::json!({"client_addr": addr, "id": id, "role": role, "term": term, "applied_index": applied, "leader": leader})
+                }
+                None => serde_json::json!({"client_addr": addr, "role": "unreachable"}),
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "leader": null, "members": members })
+        );
+    } else {
+        let show = |v: &Value| match v {
+            Value::Null => "-".to_string(),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        println!("no leader: {why}");
+        println!(
+            "{:<4} {:<12} {:<22} {:>8} {:>10} {:>8}",
+            "id", "role", "client", "term", "applied", "leader"
+        );
+        for (addr, view) in views {
+            let (id, role, term, applied, leader) = match view {
+                Some(v) => own(v),
+                None => (
+                    Value::Null,
+                    "unreachable".into(),
+                    Value::Null,
+                    Value::Null,
+                    Value::Null,
+                ),
+            };
+            println!(
+                "{:<4} {:<12} {:<22} {:>8} {:>10} {:>8}",
+                show(&id),
+                show(&role),
+                addr,
+                show(&term),
+                show(&applied),
+                show(&leader)
+            );
+        }
+    }
+    eprintln!("baton: no member leads: a majority of the members must be up and reach each other");
+    Ok(ExitCode::FAILURE)
+}
+
 async fn status(servers: &str, args: StatusArgs) -> CliResult {
-    let leader = leader_view(servers).await?;
+    let leader = match leader_view(servers).await {
+        Ok(leader) => leader,
+        Err(e) => {
+            let views = every_member(servers).await;
+            if views.iter().all(|(_, v)| v.is_none())
+                || views
+                    .iter()
+                    .any(|(_, v)| v.as_ref().is_some_and(|v| v["role"] == "single"))
+            {
+                return Err(e);
+            }
+            let why = e.to_string();
+            let why = why.strip_prefix("no leader found: ").unwrap_or(&why);
+            return print_without_leader(why, &views, args.json);
+        }
+    };
     let cluster = &leader["cluster"];
     let members = cluster["members"].as_array().cloned().unwrap_or_default();
+    // A leader that reaches no majority still calls itself leader (until
+    // it hears of a later term) but commits nothing.
+    let voters: Vec<&Value> = members
+        .iter()
+        .filter(|m| m["voter"] != Value::Bool(false))
+        .collect();
+    let reached = voters.iter().filter(|m| m["role"] != "unreachable").count();
+    let without_majority = reached * 2 <= voters.len();
     if args.json {
         let out = serde_json::json!({
             "leader": cluster["leader"],
@@ -337,9 +471,14 @@ async fn status(servers: &str, args: StatusArgs) -> CliResult {
                 "applied_index": m["applied_index"],
                 "lag": m["lag"],
             })).collect::<Vec<_>>(),
+            "majority": !without_majority,
         });
         println!("{out}");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if without_majority {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        });
     }
     let show = |v: &Value| match v {
         Value::Null => "-".to_string(),
@@ -371,6 +510,13 @@ async fn status(servers: &str, args: StatusArgs) -> CliResult {
             show(&m["applied_index"]),
             show(&m["lag"])
         );
+    }
+    if without_majority {
+        eprintln!(
+            "baton: the leader reaches {reached} of {} voting members, not a majority: it commits nothing until more are back",
+            voters.len()
+        );
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

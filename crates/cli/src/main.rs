@@ -4,6 +4,7 @@ mod backup;
 mod bench;
 mod cluster;
 mod commands;
+mod duration;
 mod elect;
 mod lease;
 mod local;
@@ -61,6 +62,19 @@ struct Cli {
     /// token itself instead). Use it over TLS.
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+
+    /// How long opening a session may take in all: finding the cluster
+    /// member that leads (a member that does not answer within a quarter
+    /// second has the next tried alongside it), connecting and the
+    /// handshake. A duration: 500ms, 2s, 1m (a bare number is
+    /// milliseconds). [default: 5s]
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        env = "BATON_CONNECT_TIMEOUT"
+    )]
+    connect_timeout: Option<duration::Span>,
 
     #[command(subcommand)]
     command: Command,
@@ -163,6 +177,7 @@ fn main() -> ExitCode {
                     key: cli.tls_key.clone(),
                 });
                 let _ = CLIENT_TOKEN.set(token);
+                let _ = CONNECT_TIMEOUT.set(cli.connect_timeout.map(|s| s.0));
             }
             Err(e) => {
                 eprintln!("baton: {e}");
@@ -293,8 +308,15 @@ pub fn token() -> Option<&'static [u8]> {
 
 /// A session's settings for `server`, with this command's TLS settings and
 /// token.
+/// The client commands' `--connect-timeout`, once parsed.
+static CONNECT_TIMEOUT: std::sync::OnceLock<Option<std::time::Duration>> =
+    std::sync::OnceLock::new();
+
 pub fn client_builder(server: &str) -> baton_client::ClientBuilder {
     let mut builder = baton_client::Client::builder(server);
+    if let Some(limit) = CONNECT_TIMEOUT.get().copied().flatten() {
+        builder = builder.connect_timeout(limit);
+    }
     if let Some(tls) = tls() {
         builder = builder.tls(tls.clone());
     }

@@ -68,7 +68,11 @@ impl ClientBuilder {
         self
     }
 
-    /// How long to wait for a TCP connection and the handshake.
+    /// How long opening a session may take in all: finding the member that
+    /// leads (members that do not answer within a quarter second have the
+    /// next tried alongside them), its TCP connection and the handshake
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`]). A resume after a lost
+    /// connection takes at most this long per round.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -114,7 +118,8 @@ impl ClientBuilder {
         let mut backoff = Duration::from_millis(20);
         loop {
             let tls = self.tls.as_ref();
-            match open_leader(None, &self.addrs, &request, self.connect_timeout, tls).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match open_leader(None, &self.addrs, &request, left, tls).await {
                 Ok((conn, addr)) => return Ok(self.start(conn, addr)),
                 Err(Error::NotLeader(why)) if tokio::time::Instant::now() + backoff < deadline => {
                     tracing::debug!("no leader yet ({why}); trying again in {backoff:?}");

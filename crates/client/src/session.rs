@@ -132,12 +132,30 @@ pub(crate) async fn open(
 /// Most redirects followed in one attempt to reach the leader.
 const MAX_REDIRECTS: usize = 3;
 
+/// How long an attempt on one member goes unanswered before the next member
+/// is tried alongside it: a paused member (a stopped VM, a long pause)
+/// accepts a connection in its kernel and never answers, and must not cost
+/// every connect its whole timeout.
+pub(crate) const STAGGER: Duration = Duration::from_millis(250);
+
 /// Opens a connection to whichever member leads: `first` (the leader last
 /// heard of) if given, then each address in turn, following a member's
-/// answer that another leads. Returns the connection and its address.
+/// answer that another leads. An address that has not answered within
+/// [`STAGGER`] (or that failed) has the next one tried alongside it, and the
+/// first to grant the session wins; the whole search is bounded by
+/// `connect_timeout`. Returns the connection and its address.
 ///
 /// # Errors
-/// The last failure; [`Error::SessionExpired`] at once.
+/// [`Error::SessionExpired`] or [`Error::AuthenticationFailed`] at once;
+/// otherwise, once every address has failed or the time is up, one error
+/// saying what each member answered: [`Error::NotLeader`] if any answered
+/// that it does not lead, else [`Error::Connect`] (the address's own error
+/// if only one was given).
+///
+/// # Cancellation safety
+/// Dropping it drops the attempts under way. One that a leader had already
+/// granted leaves a new session with nothing in it, which expires; a
+/// resume is simply not made.
 pub(crate) async fn open_leader(
     first: Option<&str>,
     addrs: &[String],
@@ -145,35 +163,122 @@ pub(crate) async fn open_leader(
     connect_timeout: Duration,
     tls: Option<&ClientTls>,
 ) -> Result<(Connection, String)> {
+    use futures::stream::FuturesUnordered;
+    let deadline = Instant::now() + connect_timeout;
     let mut queue: VecDeque<String> = first
         .map(str::to_owned)
         .into_iter()
         .chain(addrs.iter().cloned())
         .collect();
+    // Every address started, in order.
+    let mut tried: Vec<String> = Vec::new();
+    let mut answers: Vec<(String, Error)> = Vec::new();
+    let mut running = FuturesUnordered::new();
     let mut redirects = 0;
-    let mut last = None;
-    while let Some(addr) = queue.pop_front() {
-        match open(&addr, request, connect_timeout, tls).await {
-            Ok(conn) => return Ok((conn, addr)),
-            Err(e @ Error::SessionExpired(_)) => return Err(e),
-            Err(Error::NotLeader(leader)) => {
-                if !leader.is_empty() && leader != addr && redirects < MAX_REDIRECTS {
-                    redirects += 1;
-                    queue.push_front(leader.clone());
+    let mut next_start = Instant::now();
+    loop {
+        let now = Instant::now();
+        if running.is_empty() || now >= next_start {
+            if let Some(addr) = queue.pop_front() {
+                if !tried.contains(&addr) {
+                    tried.push(addr.clone());
+                    let left = deadline.saturating_duration_since(now);
+                    running.push(async move {
+                        let result = open(&addr, request, left, tls).await;
+                        (addr, result)
+                    });
+                    next_start = now + STAGGER;
                 }
-                last = Some(Error::NotLeader(if leader.is_empty() {
-                    format!("{addr} does not lead and knows of no leader right now")
-                } else {
-                    format!("{addr} does not lead; the leader is at {leader}")
-                }));
+                continue;
             }
-            Err(e) => last = Some(e),
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            Some((addr, result)) = running.next() => {
+                let error = match result {
+                    Ok(conn) => return Ok((conn, addr)),
+                    Err(e @ (Error::SessionExpired(_) | Error::AuthenticationFailed(_))) => {
+                        return Err(e)
+                    }
+                    Err(Error::NotLeader(leader)) => {
+                        if !leader.is_empty() && !tried.contains(&leader) && redirects < MAX_REDIRECTS {
+                            redirects += 1;
+                            queue.push_front(leader.clone());
+                        }
+                        Error::NotLeader(if leader.is_empty() {
+                            "does not lead and knows of no leader".into()
+                        } else {
+                            format!("does not lead; the leader is at {leader}")
+                        })
+                    }
+                    Err(e) => e,
+                };
+                answers.push((addr, error));
+                // A failure frees its turn: the next address at once.
+                next_start = Instant::now();
+            }
+            _ = sleep_until(next_start), if !queue.is_empty() => {}
+            _ = sleep_until(deadline) => {
+                // Still unanswered: the first attempt's own limit came too.
+                break;
+            }
         }
     }
-    Err(last.unwrap_or_else(|| Error::Connect {
-        addr: String::new(),
-        reason: "no server address given".into(),
-    }))
+    for addr in &tried {
+        if !answers.iter().any(|(a, _)| a == addr) {
+            answers.push((
+                addr.clone(),
+                Error::Connect {
+                    addr: addr.clone(),
+                    reason: format!("no answer within {} ms", connect_timeout.as_millis()),
+                },
+            ));
+        }
+    }
+    Err(summary(answers))
+}
+
+/// One error for a search that found no leader, saying what each address
+/// answered.
+fn summary(mut answers: Vec<(String, Error)>) -> Error {
+    if answers.len() == 1 {
+        let (addr, e) = answers.pop().expect("one");
+        return match e {
+            Error::NotLeader(why) => Error::NotLeader(format!("{addr} {why}")),
+            e => e,
+        };
+    }
+    if answers.is_empty() {
+        return Error::Connect {
+            addr: String::new(),
+            reason: "no server address given".into(),
+        };
+    }
+    let said = |e: &Error| match e {
+        Error::NotLeader(why) => why.clone(),
+        Error::Connect { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    };
+    let each = answers
+        .iter()
+        .map(|(addr, e)| format!("{addr}: {}", said(e)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if answers
+        .iter()
+        .any(|(_, e)| matches!(e, Error::NotLeader(_)))
+    {
+        Error::NotLeader(format!(
+            "no member leads right now (an election under way, or fewer than a majority of members up); each member said: {each}"
+        ))
+    } else {
+        Error::Connect {
+            addr: format!("any of the {} servers", answers.len()),
+            reason: each,
+        }
+    }
 }
 
 /// Why [`SessionTask::serve`] returned.

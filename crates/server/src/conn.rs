@@ -353,8 +353,11 @@ impl Conn {
         // the handshake arrived, that it still leads: a leader cut off from
         // the majority still believes it leads, and an answered resume tells
         // the client its session is alive (its lease runs from there) while
-        // the majority may already be expiring it.
-        if request.resume.is_some() && self.shared.replicated {
+        // the majority may already be expiring it. It opens one only then
+        // too: a new session it cannot commit would keep the client waiting
+        // out its whole connect timeout, where `not-leader` sends it on to
+        // the other members at once.
+        if self.shared.replicated {
             let barrier = self.shared.core().log().read_barrier();
             let proven = tokio::select! {
                 r = timeout(limit, barrier) => matches!(r, Ok(Ok(()))),

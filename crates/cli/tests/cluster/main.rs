@@ -1017,8 +1017,12 @@ async fn a_cluster_is_restored_from_a_backup_and_tokens_go_on_rising() {
     let backup = dir.join("backup.snap");
     std::fs::copy(&file, &backup).unwrap();
     drop(cluster);
-    let free = || common::free_addr();
-    let (p1, c1, p2, c2) = (free(), free(), free(), free());
+    // Listeners bound here and inherited by the members: no other test can
+    // take their ports in between.
+    let bound = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (l1, l2) = ((bound(), bound()), (bound(), bound()));
+    let addr = |l: &std::net::TcpListener| l.local_addr().unwrap().to_string();
+    let (c1, p1, c2, p2) = (addr(&l1.0), addr(&l1.1), addr(&l2.0), addr(&l2.1));
     let seed = dir.join("member-1");
     let (code, out, err) = run_baton(&[
         "snapshot",
@@ -1038,26 +1042,28 @@ async fn a_cluster_is_restored_from_a_backup_and_tokens_go_on_rising() {
         out.contains("--join") && out.contains("cluster add"),
         "{out}"
     );
-    let mut first = Member::start(&[
-        "serve",
-        "--node-id",
-        "1",
-        "--data-dir",
-        seed.to_str().unwrap(),
-    ]);
+    let mut first = Member::start(
+        &[
+            "serve",
+            "--node-id",
+            "1",
+            "--data-dir",
+            seed.to_str().unwrap(),
+        ],
+        l1,
+    );
     let second_dir = dir.join("member-2");
-    let mut second = Member::start(&[
-        "serve",
-        "--node-id",
-        "2",
-        "--data-dir",
-        second_dir.to_str().unwrap(),
-        "--join",
-        "--peer-listen",
-        &p2,
-        "--listen",
-        &c2,
-    ]);
+    let mut second = Member::start(
+        &[
+            "serve",
+            "--node-id",
+            "2",
+            "--data-dir",
+            second_dir.to_str().unwrap(),
+            "--join",
+        ],
+        l2,
+    );
     // The first member leads alone.
     let deadline = Instant::now() + Duration::from_secs(20);
     while role_of(&c1).await.as_deref() != Some("leader") {
@@ -1136,7 +1142,10 @@ struct Member {
 }
 
 impl Member {
-    fn start(args: &[&str]) -> Member {
+    /// `baton ARGS`, listening on the (client, peer) listeners given.
+    fn start(args: &[&str], listeners: (std::net::TcpListener, std::net::TcpListener)) -> Member {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let log = std::env::temp_dir().join(format!(
             "baton-member-{}-{}.log",
@@ -1144,13 +1153,31 @@ impl Member {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         let file = std::fs::File::create(&log).unwrap();
-        let child = common::baton()
+        let (cfd, pfd) = (listeners.0.as_raw_fd(), listeners.1.as_raw_fd());
+        let mut command = common::baton();
+        command
             .args(args)
+            .args([
+                "--listen-fd",
+                &cfd.to_string(),
+                "--peer-listen-fd",
+                &pfd.to_string(),
+            ])
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap();
+            .stderr(file);
+        // SAFETY: only fcntl on the two descriptors the member inherits.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in [cfd, pfd] {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().unwrap();
         Member { child, log }
     }
 
@@ -1169,4 +1196,105 @@ impl Drop for Member {
         self.stop();
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// Pins: without a majority, a client command says that no member leads
+/// and what each member answered, instead of the last address's error, and
+/// `baton cluster status` shows every member it reaches with its role and
+/// term (exit 1); a leader left alone is shown as one without a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_every_message_says_no_member_leads_and_what_each_said() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let others: Vec<u64> = cluster
+        .members
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    let servers = cluster.clients();
+    // The leader alone: it cannot prove it leads, and says so.
+    cluster.kill9(others[0]);
+    cluster.kill9(others[1]);
+    let (code, _, err) = run_baton(&["--server", &servers, "--connect-timeout", "3s", "get", "/x"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no member leads"), "{err}");
+    for m in cluster.members.values() {
+        assert!(err.contains(&m.client), "{} not named in: {err}", m.client);
+    }
+    let (code, out, err) = run_baton(&["--server", &servers, "cluster", "status"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("majority"), "{err}");
+    assert_eq!(out.matches("unreachable").count(), 2, "{out}");
+
+    // No leader at all: the old leader gone too, one follower left.
+    cluster.restart(others[0], false);
+    let now = cluster.wait_leader(&[], Duration::from_secs(20)).await;
+    let survivor = *cluster
+        .members
+        .keys()
+        .find(|id| **id != now && **id != others[1])
+        .unwrap();
+    cluster.kill9(now);
+    let (code, out, _) = run_baton(&["--server", &servers, "cluster", "status"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("no leader"), "{out}");
+    let survivor_addr = &cluster.members[&survivor].client;
+    let line = out
+        .lines()
+        .find(|l| l.contains(survivor_addr.as_str()))
+        .unwrap_or_else(|| panic!("the survivor is not listed:\n{out}"));
+    assert!(
+        line.starts_with(&survivor.to_string()) && !line.contains("unreachable"),
+        "{line}"
+    );
+    assert_eq!(out.matches("unreachable").count(), 2, "{out}");
+    let (code, out, _) = run_baton(&["--server", &servers, "cluster", "status", "--json"]);
+    assert_eq!(code, Some(1));
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(json["leader"].is_null(), "{json}");
+    assert_eq!(json["members"].as_array().unwrap().len(), 3, "{json}");
+    let (code, _, err) = run_baton(&["--server", &servers, "--connect-timeout", "2s", "get", "/x"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no member leads") && err.contains(survivor_addr.as_str()),
+        "{err}"
+    );
+}
+
+/// Pins: a paused member (SIGSTOP: a stopped VM, a long pause) listed first
+/// does not hold up a client: the next member is tried alongside it and the
+/// session opens on the new leader, well within a connect timeout that a
+/// client waiting on the paused member alone would use up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_member_listed_first_does_not_hold_up_a_client() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    cluster.pause(leader);
+    let new = cluster
+        .wait_leader(&[leader], Duration::from_secs(20))
+        .await;
+    let first_the_paused = format!(
+        "{},{}",
+        cluster.members[&leader].client,
+        cluster.clients_but(leader)
+    );
+    let opening = Client::builder(&first_the_paused)
+        .connect_timeout(Duration::from_secs(60))
+        .connect();
+    let client = tokio::time::timeout(Duration::from_secs(30), opening)
+        .await
+        .expect("the client waited on the paused member")
+        .unwrap();
+    client
+        .create("/x", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert!(
+        cluster.stopped(leader),
+        "the paused member was let go meanwhile"
+    );
+    assert_eq!(cluster.leader_now().await, Some(new));
+    client.close().await;
+    cluster.resume(leader);
 }
