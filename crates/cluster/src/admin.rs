@@ -219,6 +219,21 @@ fn commit_index(
     Some(held[held.len() / 2])
 }
 
+/// What to add to a change's answer when the cluster is left with an even
+/// number of voters, which survives no more failures than one fewer.
+fn even_warning(voters: usize) -> String {
+    if voters % 2 == 1 {
+        return String::new();
+    }
+    tracing::warn!(voters, "the cluster has an even number of voting members");
+    format!(
+        ". Warning: the cluster now has {voters} voting members; a majority of them is {}, so it survives the loss of {} member(s), no more than with {}: add or remove one",
+        voters / 2 + 1,
+        (voters - 1) / 2,
+        voters - 1
+    )
+}
+
 /// Carries out a membership change on the leader.
 ///
 /// # Errors
@@ -248,11 +263,13 @@ pub async fn change(raft: &Raft, change: Change) -> Result<String, String> {
                 .map_err(|e| format!("adding member {id} as a learner: {e}"))?;
             let mut next = voters;
             next.insert(id);
+            let count = next.len();
             raft.change_membership(next, false)
                 .await
                 .map_err(|e| format!("making member {id} a voter: {e}"))?;
             Ok(format!(
-                "member {id} ({member}) added; it has caught up and votes"
+                "member {id} ({member}) added; it has caught up and votes{}",
+                even_warning(count)
             ))
         }
         Change::Remove { id } => {
@@ -264,10 +281,14 @@ pub async fn change(raft: &Raft, change: Change) -> Result<String, String> {
             if next.is_empty() {
                 return Err("the last member cannot be removed".into());
             }
+            let count = next.len();
             raft.change_membership(next, false)
                 .await
                 .map_err(|e| format!("removing member {id}: {e}"))?;
-            Ok(format!("member {id} removed"))
+            Ok(format!(
+                "member {id} removed; it stops once it learns it (at once if it is running and in reach){}",
+                even_warning(count)
+            ))
         }
     }
 }

@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admin;
+mod campaign;
 pub mod log_store;
 pub mod member;
 pub mod network;

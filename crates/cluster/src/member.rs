@@ -107,6 +107,8 @@ pub struct ClusterMember {
     server: Server,
     raft: Raft,
     stop: watch::Sender<bool>,
+    /// Why the member is no longer a member, once it learns it.
+    removed: watch::Receiver<Option<String>>,
     _data_dir: DataDir,
 }
 
@@ -171,6 +173,16 @@ impl ClusterMember {
         ));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
         let proposals = start_proposer(raft.clone(), stopped.clone());
+        let (removal, removed) = watch::channel(None);
+        tokio::spawn(crate::campaign::run(
+            raft.clone(),
+            config.id,
+            config.routes.clone(),
+            config.peer_tls.clone(),
+            config.election_timeout,
+            removal,
+            stopped.clone(),
+        ));
         let status = Status::new(raft.clone(), config.id, config.peer_tls.clone());
         tokio::spawn(
             status
@@ -206,6 +218,7 @@ impl ClusterMember {
             server,
             raft,
             stop,
+            removed,
             _data_dir: data_dir,
         })
     }
@@ -227,7 +240,9 @@ impl ClusterMember {
 
     /// Serves until `shutdown` completes, then stops the server and the
     /// replicated log. A replicated log that stops on its own (its storage
-    /// failed) stops the member too.
+    /// failed) stops the member too, and so does learning that it was
+    /// removed from the cluster (it logs why, and returns `Ok`: there is
+    /// nothing to start again).
     ///
     /// # Errors
     /// As [`Server::run`], or [`ServerError::ReplicationStopped`].
@@ -236,8 +251,16 @@ impl ClusterMember {
             server,
             raft,
             stop,
+            mut removed,
             _data_dir,
         } = self;
+        let was_removed = async {
+            while removed.borrow_and_update().is_none() {
+                if removed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
         let failed = Mutex::new(None);
         let stopped_alone = async {
             let mut metrics = raft.metrics();
@@ -257,6 +280,7 @@ impl ClusterMember {
                 tokio::select! {
                     () = shutdown => {}
                     () = stopped_alone => {}
+                    () = was_removed => {}
                 }
             })
             .await;

@@ -203,6 +203,10 @@ pub struct MemberStatus {
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
     pub snapshot_index: Option<u64>,
+    /// The log index of the membership this member goes by (the latest it
+    /// has, committed or not), and its voters.
+    pub membership_index: Option<u64>,
+    pub voters: Vec<NodeId>,
 }
 
 impl MemberStatus {
@@ -224,6 +228,8 @@ impl MemberStatus {
             last_log_index: m.last_log_index,
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
+            membership_index: m.membership_config.log_id().map(|l| l.index),
+            voters: m.membership_config.membership().voter_ids().collect(),
         }
     }
 }
@@ -669,20 +675,48 @@ pub async fn status_of(
     limit: Duration,
     tls: Option<&PeerTls>,
 ) -> Result<MemberStatus, String> {
-    let mut peer = Peer {
-        from,
-        target: 0,
-        addr: addr.to_owned(),
-        name: advertised.to_owned(),
-        conn: None,
-        idle: None,
-        failures: None,
-        tls: tls.cloned(),
-    };
-    match peer.call(&Request::Status, limit).await {
-        Ok(Response::Status(s)) => Ok(s),
-        Ok(_) => unreachable!("exchange_on checks the kind"),
-        Err(e) => Err(e.0),
+    StatusLink::new(from, addr, advertised, tls)
+        .ask(limit)
+        .await
+}
+
+/// A connection for asking one member its status again and again, kept
+/// between questions (and dropped with any question given up on).
+pub struct StatusLink {
+    peer: Peer,
+}
+
+impl StatusLink {
+    /// A link from member `from` to the member at `addr` (its peer address,
+    /// or a route to `advertised`); nothing is dialed yet.
+    pub fn new(from: NodeId, addr: &str, advertised: &str, tls: Option<&PeerTls>) -> StatusLink {
+        StatusLink {
+            peer: Peer {
+                from,
+                target: 0,
+                addr: addr.to_owned(),
+                name: advertised.to_owned(),
+                conn: None,
+                idle: None,
+                failures: None,
+                tls: tls.cloned(),
+            },
+        }
+    }
+
+    /// The member's status.
+    ///
+    /// # Errors
+    /// The member could not be reached or did not answer within `limit`.
+    ///
+    /// # Cancellation safety
+    /// Safe: a question given up on takes its connection with it.
+    pub async fn ask(&mut self, limit: Duration) -> Result<MemberStatus, String> {
+        match self.peer.call(&Request::Status, limit).await {
+            Ok(Response::Status(s)) => Ok(s),
+            Ok(_) => unreachable!("exchange_on checks the kind"),
+            Err(e) => Err(e.0),
+        }
     }
 }
 

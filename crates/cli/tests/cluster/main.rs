@@ -1298,3 +1298,100 @@ async fn a_paused_member_listed_first_does_not_hold_up_a_client() {
     client.close().await;
     cluster.resume(leader);
 }
+
+/// Pins: a member cut off from the others does not campaign its term up
+/// (openraft has no pre-vote; Baton stops it standing for election while it
+/// reaches no majority), so its return forces no election: the leader and
+/// the term stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_member_returns_without_forcing_an_election() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let term = |s: &serde_json::Value| s["cluster"]["term"].as_u64().unwrap_or(0);
+    let before = term(&cluster.status(leader).await.unwrap());
+    cluster.isolate(follower, true);
+    // Cut off for many election timeouts (150-300 ms each, after the
+    // leader's lease): an unchecked member would stand again and again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cut_term = term(&cluster.status(follower).await.unwrap());
+    cluster.isolate(follower, false);
+    cluster
+        .wait_caught_up(&[follower], Duration::from_secs(20))
+        .await;
+    let after = cluster.status(leader).await.unwrap();
+    assert!(
+        cut_term <= before,
+        "the cut-off member's term went from {before} to {cut_term}; logs:\n{}",
+        cluster.logs()
+    );
+    assert_eq!(after["role"], "leader", "the leader stepped down: {after}");
+    assert_eq!(
+        term(&after),
+        before,
+        "its return forced an election; logs:\n{}",
+        cluster.logs()
+    );
+}
+
+/// Pins: a member removed from the cluster stops, saying why, whether it
+/// was cut off when it was removed (and learns it on its return) or in
+/// reach; the change warns that two voters survive no more failures than
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_stops_and_says_why() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let followers: Vec<u64> = cluster
+        .members
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    let (in_reach, cut_off) = (followers[0], followers[1]);
+    let stops = |cluster: &mut Cluster, id: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster.members.get_mut(&id).unwrap().running() {
+            assert!(
+                Instant::now() < deadline,
+                "member {id} still runs; logs:\n{}",
+                cluster.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = cluster.members[&id].log_tail();
+        assert!(log.contains("is no longer a member"), "{log}");
+    };
+    let remove = |servers: &str, id: u64| {
+        let (code, out, err) = run_baton(&[
+            "--server",
+            servers,
+            "cluster",
+            "remove",
+            "--node-id",
+            &id.to_string(),
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        out
+    };
+    // Removed while cut off: it learns it once it is back.
+    cluster.isolate(cut_off, true);
+    let out = remove(&cluster.clients_but(cut_off), cut_off);
+    assert!(
+        out.contains("Warning") && out.contains("2 voting members"),
+        "{out}"
+    );
+    cluster.isolate(cut_off, false);
+    stops(&mut cluster, cut_off);
+    // Removed while in reach.
+    let out = remove(&cluster.members[&leader].client, in_reach);
+    assert!(!out.contains("Warning"), "{out}");
+    stops(&mut cluster, in_reach);
+    // The leader alone goes on.
+    let client = connect(&cluster.members[&leader].client, SESSION).await;
+    client
+        .create("/alone", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    client.close().await;
+}
