@@ -152,12 +152,28 @@ fn unhealthy(status: &baton_client::SessionStatus) -> String {
     }
 }
 
-/// `baton locks --all`: the busiest locks, from the server's status probe.
+/// `baton locks --all`: the busiest locks, from the status probe of the
+/// server that serves clients (a cluster's leader: a lock's figures are
+/// counted where it is granted).
 async fn busiest(servers: &str) -> CliResult {
-    let status = crate::status::probe_any(servers, std::time::Duration::from_secs(3)).await?;
+    let limit = std::time::Duration::from_secs(3);
+    let mut status = crate::status::probe_any(servers, limit).await?;
+    if let (Some("follower"), Some(leader)) = (status["role"].as_str(), status["leader"].as_str()) {
+        status = crate::status::probe_any(leader, limit).await?;
+    }
     let locks = status["locks"].as_array().cloned().unwrap_or_default();
     if locks.is_empty() {
-        println!("no lock has been granted on this server since it started");
+        if status["locks_hidden"] == true {
+            println!(
+                "lock names are hidden: this server checks identities; give the token of one that may read the locks (--token-file FILE or BATON_TOKEN)"
+            );
+        } else if crate::token().is_some() {
+            println!(
+                "no lock this identity may read has been granted on this server since it started"
+            );
+        } else {
+            println!("no lock has been granted on this server since it started");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     println!(

@@ -47,7 +47,7 @@ pub async fn probe_any(servers: &str, limit: Duration) -> Result<Value, CliError
 async fn probe_first(servers: &str, limit: Duration) -> Result<(String, Value), CliError> {
     let mut last = String::from("no server address given");
     for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let answer = match baton_client::probe(addr, limit, crate::tls()).await {
+        let answer = match baton_client::probe_as(addr, limit, crate::tls(), crate::token()).await {
             Ok(answer) => answer,
             Err(e) => {
                 last = e.to_string();

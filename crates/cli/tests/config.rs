@@ -279,6 +279,29 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
     );
     let viewer = Some("viewer-token-0123456789abcdef");
     assert_eq!(run(viewer, None, &["get", "/guarded"]).stdout, b"v");
+    // The busiest locks: named to an identity that may read them, hidden
+    // (and said to be) from a probe without one.
+    let held = run(
+        None,
+        Some(&admin_token),
+        &["lock", "/guarded/job", "--", "true"],
+    );
+    assert!(
+        held.status.success(),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    let as_admin = run(None, Some(&admin_token), &["locks", "--all"]);
+    let shown = String::from_utf8_lossy(&as_admin.stdout);
+    assert!(shown.contains("/guarded/job"), "{shown}");
+    let as_viewer = run(viewer, None, &["locks", "--all"]);
+    assert!(String::from_utf8_lossy(&as_viewer.stdout).contains("/guarded/job"));
+    let anonymous = run(None, None, &["locks", "--all"]);
+    let shown = String::from_utf8_lossy(&anonymous.stdout);
+    assert!(
+        shown.contains("hidden") && !shown.contains("/guarded/job"),
+        "{shown}"
+    );
     let not_allowed = run(viewer, None, &["create", "/not-mine"]);
     assert_eq!(not_allowed.status.code(), Some(1));
     let err = String::from_utf8_lossy(&not_allowed.stderr);

@@ -37,7 +37,7 @@ pub use client::{
 };
 pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};
-pub use probe::{backup, probe, Backup};
+pub use probe::{backup, probe, probe_as, Backup};
 pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};
 pub use state::SessionState;

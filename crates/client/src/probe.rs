@@ -25,6 +25,21 @@ use crate::wire::ClientTls;
 /// With `tls`, connects with TLS (a server that takes TLS only answers
 /// nothing else).
 pub async fn probe(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Result<String> {
+    probe_as(addr, limit, tls, None).await
+}
+
+/// [`probe`], naming an identity with its `token`: a server that checks
+/// identities then names the locks that identity may read (and no lock to
+/// a probe without one; its answer says `"locks_hidden": true`).
+///
+/// # Errors
+/// As [`probe`].
+pub async fn probe_as(
+    addr: &str,
+    limit: Duration,
+    tls: Option<&ClientTls>,
+    token: Option<&[u8]>,
+) -> Result<String> {
     let failed = |reason: String| Error::Connect {
         addr: addr.to_owned(),
         reason,
@@ -32,7 +47,7 @@ pub async fn probe(addr: &str, limit: Duration, tls: Option<&ClientTls>) -> Resu
     let ask = async {
         let (wire, read) = crate::wire::connect(addr, tls).await.map_err(failed)?;
         let mut buf = BytesMut::new();
-        encode_probe(&mut buf);
+        encode_probe(&mut buf, token);
         wire.write_all(&mut buf)
             .await
             .map_err(|e| failed(format!("sending the probe: {e}")))?;

@@ -6,9 +6,12 @@
 //!
 //! # Format
 //! ```text
-//! StatusProbe (client -> server, first frame), 6 bytes:
+//! StatusProbe (client -> server, first frame), 6 bytes, or more with a
+//! token:
 //!   magic    [4]  "BATS"
 //!   version  u16  1
+//!   token    u16 length + bytes, optional: for a server that checks
+//!            identities, the locks the token's identity may read are named
 //! StatusAnswer (server -> client, one frame): a JSON object, UTF-8; then
 //! the server closes the connection.
 //!
@@ -34,12 +37,20 @@ pub const PROBE_MAGIC: [u8; 4] = *b"BATS";
 /// The probe's version.
 pub const PROBE_VERSION: u16 = 1;
 
-/// Appends a status probe, framed, to `buf`.
-pub fn encode_probe(buf: &mut BytesMut) {
+/// Appends a status probe, framed, to `buf`, with `token` if given.
+pub fn encode_probe(buf: &mut BytesMut, token: Option<&[u8]>) {
     encode_frame(buf, |b| {
         b.put_slice(&PROBE_MAGIC);
         b.put_u16(PROBE_VERSION);
+        put_token(b, token);
     });
+}
+
+fn put_token(b: &mut BytesMut, token: Option<&[u8]>) {
+    if let Some(token) = token {
+        b.put_u16(token.len() as u16);
+        b.put_slice(token);
+    }
 }
 
 /// Whether a first frame's payload is a status probe.
@@ -58,16 +69,13 @@ pub fn encode_backup_request(buf: &mut BytesMut, token: Option<&[u8]>) {
     encode_frame(buf, |b| {
         b.put_slice(&BACKUP_MAGIC);
         b.put_u16(PROBE_VERSION);
-        if let Some(token) = token {
-            b.put_u16(token.len() as u16);
-            b.put_slice(token);
-        }
+        put_token(b, token);
     });
 }
 
-/// The token a backup request carries, if any: none for a request of
-/// another version, or one whose token is malformed, too long or followed
-/// by other bytes.
+/// The token a backup request or a status probe carries, if any: none for
+/// a request of another version, or one whose token is malformed, too long
+/// or followed by other bytes.
 pub fn backup_token(payload: &[u8]) -> Option<&[u8]> {
     if payload.get(4..6)? != PROBE_VERSION.to_be_bytes() {
         return None;
@@ -109,5 +117,9 @@ mod tests {
         other_version[5] = 9;
         assert_eq!(backup_token(&other_version), None);
         assert_eq!(backup_token(&payload[..6]), None);
+        let mut probe = BytesMut::new();
+        encode_probe(&mut probe, Some(b"secret-token"));
+        assert!(is_probe(&probe[4..]));
+        assert_eq!(backup_token(&probe[4..]), Some(&b"secret-token"[..]));
     }
 }

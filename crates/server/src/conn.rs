@@ -290,10 +290,22 @@ impl Conn {
             _ = shutdown.changed() => return None,
         };
         if baton_proto::probe::is_probe(&frame) {
+            // Lock names go to the identity the probe names, if any.
+            let viewer = match &self.shared.config.identities {
+                None => crate::status::Viewer::Anyone,
+                Some(identities) => match baton_proto::probe::backup_token(&frame)
+                    .and_then(|t| identities.find(t))
+                {
+                    Some(identity) => crate::status::Viewer::Identity(identity),
+                    None => crate::status::Viewer::Nobody,
+                },
+            };
             // It reads the data directory's listing: not on a runtime thread.
             let shared = self.shared.clone();
             let answer =
-                match tokio::task::spawn_blocking(move || crate::status::json(&shared)).await {
+                match tokio::task::spawn_blocking(move || crate::status::json(&shared, &viewer))
+                    .await
+                {
                     Ok(answer) => answer,
                     Err(e) => serde_json::json!({ "error": format!("the status failed: {e}") })
                         .to_string(),

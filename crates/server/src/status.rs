@@ -11,20 +11,36 @@ use crate::server::Shared;
 /// How many locks the status names, busiest first.
 const BUSIEST_LOCKS: usize = 20;
 
-/// The status of the server behind `shared`, as a JSON object.
-pub(crate) fn json(shared: &Shared) -> String {
+/// Who asks: which locks the status may name.
+pub(crate) enum Viewer {
+    /// A server without identities: every lock.
+    Anyone,
+    /// The locks this identity may read.
+    Identity(std::sync::Arc<crate::auth::Identity>),
+    /// No identity (or an unknown one) on a server that checks them: none.
+    Nobody,
+}
+
+/// The status of the server behind `shared`, as a JSON object, as
+/// `viewer` may see it.
+pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
     let (stats, role, cluster, locks) = {
         let core = shared.core();
+        let locks = match viewer {
+            Viewer::Anyone => core.busiest_locks(BUSIEST_LOCKS),
+            Viewer::Identity(identity) => {
+                let mut all = core.busiest_locks(usize::MAX);
+                all.retain(|l| identity.need(crate::auth::Rights::READ, &l.lock).is_ok());
+                all.truncate(BUSIEST_LOCKS);
+                all
+            }
+            Viewer::Nobody => Vec::new(),
+        };
         (
             core.stats_snapshot(),
             core.role(),
             core.log().status(),
-            // Anyone may probe: with identities, lock paths are not told.
-            if shared.config.identities.is_some() {
-                Vec::new()
-            } else {
-                core.busiest_locks(BUSIEST_LOCKS)
-            },
+            locks,
         )
     };
     let (role, leader) = match (role, shared.replicated) {
@@ -55,6 +71,7 @@ pub(crate) fn json(shared: &Shared) -> String {
             "max_us": r.max_us,
         })),
         "storage": shared.config.data_dir.as_deref().map(storage),
+        "locks_hidden": matches!(viewer, Viewer::Nobody),
         "locks": locks.iter().map(|l| json!({
             "lock": &*l.lock,
             "queue": l.queue,
