@@ -128,6 +128,15 @@ fn main() -> ExitCode {
         reaper::run(args.collect());
     }
     let mut cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Output piped into a reader that exits (`baton ls / | head -1`)
+        // ends the command quietly, as it ends other Unix tools, instead of
+        // a panic on the failed write.
+        // SAFETY: sets a signal's disposition to its default; no handler.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     init_tracing(matches!(cli.command, Command::Serve(_)));
     // A server's settings are merged and checked before anything starts:
     // they choose the runtime.

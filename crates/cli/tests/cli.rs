@@ -345,3 +345,37 @@ fn locks_all_shows_the_busiest_locks_with_their_figures() {
         "{status}"
     );
 }
+
+/// Pins: output piped into a reader that exits early ends the command
+/// quietly (killed by SIGPIPE, as other Unix tools are), not with a panic.
+#[test]
+fn output_into_a_reader_that_exits_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let s = Served::start();
+    s.ok(&["create", "/many"]);
+    // Enough children that the listing outgrows the pipe's buffer.
+    let name = "n".repeat(1800);
+    for i in 0..40 {
+        s.ok(&["create", &format!("/many/{name}{i}")]);
+    }
+    let mut child = baton()
+        .args(["--server", &s.addr, "ls", "/many"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is gone (its end of the pipe dropped above).
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.is_empty(), "{err}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "{:?}",
+        out.status
+    );
+}
