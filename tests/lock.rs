@@ -2,7 +2,8 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -533,5 +534,70 @@ async fn acquire_gives_up_when_the_connection_breaks_at_every_enqueue() {
     assert!(queue.is_empty(), "{queue:?}");
     client.close().await;
     observer.close().await;
+    server.stop().await;
+}
+
+/// Records that a future polled by hand was woken.
+struct Woken(AtomicBool);
+
+impl std::task::Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Polls `fut` once and waits until it is woken (its answer has reached it),
+/// without polling it again; returns it unread, to be dropped as when the
+/// other branch of a `select!` wins on the same wake-up.
+async fn answered_unread<F: Future>(fut: F) -> impl Sized {
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = std::task::Waker::from(woken.clone());
+    let mut fut = Box::pin(tokio::task::unconstrained(fut));
+    let first = fut
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&waker));
+    assert!(first.is_pending());
+    eventually(10, "the answer to reach the call", || {
+        woken.0.load(Ordering::SeqCst)
+    })
+    .await;
+    fut
+}
+
+#[tokio::test]
+async fn an_enqueue_dropped_with_its_answer_unread_leaves_no_node() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    client
+        .create("/queue", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let enqueue = answered_unread(client.enqueue("/queue/n-", "")).await;
+    assert_eq!(client.get_children("/queue").await.unwrap().0.len(), 1);
+    drop(enqueue);
+    eventually_async(10, "the dropped node to go", || async {
+        client.get_children("/queue").await.unwrap().0.is_empty()
+    })
+    .await;
+    client.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_acquire_dropped_with_its_answer_unread_leaves_no_node() {
+    let server = TestServer::start().await;
+    let holder = server.client().await;
+    let waiter = server.client().await;
+    let _held = Lock::new(&holder, "/locks/late").acquire().await.unwrap();
+    let lock = Lock::new(&waiter, "/locks/late");
+    let acquire = answered_unread(lock.acquire()).await;
+    assert_eq!(lock.contenders().await.unwrap().len(), 2);
+    drop(acquire);
+    eventually_async(10, "the dropped contender to leave", || async {
+        lock.contenders().await.unwrap().len() == 1
+    })
+    .await;
+    holder.close().await;
+    waiter.close().await;
     server.stop().await;
 }

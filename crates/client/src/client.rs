@@ -135,6 +135,7 @@ impl ClientBuilder {
         let grant = conn.grant.clone();
         let link = Arc::new(Link::new());
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
+        let (orphan_tx, orphan_rx) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(SessionState::Connected);
         let timeout = Duration::from_millis(grant.timeout_ms.into());
         let liveness = Arc::new(Liveness::new(conn.sent, timeout));
@@ -149,6 +150,7 @@ impl ClientBuilder {
             timeout: Duration::from_millis(grant.timeout_ms.into()),
             link: link.clone(),
             unregister: unreg_rx,
+            orphaned: orphan_rx,
             state: state_tx,
             watches: WatchTable::default(),
             queues: QueueTable::default(),
@@ -162,6 +164,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 link,
                 unregister: unreg_tx,
+                orphans: orphan_tx,
                 state: state_rx,
                 session: grant.session_id,
                 timeout: Duration::from_millis(grant.timeout_ms.into()),
@@ -178,6 +181,9 @@ struct Inner {
     /// The sending side of the session: calls write their requests here.
     link: Arc<Link>,
     unregister: mpsc::UnboundedSender<(String, u64)>,
+    /// Queue nodes whose answers reached calls dropped before reading them:
+    /// the session task deletes them.
+    orphans: mpsc::UnboundedSender<String>,
     state: watch::Receiver<SessionState>,
     session: SessionId,
     timeout: Duration,
@@ -625,9 +631,11 @@ impl Client {
     ///
     /// # Cancellation safety
     /// If the future is dropped once the request was sent, the node is
-    /// deleted as soon as its creation is confirmed: a queue never keeps a
-    /// node nobody waits with. (A connection lost meanwhile leaves the
-    /// question open, as for any request: see [`Error::ConnectionLoss`].)
+    /// deleted as soon as its creation is confirmed, also when the
+    /// confirmation had already reached the future but was not read yet: a
+    /// queue never keeps a node nobody waits with. (A connection lost
+    /// meanwhile leaves the question open, as for any request: see
+    /// [`Error::ConnectionLoss`].)
     pub async fn enqueue(&self, path: &str, data: impl Into<Bytes>) -> Result<Enqueued> {
         let data = data.into();
         self.check(path, Some(&data))?;
@@ -797,8 +805,14 @@ impl Client {
 
     async fn call(&self, request: Request, watch: Option<Registration>) -> Result<Answer> {
         let (reply, rx) = oneshot::channel();
+        let mut answer = Unread {
+            rx,
+            orphans: &self.inner.orphans,
+        };
         self.inner.link.submit(request, reply, watch).await;
-        rx.await.unwrap_or_else(|_| Err(self.ended_error()))
+        (&mut answer.rx)
+            .await
+            .unwrap_or_else(|_| Err(self.ended_error()))
     }
 
     fn ended_error(&self) -> Error {
@@ -807,6 +821,35 @@ impl Client {
                 Error::SessionExpired(format!("session {} has expired", self.inner.session))
             }
             _ => Error::Closed,
+        }
+    }
+}
+
+/// The receiving end of a call's answer, while the call waits for it.
+///
+/// A call can be dropped after its answer was delivered and before it is
+/// polled again (the other branch of a `select!` won on the same wake-up,
+/// or its task was aborted). The answer then goes with it, and so would the
+/// knowledge of a queue node the call created, which would block its queue
+/// for as long as the session lives. Dropping this hands such a node to the
+/// session task, which deletes it, as it deletes the node of an answer that
+/// arrives once the call is gone.
+struct Unread<'a> {
+    rx: oneshot::Receiver<Result<Answer>>,
+    orphans: &'a mpsc::UnboundedSender<String>,
+}
+
+impl Drop for Unread<'_> {
+    fn drop(&mut self) {
+        // Closed first: an answer sent from now on fails to arrive and the
+        // session task keeps the node itself, so exactly one side has it.
+        // (Once the answer was read, there is nothing left to take.)
+        self.rx.close();
+        if let Ok(Ok(Answer {
+            reply: Reply::Enqueue { path, .. },
+        })) = self.rx.try_recv()
+        {
+            let _ = self.orphans.send(path);
         }
     }
 }

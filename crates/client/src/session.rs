@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::deadline::Liveness;
 use crate::error::{Error, Result};
-use crate::link::{Link, Route};
+use crate::link::{Link, Outbound, Route};
 use crate::queue::{QueueRequest, QueueTable};
 use crate::state::SessionState;
 use crate::watcher::{WatchKind, WatchRequest, WatchTable};
@@ -306,6 +306,8 @@ pub(crate) struct SessionTask {
     /// The sending side, shared with every `Client` handle.
     pub(crate) link: Arc<Link>,
     pub(crate) unregister: mpsc::UnboundedReceiver<(String, u64)>,
+    /// Queue nodes whose answers reached calls that were dropped unread.
+    pub(crate) orphaned: mpsc::UnboundedReceiver<String>,
     pub(crate) state: watch::Sender<SessionState>,
     pub(crate) liveness: Arc<Liveness>,
     pub(crate) watches: WatchTable,
@@ -439,6 +441,7 @@ impl SessionTask {
                         }
                     }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
+                    Some(path) = self.orphaned.recv() => self.orphans.push(path),
                 }
             };
             match result {
@@ -463,6 +466,7 @@ impl SessionTask {
                         }
                     }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
+                    Some(path) = self.orphaned.recv() => self.orphans.push(path),
                 }
             }
         }
@@ -496,6 +500,7 @@ impl SessionTask {
         while let Some(d) = out.deferred.pop_front() {
             out.push(d.request, Some(d.reply), d.watch);
         }
+        push_orphan_deletes(&mut out, &mut self.orphans);
         if !out.closing.is_empty() {
             // Asked for while the connection was being opened.
             out.push(Request::CloseSession, None, None);
@@ -566,20 +571,13 @@ impl SessionTask {
                     if let Some(end) = self.on_frame(frame) {
                         break end;
                     }
-                    if !self.orphans.is_empty() {
-                        let mut out = link.lock();
-                        for path in std::mem::take(&mut self.orphans) {
-                            let delete = Request::Delete {
-                                path,
-                                version: None,
-                                fence: None,
-                            };
-                            out.push(delete, None, None);
-                        }
-                        link.flush(&mut out);
-                    }
+                    self.delete_orphans();
                 }
                 Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
+                Some(path) = self.orphaned.recv() => {
+                    self.orphans.push(path);
+                    self.delete_orphans();
+                }
                 _ = &mut tick => {
                     let now = Instant::now();
                     if now >= last_heard + silence_limit {
@@ -637,6 +635,15 @@ impl SessionTask {
             End::Dropped => {}
         }
         end
+    }
+
+    /// Sends the deletes of the orphaned queue nodes.
+    fn delete_orphans(&mut self) {
+        if !self.orphans.is_empty() {
+            let mut out = self.link.lock();
+            push_orphan_deletes(&mut out, &mut self.orphans);
+            self.link.flush(&mut out);
+        }
     }
 
     /// Publishes the terminal state an end leads to, before any caller is
@@ -767,6 +774,19 @@ impl SessionTask {
                 }
             },
         }
+    }
+}
+
+/// Queues the deletes of orphaned queue nodes: a node nobody waits with
+/// would block its queue until the session ends.
+fn push_orphan_deletes(out: &mut Outbound, orphans: &mut Vec<String>) {
+    for path in orphans.drain(..) {
+        let delete = Request::Delete {
+            path,
+            version: None,
+            fence: None,
+        };
+        out.push(delete, None, None);
     }
 }
 
