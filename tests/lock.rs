@@ -185,6 +185,46 @@ async fn a_cancelled_acquire_leaves_no_node() {
 }
 
 #[tokio::test]
+async fn a_cancelled_acquire_does_not_keep_a_dropped_client_alive() {
+    let server = TestServer::start().await;
+    let observer = server.client().await;
+    observer
+        .create("/res", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let proxy = Proxy::start(server.addr).await;
+    let client = connect_with_timeout(&proxy.addr(), Duration::from_secs(3)).await;
+    client
+        .create("/alive", "", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    // Nothing gets through: the enqueue and the write wait unanswered.
+    proxy.hold();
+    let lock = Lock::new(&client, "/locks/abandoned");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), lock.acquire())
+            .await
+            .is_err()
+    );
+    let write = client.set_data("/res", "stale", None);
+    assert!(tokio::time::timeout(Duration::from_millis(100), write)
+        .await
+        .is_err());
+    // The application gives the session up: it must expire, and nothing it
+    // left unanswered may be sent again on a new connection.
+    drop(lock);
+    drop(client);
+    proxy.sever();
+    eventually_async(10, "the session to expire", || async {
+        observer.exists("/alive").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(&observer.get_data("/res").await.unwrap().0[..], b"");
+    observer.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn tokens_keep_increasing_after_the_lock_node_is_deleted_and_recreated() {
     let server = TestServer::start().await;
     let c = server.client().await;
@@ -599,5 +639,52 @@ async fn an_acquire_dropped_with_its_answer_unread_leaves_no_node() {
     .await;
     holder.close().await;
     waiter.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_acquire_cancelled_while_its_enqueue_outcome_is_unknown_leaves_no_node() {
+    let server = TestServer::start().await;
+    let observer = server.client().await;
+    observer
+        .create("/locks", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    observer
+        .create("/locks/lost", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let (_, before) = observer.get_data("/locks").await.unwrap();
+    let proxy = Proxy::start(server.addr).await;
+    let waiter = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    // The enqueue is applied, but its answer stays in the proxy.
+    proxy.hold_replies();
+    let cancelled = Lock::new(&waiter, "/locks/lost");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), cancelled.acquire())
+            .await
+            .is_err()
+    );
+    // A later change from the same session: the server then keeps its reply
+    // only, so the enqueue, sent again after the resume, is answered "result
+    // lost": its outcome is unknown to the client.
+    let setter = waiter.clone();
+    let set = tokio::spawn(async move { setter.set_data("/locks", "", None).await });
+    eventually_async(10, "the later change to be applied", || async {
+        observer.get_data("/locks").await.unwrap().1.version > before.version
+    })
+    .await;
+    proxy.sever();
+    within(10, "the later change to be answered", set)
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = Lock::new(&observer, "/locks/lost");
+    eventually_async(10, "the cancelled contender to leave", || async {
+        lock.contenders().await.unwrap().is_empty()
+    })
+    .await;
+    waiter.close().await;
+    observer.close().await;
     server.stop().await;
 }

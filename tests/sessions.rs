@@ -46,6 +46,29 @@ async fn expired_session_deletes_its_ephemeral_nodes() {
 }
 
 #[tokio::test]
+async fn a_detached_handle_does_not_keep_its_session() {
+    let server = TestServer::start().await;
+    let observer = server.client().await;
+    let doomed = server.client_with_timeout(Duration::from_millis(300)).await;
+    let detached = doomed.detached();
+    detached
+        .create("/eph", "x", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let (stat, deleted) = observer.exists_watch("/eph").await.unwrap();
+    assert_eq!(stat.unwrap().owner(), Some(doomed.session_id()));
+    drop(doomed);
+    let event = within(10, "the ephemeral's Deleted event", deleted)
+        .await
+        .unwrap();
+    assert_eq!(event.kind, EventKind::Deleted);
+    let ping = within(10, "a call on the detached handle", detached.ping()).await;
+    assert!(matches!(ping, Err(Error::Closed)), "{ping:?}");
+    observer.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn silent_connection_gets_a_session_expired_notice_and_its_ephemerals_go() {
     let server = TestServer::start().await;
     let observer = server.client().await;

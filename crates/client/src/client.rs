@@ -161,6 +161,7 @@ impl ClientBuilder {
         };
         tokio::spawn(task.run(conn));
         Client {
+            _keep: Some(Arc::new(Keep(link.clone()))),
             inner: Arc::new(Inner {
                 link,
                 unregister: unreg_tx,
@@ -193,9 +194,13 @@ struct Inner {
     next_watch: AtomicU64,
 }
 
-impl Drop for Inner {
+/// Held by every handle but detached ones: the last one dropped leaves the
+/// session to expire.
+struct Keep(Arc<Link>);
+
+impl Drop for Keep {
     fn drop(&mut self) {
-        self.link.handles_dropped();
+        self.0.handles_dropped();
     }
 }
 
@@ -221,7 +226,8 @@ impl Drop for Inner {
 /// # Ending
 /// [`close`](Client::close) ends the session at once, deleting its ephemeral
 /// nodes. Dropping every clone without closing leaves the session to expire
-/// after its timeout, as if the process had died.
+/// after its timeout, as if the process had died (handles made with
+/// [`detached`](Client::detached) do not count).
 ///
 /// # Cancellation safety
 /// Dropping a call's future does not withdraw a request already sent; only
@@ -229,6 +235,8 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// `None` in a detached handle.
+    _keep: Option<Arc<Keep>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -263,6 +271,21 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
             token: None,
+        }
+    }
+
+    /// Another handle on this session that does not keep it: once every
+    /// handle that does is dropped, the session is left to expire (as if the
+    /// process had died), and calls on this one fail with [`Error::Closed`],
+    /// those under way included. For work in the background that is worth
+    /// doing only while the application still uses the session, such as
+    /// cleaning up after a cancelled call: a task that held an ordinary
+    /// handle would keep the session, and send its unanswered requests
+    /// again after a reconnect, when the application has given it up.
+    pub fn detached(&self) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            _keep: None,
         }
     }
 

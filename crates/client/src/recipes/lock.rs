@@ -18,9 +18,11 @@
 //! is in flight, the enqueue may or may not have happened; after the session
 //! is resumed the contender lists the lock's children and adopts its node if
 //! it is there (the server applies nothing from the old connection after the
-//! resume), so no forgotten node can block the queue. An `acquire` that is
-//! cancelled (its future dropped) deletes its node, also when the create's
-//! answer is still on its way.
+//! resume), so no forgotten node can block the queue. A contender joins in
+//! a task of its own, so an `acquire` that is cancelled (its future dropped)
+//! deletes its node whenever it is dropped: also when the create's answer is
+//! still on its way, and when that answer was lost with a connection (the
+//! task looks for the node by its name and deletes it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -219,7 +221,9 @@ impl Lock {
     /// confirmed is looked for once more and deleted, in the background).
     ///
     /// # Cancellation safety
-    /// Dropping the future withdraws the contender: its node is deleted.
+    /// Dropping the future withdraws the contender: its node is deleted (in
+    /// the background), whatever the future was waiting for, also if the
+    /// answer to its enqueue was lost with a connection.
     pub async fn acquire(&self) -> Result<LockGuard> {
         let mut entry = self.enter().await?;
         if !entry.heads {
@@ -303,24 +307,7 @@ impl Lock {
         let margin = self.margin()?;
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
-        let path = format!("{}/{prefix}", self.path);
-        let mut retries = Retries::new(&self.path);
-        let joined = loop {
-            // If this future is dropped meanwhile, the client deletes the
-            // node once the enqueue is confirmed (see Client::enqueue).
-            match self.client.enqueue(&path, self.identity.clone()).await {
-                Ok(enqueued) => break Joined::from(enqueued),
-                Err(e @ Error::NoNode(_)) => {
-                    retries.spend(e)?;
-                    ensure_path(&self.client, &self.path).await?;
-                }
-                Err(e @ Error::ConnectionLoss(_)) => {
-                    retries.spend(e)?;
-                    break self.recover(&prefix, retries).await?;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let joined = self.join(prefix).await?;
         Ok(Entry {
             client: self.client.clone(),
             node: Some(joined.node),
@@ -331,34 +318,60 @@ impl Lock {
         })
     }
 
-    /// After a connection loss during the enqueue: finds this contender's
-    /// node if the enqueue happened, else joins afresh. Runs in its own task,
-    /// so that a node found after the caller gave up is still deleted.
-    async fn recover(&self, prefix: &str, mut retries: Retries) -> Result<Joined> {
+    /// Joins the queue in a task of its own, and waits for it to hand over
+    /// the node. The caller may give up at any point; the task finishes what
+    /// it started, so that no node is left behind: a node the caller does
+    /// not take is deleted, and a join that ends in an error or without a
+    /// caller, while the session lives, deletes every node with this
+    /// contender's `prefix`, as an enqueue whose answer was lost with a
+    /// connection may have left one. Once the application drops its last
+    /// handle on the session, the task stops: the session's nodes go with
+    /// it when it expires.
+    async fn join(&self, prefix: String) -> Result<Joined> {
         let (tx, rx) = oneshot::channel();
-        let (client, lock, prefix, identity) = (
-            self.client.clone(),
+        // Detached: a join left behind must not keep a session the
+        // application dropped (nor send its abandoned requests again).
+        let (client, lock, identity) = (
+            self.client.detached(),
             self.path.clone(),
-            prefix.to_owned(),
             self.identity.clone(),
         );
         tokio::spawn(async move {
-            let joined = recover_contender(&client, &lock, &prefix, identity, &mut retries).await;
-            let gave_up = matches!(&joined, Err(e) if !e.is_session_gone());
+            if tx.is_closed() {
+                return; // given up before anything was sent
+            }
+            let joined = join_queue(&client, &lock, &prefix, identity, &tx).await;
+            let failed = joined.is_err();
             if let Err(Ok(joined)) = tx.send(joined) {
                 let _ = client.delete(&joined.node, None).await;
             }
-            if gave_up {
-                // The last enqueue may have happened unseen: one more look,
-                // so that no forgotten node blocks the queue.
-                if let Ok((names, _)) = client.get_children(&lock).await {
-                    for name in names.iter().filter(|n| n.starts_with(&prefix)) {
-                        let _ = client.delete(&format!("{lock}/{name}"), None).await;
-                    }
-                }
+            if failed && !client.state().is_terminal() {
+                withdraw(&client, &lock, &prefix).await;
             }
         });
-        rx.await.map_err(|_| Error::Closed)?
+        let mut handoff = Handoff {
+            rx,
+            client: &self.client,
+        };
+        (&mut handoff.rx).await.map_err(|_| Error::Closed)?
+    }
+}
+
+/// The caller's end of a join. Dropped with the node handed over but not
+/// taken yet (the caller was dropped between the wake-up and its next
+/// poll), it deletes the node; one handed over later finds it closed, and
+/// the join's task deletes the node itself.
+struct Handoff<'a> {
+    rx: oneshot::Receiver<Result<Joined>>,
+    client: &'a Client,
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(Ok(joined)) = self.rx.try_recv() {
+            delete_in_background(self.client, joined.node);
+        }
     }
 }
 
@@ -435,44 +448,84 @@ impl From<Enqueued> for Joined {
     }
 }
 
-/// Finds the contender's node after a connection loss (the server applies
-/// nothing from the old connection once the session is resumed, so the
-/// enqueue either happened before this list or never), or joins afresh.
-async fn recover_contender(
+/// Joins the queue of `lock` with a node named `prefix` plus the sequence
+/// suffix. After a connection loss while enqueuing, finds the node if the
+/// enqueue happened (the server applies nothing from the old connection once
+/// the session is resumed, so the enqueue either happened before the list or
+/// never), else joins afresh, unless `caller` is gone.
+async fn join_queue(
     client: &Client,
     lock: &str,
     prefix: &str,
     identity: Bytes,
-    retries: &mut Retries,
+    caller: &oneshot::Sender<Result<Joined>>,
 ) -> Result<Joined> {
     let path = format!("{lock}/{prefix}");
+    let mut retries = Retries::new(lock);
+    // Whether the last enqueue's outcome is unknown: its node may be there.
+    let mut unsure = false;
     loop {
-        if let Some((node, token)) = find_own(client, lock, prefix, retries).await? {
-            match client.queue_watch(&node).await {
-                Ok((predecessor, watch)) => {
-                    return Ok(Joined {
-                        node,
-                        token,
-                        heads: predecessor.is_none(),
-                        watch,
-                    })
+        if unsure {
+            if let Some((node, token)) = find_own(client, lock, prefix, &mut retries).await? {
+                match client.queue_watch(&node).await {
+                    Ok((predecessor, watch)) => {
+                        return Ok(Joined {
+                            node,
+                            token,
+                            heads: predecessor.is_none(),
+                            watch,
+                        })
+                    }
+                    // Gone meanwhile, or the connection broke again: join afresh.
+                    Err(e @ (Error::NoNode(_) | Error::ConnectionLoss(_))) => {
+                        let _ = client.delete(&node, None).await;
+                        retries.spend(e)?;
+                    }
+                    Err(e) => return Err(e),
                 }
-                // Gone meanwhile, or the connection broke again: join afresh.
-                Err(e @ (Error::NoNode(_) | Error::ConnectionLoss(_))) => {
-                    let _ = client.delete(&node, None).await;
-                    retries.spend(e)?;
-                }
-                Err(e) => return Err(e),
             }
+        }
+        if caller.is_closed() {
+            // Nobody would take a new node. (Nobody reads this error either:
+            // it only makes the task withdraw what may be left.)
+            return Err(Error::Closed);
         }
         match client.enqueue(&path, identity.clone()).await {
             Ok(enqueued) => return Ok(Joined::from(enqueued)),
             Err(e @ Error::NoNode(_)) => {
+                unsure = false;
                 retries.spend(e)?;
                 ensure_path(client, lock).await?;
             }
-            Err(e @ Error::ConnectionLoss(_)) => retries.spend(e)?,
+            Err(e @ Error::ConnectionLoss(_)) => {
+                unsure = true;
+                retries.spend(e)?;
+            }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Deletes every node under `lock` whose name begins with `prefix`: what a
+/// join that failed or lost its caller may have left (an enqueue of unknown
+/// outcome). A connection lost meanwhile is ridden out a few times.
+async fn withdraw(client: &Client, lock: &str, prefix: &str) {
+    for _ in 0..=MAX_RETRIES {
+        let names = match client.get_children(lock).await {
+            Ok((names, _)) => names,
+            Err(Error::ConnectionLoss(_)) => continue,
+            Err(_) => return,
+        };
+        let mut lost = false;
+        for name in names.iter().filter(|n| n.starts_with(prefix)) {
+            if let Err(Error::ConnectionLoss(_)) =
+                client.delete(&format!("{lock}/{name}"), None).await
+            {
+                lost = true;
+            }
+        }
+        if !lost {
+            return;
         }
     }
 }
