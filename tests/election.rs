@@ -349,3 +349,42 @@ async fn a_candidate_whose_session_expired_never_leads() {
     store.close().await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_resign_cancelled_while_waiting_for_room_still_resigns() {
+    let server = TestServer::start().await;
+    let observer = server.client().await;
+    let proxy = Proxy::start(server.addr).await;
+    let leader = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    leader
+        .create("/big", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let leadership = Election::new(&leader, "/election/stalled")
+        .campaign("host-a")
+        .await
+        .unwrap();
+    let writes = stall_behind_big_writes(&leader, &proxy, "/big").await;
+    // The resign's delete waits in line behind the writes; the caller gives
+    // up on it there.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), leadership.resign())
+            .await
+            .is_err()
+    );
+    proxy.release();
+    let election = Election::new(&observer, "/election/stalled");
+    eventually_async(10, "the leader to be gone", || async {
+        election.leader().await.unwrap().is_none()
+    })
+    .await;
+    for write in writes {
+        within(10, "the writes to be answered", write)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    leader.close().await;
+    observer.close().await;
+    server.stop().await;
+}

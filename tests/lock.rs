@@ -688,3 +688,79 @@ async fn an_acquire_cancelled_while_its_enqueue_outcome_is_unknown_leaves_no_nod
     observer.close().await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_release_cancelled_while_waiting_for_room_still_releases() {
+    let server = TestServer::start().await;
+    let other = server.client().await;
+    let proxy = Proxy::start(server.addr).await;
+    let holder = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    holder
+        .create("/big", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let guard = Lock::new(&holder, "/locks/stalled")
+        .acquire()
+        .await
+        .unwrap();
+    let writes = stall_behind_big_writes(&holder, &proxy, "/big").await;
+    // The release's delete waits in line behind the writes; the caller
+    // gives up on it there.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), guard.release())
+            .await
+            .is_err()
+    );
+    proxy.release();
+    let lock = Lock::new(&other, "/locks/stalled");
+    eventually_async(10, "the lock to be free", || async {
+        match lock.try_acquire().await.unwrap() {
+            Some(guard) => {
+                guard.release().await.unwrap();
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
+    for write in writes {
+        within(10, "the writes to be answered", write)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    holder.close().await;
+    other.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_release_whose_delete_is_lost_with_the_connection_still_releases() {
+    let server = TestServer::start().await;
+    let other = server.client().await;
+    let proxy = Proxy::start(server.addr).await;
+    proxy.cut_at(OpCode::Delete);
+    let holder = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    let guard = Lock::new(&holder, "/locks/unsure").acquire().await.unwrap();
+    // Every connection the delete is sent on breaks: its outcome is unknown.
+    let released = within(10, "the release to give up", guard.release()).await;
+    assert!(
+        matches!(released, Err(Error::ConnectionLoss(_))),
+        "{released:?}"
+    );
+    proxy.stop_cutting();
+    let lock = Lock::new(&other, "/locks/unsure");
+    eventually_async(10, "the lock to be free", || async {
+        match lock.try_acquire().await.unwrap() {
+            Some(guard) => {
+                guard.release().await.unwrap();
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
+    holder.close().await;
+    other.close().await;
+    server.stop().await;
+}

@@ -322,6 +322,11 @@ impl Proxy {
         self.shared.cut_at.store(op as u8, Ordering::SeqCst);
     }
 
+    /// Undoes [`cut_at`](Self::cut_at) for connections made from now on.
+    pub fn stop_cutting(&self) {
+        self.shared.cut_at.store(0, Ordering::SeqCst);
+    }
+
     /// From now on new connections are accepted and closed at once.
     pub fn block(&self) {
         self.shared.blocked.store(true, Ordering::SeqCst);
@@ -437,6 +442,34 @@ async fn pump(
             return;
         }
     }
+}
+
+/// Stalls `client`'s connection through `proxy` with writes waiting in
+/// line: the proxy holds every byte, and 32 writes of 1 MiB to `path` (an
+/// existing node) fill the socket and then the client's write buffer, so a
+/// request made next waits for room. Each write is polled once here, in
+/// order, so that all of them are in (or sent ahead of) the line before this
+/// returns; they then go on in tasks of their own, returned to be awaited
+/// after [`Proxy::release`].
+pub async fn stall_behind_big_writes(
+    client: &Client,
+    proxy: &Proxy,
+    path: &str,
+) -> Vec<JoinHandle<baton::Result<baton::Stat>>> {
+    proxy.hold();
+    let data = Bytes::from(vec![0u8; 1 << 20]);
+    let mut writes: Vec<_> = (0..32)
+        .map(|_| {
+            let (client, data, path) = (client.clone(), data.clone(), path.to_owned());
+            Box::pin(tokio::task::unconstrained(async move {
+                client.set_data(&path, data, None).await
+            }))
+        })
+        .collect();
+    for write in &mut writes {
+        assert!(futures::poll!(write.as_mut()).is_pending());
+    }
+    writes.into_iter().map(tokio::spawn).collect()
 }
 
 // ---------------------------------------------------------------------------

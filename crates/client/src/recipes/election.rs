@@ -90,7 +90,14 @@ impl Leadership {
     /// Steps down now: the next candidate leads at once.
     ///
     /// # Errors
-    /// Errors of the delete (a node already gone is not one).
+    /// Errors of the delete (a node already gone is not one). After
+    /// [`Error::ConnectionLoss`] (the delete's outcome is unknown) the
+    /// delete is sent again in the background.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future before the delete is answered resigns in the
+    /// background, as dropping the leadership does: also while the delete
+    /// waits to be sent behind a stalled connection.
     pub async fn resign(self) -> Result<()> {
         self.guard.release().await
     }

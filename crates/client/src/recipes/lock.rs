@@ -720,10 +720,21 @@ impl LockGuard {
     ///
     /// # Errors
     /// Errors of the delete; a node already gone (the lock was lost) is not
-    /// an error.
+    /// an error. After [`Error::ConnectionLoss`] (the delete's outcome is
+    /// unknown) the delete is sent again in the background.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future before the delete is answered releases the lock
+    /// in the background, as dropping the guard does: also while the delete
+    /// waits to be sent behind a stalled connection.
     pub async fn release(mut self) -> Result<()> {
-        self.released = true;
-        match self.client.delete(&self.node, None).await {
+        let deleted = self.client.delete(&self.node, None).await;
+        // Marked only once the delete is answered: dropped before (while it
+        // waits for room to be sent, say), or with its outcome unknown, the
+        // guard deletes in the background. Deleting twice costs at worst a
+        // NoNode: a sequential node's name is never given out again.
+        self.released = !matches!(deleted, Err(Error::ConnectionLoss(_)));
+        match deleted {
             Ok(()) | Err(Error::NoNode(_)) => Ok(()),
             Err(e) if e.is_session_gone() => Ok(()),
             Err(e) => Err(e),
