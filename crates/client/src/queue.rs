@@ -65,6 +65,12 @@ impl QueueTable {
         }
     }
 
+    /// Removes the queue watch on `node`, whoever set it: for a node whose
+    /// caller is gone.
+    pub(crate) fn forget(&mut self, node: &str) {
+        self.by_node.remove(node);
+    }
+
     /// Handles an event; events about other nodes are ignored.
     pub(crate) fn fire(&mut self, event: &WatchEvent) {
         match event.kind {
@@ -99,6 +105,11 @@ impl QueueTable {
             }
             slot.gone.send_replace(Some(Err(error.clone())));
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.by_node.len()
     }
 
     /// The queue watches to set again after a reconnect: node, and whether

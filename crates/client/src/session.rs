@@ -60,6 +60,41 @@ pub(crate) enum Registration {
     Queue(String, QueueRequest),
 }
 
+/// A watch a reply confirms, and where it goes: its path and kind, or its
+/// queue node and whether the node heads its queue.
+enum Confirmed {
+    Watch(String, WatchKind, WatchRequest),
+    Queue(String, bool, QueueRequest),
+}
+
+impl Registration {
+    /// The watch `reply` confirms, if the server set one.
+    fn confirmed(self, reply: &Reply) -> Option<Confirmed> {
+        match self {
+            Registration::Watch(path, w) => {
+                let (path, kind) = match reply {
+                    Reply::Exists(None) => (path, WatchKind::Exist),
+                    Reply::GetChildren { .. } => (path, WatchKind::Child),
+                    // The watch is on the predecessor, if there is one.
+                    Reply::Predecessor(Some((pred, _))) => (pred.clone(), WatchKind::Data),
+                    Reply::Predecessor(None) => return None,
+                    _ => (path, WatchKind::Data),
+                };
+                Some(Confirmed::Watch(path, kind, w))
+            }
+            Registration::Queue(path, q) => match reply {
+                Reply::Enqueue {
+                    path, predecessor, ..
+                } => Some(Confirmed::Queue(path.clone(), predecessor.is_none(), q)),
+                Reply::Predecessor(predecessor) => {
+                    Some(Confirmed::Queue(path, predecessor.is_none(), q))
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
 /// An open connection with its session granted.
 pub(crate) struct Connection {
     reader: FramedRead<ReadSide, LengthDelimitedCodec>,
@@ -441,7 +476,7 @@ impl SessionTask {
                         }
                     }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
-                    Some(path) = self.orphaned.recv() => self.orphans.push(path),
+                    Some(node) = self.orphaned.recv() => self.orphan(node),
                 }
             };
             match result {
@@ -466,7 +501,7 @@ impl SessionTask {
                         }
                     }
                     Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
-                    Some(path) = self.orphaned.recv() => self.orphans.push(path),
+                    Some(node) = self.orphaned.recv() => self.orphan(node),
                 }
             }
         }
@@ -574,8 +609,8 @@ impl SessionTask {
                     self.delete_orphans();
                 }
                 Some((path, id)) = self.unregister.recv() => self.unregister_watch(&path, id),
-                Some(path) = self.orphaned.recv() => {
-                    self.orphans.push(path);
+                Some(node) = self.orphaned.recv() => {
+                    self.orphan(node);
                     self.delete_orphans();
                 }
                 _ = &mut tick => {
@@ -635,6 +670,14 @@ impl SessionTask {
             End::Dropped => {}
         }
         end
+    }
+
+    /// Takes a queue node whose caller is gone out of its queue: it would
+    /// block the queue until the session ends. Its queue watch goes too
+    /// (the caller's, dropped unseen, could not name the node).
+    fn orphan(&mut self, node: String) {
+        self.queues.forget(&node);
+        self.orphans.push(node);
     }
 
     /// Sends the deletes of the orphaned queue nodes.
@@ -703,46 +746,28 @@ impl SessionTask {
                 if shows_session_alive(&reply.result) {
                     self.liveness.answered(p.sent);
                 }
-                let result = match reply.result {
+                let (result, confirmed) = match reply.result {
                     Ok(r) => {
-                        match p.watch {
-                            Some(Registration::Watch(path, w)) => match &r {
-                                Reply::Exists(None) => self.watches.add(&path, WatchKind::Exist, w),
-                                Reply::GetChildren { .. } => {
-                                    self.watches.add(&path, WatchKind::Child, w)
-                                }
-                                // The watch is on the predecessor, if there is one.
-                                Reply::Predecessor(Some((pred, _))) => {
-                                    self.watches.add(pred, WatchKind::Data, w)
-                                }
-                                Reply::Predecessor(None) => {}
-                                _ => self.watches.add(&path, WatchKind::Data, w),
-                            },
-                            Some(Registration::Queue(path, q)) => match &r {
-                                Reply::Enqueue {
-                                    path, predecessor, ..
-                                } => self.queues.add(path, predecessor.is_none(), q),
-                                Reply::Predecessor(predecessor) => {
-                                    self.queues.add(&path, predecessor.is_none(), q)
-                                }
-                                _ => {}
-                            },
-                            None => {}
-                        }
-                        Ok(Answer { reply: r })
+                        let confirmed = p.watch.and_then(|w| w.confirmed(&r));
+                        (Ok(Answer { reply: r }), confirmed)
                     }
-                    Err(e) => Err(Error::from_wire(e.code, e.message)),
+                    Err(e) => (Err(Error::from_wire(e.code, e.message)), None),
                 };
-                if let Some(slot) = p.reply {
-                    // A queue node whose caller is gone would block the
-                    // queue until the session ends: take it out again.
-                    if let Err(Ok(Answer {
+                // (The session's own requests have no caller to answer.)
+                let slot = p.reply?;
+                match slot.send(result) {
+                    // Registered only once the caller has the answer: the
+                    // entry of a caller gone before (its watch dropped
+                    // unseen) would stay until a reconnect.
+                    Ok(()) => match confirmed {
+                        Some(Confirmed::Watch(path, kind, w)) => self.watches.add(&path, kind, w),
+                        Some(Confirmed::Queue(node, heads, q)) => self.queues.add(&node, heads, q),
+                        None => {}
+                    },
+                    Err(Ok(Answer {
                         reply: Reply::Enqueue { path, .. },
-                        ..
-                    })) = slot.send(result)
-                    {
-                        self.orphans.push(path);
-                    }
+                    })) => self.orphan(path),
+                    Err(_) => {}
                 }
                 None
             }
@@ -823,7 +848,145 @@ fn shows_session_alive(result: &Result<Reply, baton_proto::ErrorReply>) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use baton_proto::ErrorReply;
+    use crate::queue::QueueWatch;
+    use crate::watcher::Watcher;
+    use baton_proto::frame::HEADER_LEN;
+    use baton_proto::{ErrorReply, ReplyFrame, Stat};
+
+    /// A session task with no connection, fed frames by hand.
+    fn task() -> SessionTask {
+        let (_, unregister) = mpsc::unbounded_channel();
+        let (_, orphaned) = mpsc::unbounded_channel();
+        let timeout = Duration::from_secs(10);
+        SessionTask {
+            addrs: Vec::new(),
+            connect_timeout: timeout,
+            tls: None,
+            token: None,
+            session: SessionId(1),
+            secret: SessionSecret([0; 16]),
+            timeout,
+            link: Arc::new(Link::new()),
+            unregister,
+            orphaned,
+            state: watch::channel(SessionState::Connected).0,
+            liveness: Arc::new(Liveness::new(Instant::now(), timeout)),
+            watches: WatchTable::default(),
+            queues: QueueTable::default(),
+            orphans: Vec::new(),
+            last_revision: 0,
+            leader: None,
+            unanswered: VecDeque::new(),
+        }
+    }
+
+    /// Writes a request as a caller would; returns its xid.
+    fn call(
+        task: &SessionTask,
+        request: Request,
+        reply: ReplySlot,
+        watch: Option<Registration>,
+    ) -> u32 {
+        let mut out = task.link.lock();
+        out.push(request, Some(reply), watch);
+        out.pending.back().expect("just pushed").xid
+    }
+
+    /// The payload of the frame that answers `xid` with `reply`.
+    fn answer(xid: u32, reply: Reply) -> Bytes {
+        let mut buf = BytesMut::new();
+        let op = reply.op() as u8;
+        ServerMessage::Reply(ReplyFrame {
+            xid,
+            op,
+            revision: 7,
+            result: Ok(reply),
+        })
+        .encode(&mut buf);
+        buf.split_off(HEADER_LEN).freeze()
+    }
+
+    fn enqueued(node: &str) -> Reply {
+        Reply::Enqueue {
+            path: node.into(),
+            sequence: 7,
+            stat: Stat::default(),
+            predecessor: Some(("/q/n-0000000003".into(), Stat::default())),
+        }
+    }
+
+    #[test]
+    fn an_answer_for_a_caller_gone_registers_no_watch() {
+        let mut task = task();
+        let (unregister, _) = mpsc::unbounded_channel();
+        // Each caller made its request and was dropped, its watch with it.
+        let (watch, queue) = QueueWatch::new("/q/n-".into(), 1, unregister.clone());
+        drop(watch);
+        let (slot, _) = oneshot::channel();
+        let request = Request::Enqueue {
+            path: "/q/n-".into(),
+            data: Bytes::new(),
+        };
+        let enqueue = call(
+            &task,
+            request,
+            slot,
+            Some(Registration::Queue("/q/n-".into(), queue)),
+        );
+        let (watcher, data) = Watcher::new("/d".into(), 2, unregister);
+        drop(watcher);
+        let (slot, _) = oneshot::channel();
+        let request = Request::GetData {
+            path: "/d".into(),
+            watch: true,
+        };
+        let get = call(
+            &task,
+            request,
+            slot,
+            Some(Registration::Watch("/d".into(), data)),
+        );
+        assert!(task
+            .on_frame(answer(enqueue, enqueued("/q/n-0000000007")))
+            .is_none());
+        let got = Reply::GetData {
+            stat: Stat::default(),
+            data: Bytes::new(),
+        };
+        assert!(task.on_frame(answer(get, got)).is_none());
+        assert_eq!(task.queues.len(), 0);
+        assert_eq!(task.watches.len(), 0);
+        assert_eq!(task.orphans, ["/q/n-0000000007"]);
+    }
+
+    #[test]
+    fn a_queue_node_whose_answer_was_dropped_unread_loses_its_queue_watch() {
+        let mut task = task();
+        let (unregister, _) = mpsc::unbounded_channel();
+        let (watch, queue) = QueueWatch::new("/q/n-".into(), 1, unregister);
+        let (slot, mut rx) = oneshot::channel();
+        let request = Request::Enqueue {
+            path: "/q/n-".into(),
+            data: Bytes::new(),
+        };
+        let xid = call(
+            &task,
+            request,
+            slot,
+            Some(Registration::Queue("/q/n-".into(), queue)),
+        );
+        assert!(task
+            .on_frame(answer(xid, enqueued("/q/n-0000000007")))
+            .is_none());
+        assert_eq!(task.queues.len(), 1);
+        // The call is dropped with the answer unread: its watch never
+        // learnt the node's name, and the node is handed back.
+        drop(watch);
+        assert!(rx.try_recv().is_ok());
+        task.orphan("/q/n-0000000007".into());
+        assert_eq!(task.queues.len(), 0);
+        assert_eq!(task.orphans, ["/q/n-0000000007"]);
+    }
 
     #[test]
     fn only_successes_and_refusals_from_the_state_show_a_session_alive() {
