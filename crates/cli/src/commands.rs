@@ -1,4 +1,4 @@
-//! Client commands: create, get, set, ls, stat, rm, watch.
+//! Client commands: create, get, set, ls, stat, rm (delete), watch.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -11,12 +11,59 @@ use baton_client::{Client, CreateMode, EventKind, Stat, Watcher};
 use crate::signals::Interrupts;
 use crate::{CliError, CliResult};
 
-/// The one argument of get, ls, stat and watch (each describes itself where
-/// it is listed).
+/// The one argument of watch (it describes itself where it is listed).
 #[derive(clap::Args)]
 pub struct PathArg {
     /// Absolute node path, such as /app/config.
     path: String,
+}
+
+/// Print a node's data.
+///
+/// Writes the data byte for byte. On a terminal, a newline follows if the
+/// data does not end with one, so that the prompt starts on a line of its
+/// own; piped or redirected, the bytes are exactly as stored. With --watch,
+/// prints the data again at every change (each value then ends with a
+/// newline), until SIGINT (Ctrl-C), SIGTERM or SIGHUP.
+#[derive(clap::Args)]
+pub struct GetArgs {
+    /// Absolute node path, such as /app/config.
+    path: String,
+    /// Keep printing the data at every change (and say when the node is
+    /// deleted or created again).
+    #[arg(long)]
+    watch: bool,
+    /// Print one JSON object per value: `path`, `data` (as text) or
+    /// `data_base64` (if it is not UTF-8), `stat`; `deleted: true` when it
+    /// is gone (with --watch).
+    #[arg(long)]
+    json: bool,
+}
+
+/// List a node's children, one name per line.
+///
+/// With -R, every node below it instead, one full path per line, each
+/// after its parent.
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// Absolute node path, such as /app.
+    path: String,
+    /// Every node below the path, by full path.
+    #[arg(long, short = 'R')]
+    recursive: bool,
+    /// Print one JSON array: the names (with -R: the full paths).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Print a node's metadata: revisions, versions, owner, sizes.
+#[derive(clap::Args)]
+pub struct StatArgs {
+    /// Absolute node path.
+    path: String,
+    /// Print one JSON object with the same fields.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Create a node and print its path.
@@ -71,14 +118,18 @@ pub struct SetArgs {
     fence: Option<u64>,
 }
 
-/// Delete a node (it must have no children).
+/// Delete a node (it must have no children, unless -r).
 #[derive(clap::Args)]
 pub struct RmArgs {
     /// Absolute node path.
     path: String,
     /// Only if the node's data version is this.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "recursive")]
     version: Option<u32>,
+    /// Delete the node and every node below it (deepest first; nodes
+    /// created below it meanwhile go too). Not for `/`.
+    #[arg(long, short)]
+    recursive: bool,
 }
 
 /// The data a command stores: the argument as given, all of stdin for `-`,
@@ -170,16 +221,32 @@ pub async fn create(server: &str, args: CreateArgs) -> CliResult {
     .await
 }
 
-pub async fn get(server: &str, args: PathArg) -> CliResult {
-    let (data, _) = with_session(server, async |client| {
+pub async fn get(server: &str, args: GetArgs) -> CliResult {
+    if args.watch {
+        let mut interrupts = Interrupts::new()?;
+        return with_session(server, async |client| {
+            get_watching(client, &args, &mut interrupts).await
+        })
+        .await;
+    }
+    let (data, stat) = with_session(server, async |client| {
         Ok(client.get_data(&args.path).await?)
     })
     .await?;
+    if args.json {
+        println!("{}", value_json(&args.path, &data, &stat));
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut out = std::io::stdout().lock();
     // On a terminal the prompt should not land after the data; piped, the
     // bytes are exactly as stored.
     let newline = out.is_terminal() && !data.ends_with(b"\n");
-    out.write_all(&data)
+    write_out(&mut out, &data, newline)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_out(out: &mut impl Write, data: &[u8], newline: bool) -> Result<(), CliError> {
+    out.write_all(data)
         .and_then(|()| {
             if newline {
                 out.write_all(b"\n")
@@ -188,8 +255,79 @@ pub async fn get(server: &str, args: PathArg) -> CliResult {
             }
         })
         .and_then(|()| out.flush())
-        .map_err(|e| CliError::msg(format!("writing to stdout: {e}")))?;
-    Ok(ExitCode::SUCCESS)
+        .map_err(|e| CliError::msg(format!("writing to stdout: {e}")))
+}
+
+/// `get --watch`: the data now and at every change, until a signal.
+async fn get_watching(client: &Client, args: &GetArgs, interrupts: &mut Interrupts) -> CliResult {
+    let path = &args.path;
+    loop {
+        let watcher = match client.get_data_watch(path).await {
+            Ok((data, stat, watcher)) => {
+                if args.json {
+                    println!("{}", value_json(path, &data, &stat));
+                } else {
+                    let newline = !data.ends_with(b"\n");
+                    write_out(&mut std::io::stdout().lock(), &data, newline)?;
+                }
+                watcher
+            }
+            Err(baton_client::Error::NoNode(_)) => {
+                let (stat, watcher) = client.exists_watch(path).await?;
+                if stat.is_some() {
+                    continue; // created meanwhile
+                }
+                if args.json {
+                    println!("{}", serde_json::json!({ "path": path, "deleted": true }));
+                } else {
+                    eprintln!("{path} does not exist; waiting for it");
+                }
+                watcher
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let _ = std::io::stdout().flush();
+        tokio::select! {
+            _ = interrupts.recv() => return Ok(ExitCode::SUCCESS),
+            event = watcher => { event?; }
+        }
+    }
+}
+
+/// A node's data as JSON: text if it is UTF-8, else base64.
+fn data_json(data: &[u8]) -> (&'static str, serde_json::Value) {
+    use base64::Engine;
+    match std::str::from_utf8(data) {
+        Ok(text) => ("data", text.into()),
+        Err(_) => (
+            "data_base64",
+            base64::engine::general_purpose::STANDARD
+                .encode(data)
+                .into(),
+        ),
+    }
+}
+
+fn value_json(path: &str, data: &[u8], stat: &Stat) -> serde_json::Value {
+    let (key, value) = data_json(data);
+    let mut object = serde_json::json!({ "path": path, "stat": stat_json(stat) });
+    object[key] = value;
+    object
+}
+
+fn stat_json(s: &Stat) -> serde_json::Value {
+    serde_json::json!({
+        "czxid": s.czxid,
+        "mzxid": s.mzxid,
+        "pzxid": s.pzxid,
+        "ctime": s.ctime,
+        "mtime": s.mtime,
+        "version": s.version,
+        "cversion": s.cversion,
+        "ephemeralOwner": s.ephemeral_owner,
+        "dataLength": s.data_length,
+        "numChildren": s.num_children,
+    })
 }
 
 pub async fn set(server: &str, args: SetArgs) -> CliResult {
@@ -204,22 +342,63 @@ pub async fn set(server: &str, args: SetArgs) -> CliResult {
     .await
 }
 
-pub async fn ls(server: &str, args: PathArg) -> CliResult {
-    let (children, _) = with_session(server, async |client| {
-        Ok(client.get_children(&args.path).await?)
+pub async fn ls(server: &str, args: LsArgs) -> CliResult {
+    let json = args.json;
+    let listed = with_session(server, async |client| {
+        if !args.recursive {
+            return Ok(client.get_children(&args.path).await?.0);
+        }
+        // Each node after its parent; printed as found unless it is JSON.
+        let mut found = Vec::new();
+        let mut queue = std::collections::VecDeque::from([args.path.clone()]);
+        while let Some(parent) = queue.pop_front() {
+            let children = match client.get_children(&parent).await {
+                Ok((children, _)) => children,
+                // Deleted since its parent was listed.
+                Err(baton_client::Error::NoNode(_)) if parent != args.path => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for name in children {
+                let full = child_path(&parent, &name);
+                if json {
+                    found.push(full.clone());
+                } else {
+                    println!("{full}");
+                }
+                queue.push_back(full);
+            }
+        }
+        Ok(found)
     })
     .await?;
-    for child in children {
-        println!("{child}");
+    if json {
+        println!("{}", serde_json::Value::from(listed));
+    } else {
+        for name in listed {
+            println!("{name}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn stat(server: &str, args: PathArg) -> CliResult {
+/// The full path of `name` under `parent`.
+fn child_path(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+pub async fn stat(server: &str, args: StatArgs) -> CliResult {
     let stat = with_session(server, async |client| Ok(client.exists(&args.path).await?))
         .await?
         .ok_or_else(|| CliError::msg(format!("no node: {} does not exist", args.path)))?;
-    print_stat(&stat);
+    if args.json {
+        println!("{}", stat_json(&stat));
+    } else {
+        print_stat(&stat);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -240,15 +419,66 @@ fn print_stat(s: &Stat) {
 }
 
 pub async fn rm(server: &str, args: RmArgs) -> CliResult {
+    if args.recursive && args.path == "/" {
+        return Err(CliError::msg(
+            "refusing to delete every node: name a node below / (its children go with it)",
+        ));
+    }
     with_session(server, async |client| {
-        client.delete(&args.path, args.version).await?;
+        if args.recursive {
+            delete_tree(client, &args.path).await?;
+        } else {
+            client.delete(&args.path, args.version).await?;
+        }
         Ok(ExitCode::SUCCESS)
     })
     .await
 }
 
+/// Deletes `path` and every node below it, deepest first. A node that gains
+/// a child meanwhile is listed again (a bounded number of times: a tree
+/// someone keeps growing is reported, not chased forever).
+async fn delete_tree(client: &Client, path: &str) -> Result<(), CliError> {
+    const ATTEMPTS: usize = 10;
+    // Paths to delete, each after all of its descendants: a stack of
+    // (path, children listed?).
+    let mut stack = vec![(path.to_owned(), false, 0usize)];
+    while let Some((node, listed, attempts)) = stack.pop() {
+        if !listed {
+            stack.push((node.clone(), true, attempts));
+            match client.get_children(&node).await {
+                Ok((children, _)) => {
+                    for name in children {
+                        stack.push((child_path(&node, &name), false, 0));
+                    }
+                }
+                Err(baton_client::Error::NoNode(_)) => {
+                    stack.pop();
+                }
+                Err(e) => return Err(e.into()),
+            }
+            continue;
+        }
+        match client.delete(&node, None).await {
+            Ok(()) | Err(baton_client::Error::NoNode(_)) => {}
+            Err(baton_client::Error::NotEmpty(_)) if attempts < ATTEMPTS => {
+                stack.push((node, false, attempts + 1));
+            }
+            Err(baton_client::Error::NotEmpty(_)) => {
+                return Err(CliError::msg(format!(
+                    "{node} keeps gaining children while it is deleted ({ATTEMPTS} attempts); stop what creates them and try again"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Prints every change at a path (its data, its existence, its children)
-/// until SIGINT, SIGTERM or SIGHUP. Each line: event kind, path, revision.
+/// until SIGINT, SIGTERM or SIGHUP. Each line: event kind, path, revision,
+/// then what changed: the new data (as text, at most 200 characters) or
+/// the children added (`+name`) and removed (`-name`).
 pub async fn watch(server: &str, args: PathArg) -> CliResult {
     let mut interrupts = Interrupts::new()?;
     with_session(server, async |client| {
@@ -257,51 +487,119 @@ pub async fn watch(server: &str, args: PathArg) -> CliResult {
     .await
 }
 
+/// What `watch` knows of the node, to say what changed.
+struct Seen {
+    node: Watcher,
+    /// The data, if the node exists.
+    data: Option<Bytes>,
+    children: Option<(Watcher, Vec<String>)>,
+}
+
 async fn watch_until(client: &Client, path: &str, interrupts: &mut Interrupts) -> CliResult {
-    let mut node = Some(arm_node(client, path).await?);
-    let mut children = arm_children(client, path).await?;
+    let (node, data) = arm_node(client, path).await?;
+    let mut seen = Seen {
+        node,
+        data,
+        children: arm_children(client, path).await?,
+    };
     eprintln!("watching {path}; Ctrl-C to stop");
     // A deletion fires both watches with the same event: print it once.
     let mut last: Option<(EventKind, u64)> = None;
     loop {
-        let event = tokio::select! {
+        let (event, from_node) = tokio::select! {
             _ = interrupts.recv() => return Ok(ExitCode::SUCCESS),
-            e = async { node.as_mut().expect("armed").await }, if node.is_some() => {
-                node = None;
-                e?
-            }
-            e = async { children.as_mut().expect("armed").await }, if children.is_some() => {
-                children = None;
-                e?
-            }
+            e = &mut seen.node => (e?, true),
+            e = async { (&mut seen.children.as_mut().expect("armed").0).await }, if seen.children.is_some() => (e?, false),
         };
-        if last != Some((event.kind, event.revision)) {
-            println!(
-                "{} {} revision {}",
-                kind_name(event.kind),
-                event.path,
-                event.revision
-            );
-            let _ = std::io::stdout().flush();
+        let before = seen
+            .children
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        // Both watches fire for a deletion: take both, print it once.
+        if from_node {
+            let (node, data) = arm_node(client, path).await?;
+            seen.node = node;
+            seen.data = data;
+        }
+        if !from_node || seen.data.is_none() || seen.children.is_none() {
+            seen.children = arm_children(client, path).await?;
+        }
+        let after = seen
+            .children
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        let what = match event.kind {
+            EventKind::Created | EventKind::DataChanged => {
+                seen.data.as_deref().map(shown).unwrap_or_default()
+            }
+            EventKind::ChildrenChanged => child_changes(&before, &after),
+            _ => String::new(),
+        };
+        if last == Some((event.kind, event.revision)) {
+            continue;
         }
         last = Some((event.kind, event.revision));
-        if node.is_none() {
-            node = Some(arm_node(client, path).await?);
-        }
-        if children.is_none() {
-            children = arm_children(client, path).await?;
-        }
+        let what = if what.is_empty() {
+            what
+        } else {
+            format!(": {what}")
+        };
+        println!(
+            "{} {} revision {}{what}",
+            kind_name(event.kind),
+            event.path,
+            event.revision
+        );
+        let _ = std::io::stdout().flush();
     }
 }
 
-async fn arm_node(client: &Client, path: &str) -> Result<Watcher, CliError> {
-    Ok(client.exists_watch(path).await?.1)
+/// Data as a line shows it: text (lossy), at most 200 characters.
+fn shown(data: &[u8]) -> String {
+    let text = String::from_utf8_lossy(data);
+    let mut out: String = text.chars().take(200).collect();
+    if text.chars().count() > 200 {
+        out.push('…');
+    }
+    out.replace('\n', "\\n")
 }
 
-/// A child watch, if the node exists (there is nothing to list otherwise).
-async fn arm_children(client: &Client, path: &str) -> Result<Option<Watcher>, CliError> {
+/// `+added -removed` between two lists of children.
+fn child_changes(before: &[String], after: &[String]) -> String {
+    let added = after
+        .iter()
+        .filter(|c| !before.contains(c))
+        .map(|c| format!("+{c}"));
+    let removed = before
+        .iter()
+        .filter(|c| !after.contains(c))
+        .map(|c| format!("-{c}"));
+    added.chain(removed).collect::<Vec<_>>().join(" ")
+}
+
+/// A watch on the node's data and existence, and its data if it exists.
+async fn arm_node(client: &Client, path: &str) -> Result<(Watcher, Option<Bytes>), CliError> {
+    match client.get_data_watch(path).await {
+        Ok((data, _, w)) => Ok((w, Some(data))),
+        Err(baton_client::Error::NoNode(_)) => match client.exists_watch(path).await? {
+            // Created in between: watch its data.
+            (Some(_), _) => Box::pin(arm_node(client, path)).await,
+            (None, w) => Ok((w, None)),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A child watch and the children, if the node exists (there is nothing to
+/// list otherwise).
+async fn arm_children(
+    client: &Client,
+    path: &str,
+) -> Result<Option<(Watcher, Vec<String>)>, CliError> {
     match client.get_children_watch(path).await {
-        Ok((_, _, w)) => Ok(Some(w)),
+        Ok((children, _, w)) => Ok(Some((w, children))),
         Err(baton_client::Error::NoNode(_)) => Ok(None),
         Err(e) => Err(e.into()),
     }

@@ -82,6 +82,11 @@ pub struct LeaderArgs {
     /// Keep printing changes of leader.
     #[arg(long)]
     watch: bool,
+
+    /// Print JSON: `{"value", "epoch", "node", "session"}`, or `null` when
+    /// nobody leads (one per line with --watch).
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn elect(server: &str, args: ElectArgs) -> CliResult {
@@ -150,7 +155,7 @@ pub async fn leader(server: &str, args: LeaderArgs) -> CliResult {
             Ok(Election::new(client, &args.path).leader().await?)
         })
         .await?;
-        print_leader(leader.as_ref());
+        print_leader(leader.as_ref(), args.json);
         return Ok(ExitCode::SUCCESS);
     }
     let mut interrupts = Interrupts::new()?;
@@ -160,7 +165,7 @@ pub async fn leader(server: &str, args: LeaderArgs) -> CliResult {
             tokio::select! {
                 _ = interrupts.recv() => return Ok(ExitCode::SUCCESS),
                 change = changes.next() => match change {
-                    Some(Ok(leader)) => print_leader(leader.as_ref()),
+                    Some(Ok(leader)) => print_leader(leader.as_ref(), args.json),
                     Some(Err(e)) => return Err(CliError::from(e)),
                     None => return Ok(ExitCode::SUCCESS),
                 },
@@ -170,10 +175,20 @@ pub async fn leader(server: &str, args: LeaderArgs) -> CliResult {
     .await
 }
 
-fn print_leader(leader: Option<&Leader>) {
-    match leader {
-        Some(l) => println!("{} {}", String::from_utf8_lossy(&l.value), l.token),
-        None => println!("none"),
+fn print_leader(leader: Option<&Leader>, json: bool) {
+    match (leader, json) {
+        (Some(l), false) => println!("{} {}", String::from_utf8_lossy(&l.value), l.token),
+        (None, false) => println!("none"),
+        (Some(l), true) => println!(
+            "{}",
+            serde_json::json!({
+                "value": String::from_utf8_lossy(&l.value),
+                "epoch": l.token.get(),
+                "node": l.node,
+                "session": l.session.map(|s| s.0),
+            })
+        ),
+        (None, true) => println!("null"),
     }
     let _ = std::io::stdout().flush();
 }

@@ -67,32 +67,41 @@ pub struct LockArgs {
     command: Vec<String>,
 }
 
-/// Show a lock's holder and queue, or the server's busiest locks.
+/// Show a lock's holder and queue, or the server's locks.
 ///
 /// With a path: one line per contender, in order: the holder first, then
 /// the waiters. Each line shows the position, the fencing token, the owning
 /// session, the node and what the contender stored in it (for `baton lock`,
-/// its process id and host).
+/// its process id and host); a contender whose session is silent,
+/// disconnected or expiring says so, and when it will expire.
 ///
-/// With --all: the server's busiest locks (longest queue first, then most
-/// grants), each with its queue length, the holder's token, and how many
-/// grants it made and how long waiters waited and holders held on average,
-/// as the server counted them since it started (or, in a cluster, since it
-/// leads). `baton locks PATH` then shows one of them in full.
+/// Without a path (or with --all): the locks the server follows, busiest
+/// first (longest queue, then most grants; the 20 busiest), each with its
+/// queue length, the holder's token, and how many grants it made and how
+/// long waiters waited and holders held on average, as the server counted
+/// them since it started (or, in a cluster, since it leads). `baton locks
+/// PATH` then shows one of them in full.
 #[derive(clap::Args)]
 pub struct LocksArgs {
     /// Path of the lock.
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    #[arg(conflicts_with = "all")]
     path: Option<String>,
 
-    /// Show the busiest locks instead of one.
+    /// Show the server's locks (as without a path).
     #[arg(long)]
     all: bool,
+
+    /// Print JSON: with a path, an array of contenders (`role`, `token`,
+    /// `session`, `node`, `identity`, `liveness`, `silent_ms`,
+    /// `expires_in_ms`); without, an array of locks (`lock`, `queue`,
+    /// `token`, `grants`, `wait_seconds`, `holds`, `hold_seconds`).
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
     let Some(path) = args.path else {
-        return busiest(server).await;
+        return busiest(server, args.json).await;
     };
     let (queue, liveness) = crate::commands::with_session(server, async |client| {
         let queue = Lock::new(client, &path).contenders().await?;
@@ -106,6 +115,27 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
         Ok((queue, liveness))
     })
     .await?;
+    if args.json {
+        let contenders: Vec<serde_json::Value> = queue
+            .iter()
+            .zip(&liveness)
+            .enumerate()
+            .map(|(i, (c, status))| {
+                serde_json::json!({
+                    "role": if i == 0 { "holder" } else { "waiter" },
+                    "token": c.token.get(),
+                    "session": c.owner.map(|o| o.0),
+                    "node": c.node,
+                    "identity": String::from_utf8_lossy(&c.identity),
+                    "liveness": status.map(|s| format!("{:?}", s.liveness).to_lowercase()),
+                    "silent_ms": status.map(|s| s.silent_ms),
+                    "expires_in_ms": status.and_then(|s| s.expires_in()).map(|d| d.as_millis() as u64),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::from(contenders));
+        return Ok(ExitCode::SUCCESS);
+    }
     if queue.is_empty() {
         println!("{path} is free: no holder, no waiters");
     }
@@ -155,13 +185,17 @@ fn unhealthy(status: &baton_client::SessionStatus) -> String {
 /// `baton locks --all`: the busiest locks, from the status probe of the
 /// server that serves clients (a cluster's leader: a lock's figures are
 /// counted where it is granted).
-async fn busiest(servers: &str) -> CliResult {
+async fn busiest(servers: &str, json: bool) -> CliResult {
     let limit = std::time::Duration::from_secs(3);
     let mut status = crate::status::probe_any(servers, limit).await?;
     if let (Some("follower"), Some(leader)) = (status["role"].as_str(), status["leader"].as_str()) {
         status = crate::status::probe_any(leader, limit).await?;
     }
     let locks = status["locks"].as_array().cloned().unwrap_or_default();
+    if json {
+        println!("{}", serde_json::Value::from(locks));
+        return Ok(ExitCode::SUCCESS);
+    }
     if locks.is_empty() {
         if status["locks_hidden"] == true {
             println!(

@@ -84,22 +84,18 @@ struct Cli {
 enum Command {
     Serve(Box<serve::ServeArgs>),
     Create(commands::CreateArgs),
-    /// Print a node's data.
-    ///
-    /// Writes the data byte for byte. On a terminal, a newline follows if
-    /// the data does not end with one, so that the prompt starts on a line
-    /// of its own; piped or redirected, the bytes are exactly as stored.
-    Get(commands::PathArg),
+    Get(commands::GetArgs),
     Set(commands::SetArgs),
-    /// List a node's children, one name per line.
-    Ls(commands::PathArg),
-    /// Print a node's metadata: revisions, versions, owner, sizes.
-    Stat(commands::PathArg),
+    Ls(commands::LsArgs),
+    Stat(commands::StatArgs),
+    #[command(visible_alias = "delete")]
     Rm(commands::RmArgs),
     /// Print every change to a node, its existence and its children.
     ///
-    /// Each line: the kind of change, the path and the revision. Runs until
-    /// SIGINT (Ctrl-C), SIGTERM or SIGHUP, then closes its session.
+    /// Each line: the kind of change, the path and the revision, then what
+    /// changed: the new data (as text, at most 200 characters) or the
+    /// children added (+name) and removed (-name). Runs until SIGINT
+    /// (Ctrl-C), SIGTERM or SIGHUP, then closes its session.
     Watch(commands::PathArg),
     Lock(lock::LockArgs),
     Locks(lock::LocksArgs),

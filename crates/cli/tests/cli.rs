@@ -102,9 +102,11 @@ fn ephemeral_create_holds_the_node_until_interrupted_and_watch_reports_changes()
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     assert!(
-        first.starts_with("children-changed /w revision "),
+        first.starts_with("children-changed /w revision ") && first.ends_with(": +e"),
         "{first}"
     );
+    let second = lines.next().unwrap().unwrap();
+    assert!(second.ends_with(": -e"), "{second}");
     unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
     assert!(watch.wait().unwrap().success());
 }
@@ -378,4 +380,85 @@ fn output_into_a_reader_that_exits_ends_quietly() {
         "{:?}",
         out.status
     );
+}
+
+/// Pins the everyday commands and flags: delete (rm's other name), rm -r,
+/// ls -R, --json on ls, get, stat, locks and leader, get --watch, watch
+/// printing the new value, and locks without a path.
+#[test]
+fn everyday_commands_delete_trees_list_trees_and_speak_json() {
+    let s = Served::start();
+    for path in ["/t", "/t/a", "/t/a/x", "/t/b"] {
+        s.ok(&["create", path, "v"]);
+    }
+    assert_eq!(s.ok(&["ls", "-R", "/t"]), "/t/a\n/t/b\n/t/a/x\n");
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["ls", "--json", "/t"])).unwrap();
+    assert_eq!(json, serde_json::json!(["a", "b"]));
+    let json: serde_json::Value =
+        serde_json::from_str(&s.ok(&["ls", "-R", "--json", "/t"])).unwrap();
+    assert_eq!(json, serde_json::json!(["/t/a", "/t/b", "/t/a/x"]));
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["get", "--json", "/t/a"])).unwrap();
+    assert_eq!(json["data"], "v");
+    assert_eq!(json["stat"]["numChildren"], 1);
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["stat", "--json", "/t"])).unwrap();
+    assert_eq!(json["numChildren"], 2);
+    // Data that is not text comes as base64.
+    let out = with_stdin(&s, &["set", "/t/b", "-"], &[0xff, 0x00, 0x80]);
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["get", "--json", "/t/b"])).unwrap();
+    assert_eq!(json["data_base64"], "/wCA");
+    // A node with children is not deleted without -r; with it, the tree goes.
+    let err = s.fails(&["delete", "/t"]);
+    assert!(err.contains("not empty"), "{err}");
+    s.ok(&["rm", "-r", "/t"]);
+    assert!(s.fails(&["get", "/t"]).contains("no node"));
+    let err = s.fails(&["rm", "-r", "/"]);
+    assert!(err.contains("refusing"), "{err}");
+
+    // locks and leader as JSON; locks without a path.
+    let held = s.run(&["lock", "/locks/j", "--", "true"]);
+    assert!(held.status.success());
+    let json: serde_json::Value = serde_json::from_str(&s.ok(&["locks", "--json"])).unwrap();
+    assert_eq!(json[0]["lock"], "/locks/j", "{json}");
+    assert!(s.ok(&["locks"]).contains("/locks/j"));
+    let json: serde_json::Value =
+        serde_json::from_str(&s.ok(&["locks", "--json", "/locks/j"])).unwrap();
+    assert_eq!(json, serde_json::json!([]));
+    assert_eq!(s.ok(&["leader", "--json", "/election/none"]).trim(), "null");
+
+    // get --watch: the value now and after each change.
+    s.ok(&["create", "/g", "one"]);
+    let mut watching = baton()
+        .args(["--server", &s.addr, "get", "--watch", "/g"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watching.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "one");
+    s.ok(&["set", "/g", "two"]);
+    assert_eq!(lines.next().unwrap().unwrap(), "two");
+    unsafe { libc::kill(watching.id() as i32, libc::SIGINT) };
+    assert!(watching.wait().unwrap().success());
+
+    // watch: the new data on the line.
+    let mut watch = baton()
+        .args(["--server", &s.addr, "watch", "/g"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(watch.stderr.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    s.ok(&["set", "/g", "three"]);
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.starts_with("data-changed /g revision ") && line.ends_with(": three"),
+        "{line}"
+    );
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    assert!(watch.wait().unwrap().success());
 }
