@@ -34,9 +34,9 @@ pub struct SaveArgs {
     /// Where to write the snapshot (replaced if it exists).
     file: PathBuf,
 
-    /// How long to wait for each part of the server's answer, in
-    /// milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    /// How long to wait for each part of the server's answer (a duration;
+    /// a bare number is milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::duration::millis)]
     timeout: u64,
 }
 

@@ -88,8 +88,9 @@ pub struct LocalArgs {
     /// Directory for the members' data directories and logs.
     #[arg(long, value_name = "DIR")]
     pub(crate) data_dir: std::path::PathBuf,
-    /// Each member's election timeout, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 150)]
+    /// Each member's election timeout (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
     pub(crate) election_timeout: u64,
 }
 

@@ -4,9 +4,43 @@
 
 use std::time::Duration;
 
-/// A duration given on the command line (see the module's docs).
+/// A duration given on the command line (see the module's docs). In a
+/// config file: an integer (milliseconds) or a string with a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Span(pub Duration);
+
+/// Parses a duration flag into whole milliseconds, for the flags and
+/// settings that keep milliseconds (clap's `value_parser`).
+pub fn millis(text: &str) -> Result<u64, String> {
+    let span: Span = text.parse()?;
+    Ok(span.0.as_millis().min(u128::from(u64::MAX)) as u64)
+}
+
+/// A duration setting in a config file: an integer (milliseconds) or a
+/// string with a unit. For `#[serde(deserialize_with)]` on an
+/// `Option<u64>` of milliseconds.
+pub fn opt_millis<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Visit;
+    impl serde::de::Visitor<'_> for Visit {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(
+                "a duration: milliseconds, or a string with a unit (\"500ms\", \"2s\", \"1m\")",
+            )
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v)
+                .map_err(|_| E::custom(format!("{v} is not a duration: it is negative")))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<u64, E> {
+            millis(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(Visit).map(Some)
+}
 
 impl std::str::FromStr for Span {
     type Err = String;

@@ -52,16 +52,18 @@ pub struct ElectArgs {
     #[arg(long)]
     value: String,
 
-    /// Session timeout to ask for, in milliseconds: how long leadership
-    /// survives this process falling silent (the failover time).
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    /// Session timeout to ask for: how long leadership survives this
+    /// process falling silent (the failover time). A duration; a bare
+    /// number is milliseconds.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::duration::millis)]
     session_timeout: u64,
 
     /// Time CMD gets between SIGTERM and SIGKILL [default: a fifth of the
     /// session timeout]. SIGTERM comes this long, plus a safety margin of a
     /// tenth of the session timeout, before the server may expire the
-    /// session, so the two must fit in half the session timeout.
-    #[arg(long, value_name = "MS")]
+    /// session, so the two must fit in half the session timeout. A
+    /// duration; a bare number is milliseconds.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::millis)]
     kill_grace: Option<u64>,
 
     /// The command to run while leading, and its arguments (after `--`).

@@ -46,20 +46,22 @@ pub struct LockArgs {
     /// Path of the lock, such as /locks/nightly-report.
     path: String,
 
-    /// Give up waiting after this many milliseconds (exit status 124).
-    #[arg(long, value_name = "MS")]
+    /// Give up waiting after this long (exit status 124): a duration such as
+    /// 30s or 500ms (a bare number is milliseconds).
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::millis)]
     timeout: Option<u64>,
 
-    /// Session timeout to ask for, in milliseconds: how long the lock
-    /// survives this process falling silent.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    /// Session timeout to ask for: how long the lock survives this process
+    /// falling silent (a duration; a bare number is milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::duration::millis)]
     session_timeout: u64,
 
     /// Time CMD gets between SIGTERM and SIGKILL [default: a fifth of the
     /// session timeout]. SIGTERM comes this long, plus a safety margin of a
     /// tenth of the session timeout, before the server may expire the
-    /// session, so the two must fit in half the session timeout.
-    #[arg(long, value_name = "MS")]
+    /// session, so the two must fit in half the session timeout. A
+    /// duration; a bare number is milliseconds.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::millis)]
     kill_grace: Option<u64>,
 
     /// The command to run and its arguments (after `--`).

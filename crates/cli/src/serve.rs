@@ -92,10 +92,16 @@ pub struct ServeArgs {
     pub(crate) peer_listen: Option<String>,
 
     /// How long a follower waits without hearing from its leader before it
-    /// stands for election, in milliseconds (the longest wait is twice
-    /// this). Failover takes about this long. [default: 150]
-    #[arg(long, value_name = "MS", env = "BATON_ELECTION_TIMEOUT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// stands for election (the longest wait is twice this), after the
+    /// leader's lease of twice this again: a failover takes about four
+    /// times this (0.5-0.6 s with the default). A duration; a bare number is
+    /// milliseconds. [default: 150ms]
+    #[arg(long, value_name = "DURATION", env = "BATON_ELECTION_TIMEOUT", value_parser = crate::duration::millis)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt_millis"
+    )]
     pub(crate) election_timeout: Option<u64>,
 
     /// Take a snapshot of the state (and let the replicated log behind it
@@ -152,15 +158,24 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) snapshot_every: Option<u64>,
 
-    /// Smallest session timeout granted, in milliseconds (at least 100).
-    /// [default: 2000]
-    #[arg(long, value_name = "MS", env = "BATON_MIN_SESSION_TIMEOUT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Smallest session timeout granted (at least 100ms). A duration; a
+    /// bare number is milliseconds. [default: 2s]
+    #[arg(long, value_name = "DURATION", env = "BATON_MIN_SESSION_TIMEOUT", value_parser = crate::duration::millis)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt_millis"
+    )]
     pub(crate) min_session_timeout: Option<u64>,
 
-    /// Largest session timeout granted, in milliseconds. [default: 60000]
-    #[arg(long, value_name = "MS", env = "BATON_MAX_SESSION_TIMEOUT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Largest session timeout granted. A duration; a bare number is
+    /// milliseconds. [default: 60s]
+    #[arg(long, value_name = "DURATION", env = "BATON_MAX_SESSION_TIMEOUT", value_parser = crate::duration::millis)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt_millis"
+    )]
     pub(crate) max_session_timeout: Option<u64>,
 
     /// Largest data one node may hold, in bytes. [default: 1048576]

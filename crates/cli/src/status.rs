@@ -23,8 +23,9 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
 
-    /// How long to wait for an answer, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 3_000)]
+    /// How long to wait for an answer (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::duration::millis)]
     timeout: u64,
 }
 

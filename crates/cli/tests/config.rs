@@ -373,3 +373,36 @@ fn the_shipped_example_configuration_is_accepted() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pins: durations take units in flags, variables and the file (a bare
+/// number stays milliseconds), and a bad one is refused naming the setting.
+#[test]
+fn durations_take_units_everywhere() {
+    let dir = scratch("durations");
+    let file = write(
+        &dir,
+        "d.toml",
+        "max-session-timeout = \"2m\"\nmin-session-timeout = 1500\n",
+    );
+    let shown = printed(&["--config", file.to_str().unwrap()], &[]);
+    assert!(shown.contains("max-session-timeout = 120000"), "{shown}");
+    assert!(shown.contains("min-session-timeout = 1500"), "{shown}");
+    let shown = printed(
+        &["--min-session-timeout", "3s"],
+        &[("BATON_MAX_SESSION_TIMEOUT", "90s")],
+    );
+    assert!(shown.contains("min-session-timeout = 3000"), "{shown}");
+    assert!(shown.contains("max-session-timeout = 90000"), "{shown}");
+    let err = refused(&["--min-session-timeout", "3 fortnights"], &[]);
+    assert!(
+        err.contains("min-session-timeout") && err.contains("duration"),
+        "{err}"
+    );
+    let bad = write(&dir, "bad.toml", "max-session-timeout = \"soon\"\n");
+    let err = refused(&["--config", bad.to_str().unwrap()], &[]);
+    assert!(
+        err.contains("max-session-timeout") && err.contains("duration"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -74,6 +74,9 @@ fn a_waiter_times_out_with_status_124_and_locks_shows_the_queue() {
     let out = s.run(&["lock", "--timeout", "200", "/locks/busy", "--", "true"]);
     assert_eq!(out.status.code(), Some(124));
     assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+    // The same with a unit.
+    let out = s.run(&["lock", "--timeout", "0.2s", "/locks/busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(124));
     assert_eq!(
         s.ok(&["locks", "/locks/busy"]).lines().count(),
         1,

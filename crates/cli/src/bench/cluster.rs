@@ -32,8 +32,9 @@ pub struct ClusterArgs {
     /// Concurrent writers for the durable write measurement.
     #[arg(long, default_value_t = 16)]
     writers: usize,
-    /// How long each timed run lasts, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    /// How long each timed run lasts (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::duration::millis)]
     duration_ms: u64,
     /// How many times the leader is killed (0 skips it).
     #[arg(long, default_value_t = 20)]

@@ -33,8 +33,9 @@ pub struct DurabilityArgs {
     /// Contenders queueing on one lock for the handover measurement.
     #[arg(long, default_value_t = 16)]
     contenders: usize,
-    /// How long each timed run lasts, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    /// How long each timed run lasts (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::duration::millis)]
     duration_ms: u64,
     /// Log records to write before timing recovery (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]

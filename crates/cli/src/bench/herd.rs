@@ -75,16 +75,18 @@ pub struct HerdArgs {
         default_value = "predecessor,watch-all,poll"
     )]
     recipe: Vec<Recipe>,
-    /// How often the poll recipe retries, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10)]
+    /// How often the poll recipe retries (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = crate::duration::millis)]
     poll_ms: u64,
     /// Time limit of each run, in seconds.
     #[arg(long, value_name = "S", default_value_t = 30)]
     max_seconds: u64,
-    /// Session timeout each waiter asks for, in milliseconds. A client
-    /// pings after a third of it goes quiet, so a shorter timeout adds pings
-    /// (10,000 waiters at 30,000 ms make 1,000 pings a second).
-    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    /// Session timeout each waiter asks for (a duration; a bare number is
+    /// milliseconds). A client pings after a third of it goes quiet, so a
+    /// shorter timeout adds pings (10,000 waiters at 30 s make 1,000 pings a
+    /// second).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::duration::millis)]
     session_timeout_ms: u64,
     /// Fsync policy of the server this benchmark starts.
     #[arg(long, value_name = "POLICY", default_value = "always")]

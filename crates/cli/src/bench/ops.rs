@@ -36,8 +36,9 @@ pub struct OpsArgs {
     /// Concurrent clients for create+delete, as a comma-separated list.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
-    /// How long each create+delete run lasts, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    /// How long each create+delete run lasts (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::duration::millis)]
     duration_ms: u64,
     /// Idle sessions to open for the memory measurement (0 skips it).
     /// Past the open-file limit, the others create their node and leave
@@ -46,8 +47,9 @@ pub struct OpsArgs {
     sessions: usize,
     /// Session timeout the memory measurement's sessions ask for (its own
     /// server allows it). Every session must outlive the whole run; by
-    /// default 120 s plus 2 ms per session past the first 100,000.
-    #[arg(long, value_name = "MS")]
+    /// default 120 s plus 2 ms per session past the first 100,000. A
+    /// duration; a bare number is milliseconds.
+    #[arg(long, value_name = "DURATION", value_parser = millis_u32)]
     session_timeout_ms: Option<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long, conflicts_with = "markdown")]
@@ -115,6 +117,12 @@ struct Memory {
 
 /// The session timeout the memory measurement asks for by default: long
 /// enough for the first session to outlive the opening of the last.
+/// A duration flag in milliseconds that must fit a session timeout.
+fn millis_u32(text: &str) -> Result<u32, String> {
+    let ms = crate::duration::millis(text)?;
+    u32::try_from(ms).map_err(|_| format!("{text:?} is longer than a session timeout can be"))
+}
+
 fn default_session_timeout_ms(sessions: usize) -> u32 {
     let extra = sessions.saturating_sub(100_000).saturating_mul(2);
     120_000u32.saturating_add(u32::try_from(extra).unwrap_or(u32::MAX))
