@@ -130,7 +130,7 @@ pub fn parse_members(spec: &str) -> Result<BTreeMap<u64, Member>, CliError> {
     Ok(members)
 }
 
-fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
+pub(crate) fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
     spec.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -147,7 +147,12 @@ fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
 }
 
 /// `baton serve --node-id ID ...`: runs a cluster member.
-pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliResult {
+pub async fn serve_member(
+    id: u64,
+    args: &Settings,
+    mut server: Config,
+    metrics: Option<tokio::net::TcpListener>,
+) -> CliResult {
     let members = args.peers.as_deref().map(parse_members).transpose()?;
     if members.as_ref().is_some_and(|m| !m.contains_key(&id)) {
         return Err(CliError::msg(format!(
@@ -242,7 +247,7 @@ pub async fn serve_member(id: u64, args: &Settings, mut server: Config) -> CliRe
     let addr = member
         .client_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
-    serve_metrics(args, member.handle()).await?;
+    serve_metrics(metrics, member.handle());
     reload_on_sighup(args, member.handle())?;
     tracing::info!(member = id, %addr, peer = %peer_addr, "cluster member ready; stop with Ctrl-C or SIGTERM");
     say_listening(&addr.to_string());

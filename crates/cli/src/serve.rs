@@ -466,6 +466,33 @@ impl Settings {
                 "a joining member needs peer-listen (--peer-listen), the address the others reach it at".into(),
             ));
         }
+        // Addresses are checked here, so that --print-config refuses what
+        // serve would, and before anything touches the data directory.
+        for (key, addr) in [
+            ("listen", &s.listen),
+            ("metrics-listen", &s.metrics_listen),
+            ("peer-listen", &s.peer_listen),
+        ] {
+            if let Some(addr) = addr {
+                check_addr(addr).map_err(|why| bad(key, why))?;
+            }
+        }
+        if let Some(peers) = &s.peers {
+            let members =
+                crate::cluster::parse_members(peers).map_err(|e| bad("peers", e.to_string()))?;
+            for (id, m) in members {
+                for addr in [&m.peer, &m.client] {
+                    check_addr(addr).map_err(|why| bad("peers", format!("member {id}: {why}")))?;
+                }
+            }
+        }
+        if let Some(routes) = &s.route {
+            for (id, addr) in
+                crate::cluster::parse_routes(routes).map_err(|e| bad("route", e.to_string()))?
+            {
+                check_addr(&addr).map_err(|why| bad("route", format!("member {id}: {why}")))?;
+            }
+        }
         let tls_files = match (&s.tls_cert, &s.tls_key, &s.tls_ca) {
             (None, None, None) => None,
             (Some(cert), Some(key), ca) => Some(TlsFiles {
@@ -612,22 +639,48 @@ impl Settings {
     }
 }
 
+/// Whether `addr` reads as HOST:PORT: a host (a name, an IPv4 address or
+/// a bracketed IPv6 one) and a port number.
+pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        format!("{addr:?} is not an address to listen on or reach: {why}; give HOST:PORT, such as 127.0.0.1:4181")
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("it has no port"))?;
+    if host.is_empty() {
+        return Err(bad("it has no host"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad("an IPv6 address goes in brackets"));
+    }
+    port.parse::<u16>()
+        .map(|_| ())
+        .map_err(|_| bad(&format!("{port:?} is not a port number")))
+}
+
 pub async fn run(args: Settings) -> CliResult {
     let config = args.server_config();
+    // Ports are taken (or found taken) before the data directory is
+    // touched: a busy port must not leave a new directory behind.
+    let metrics = bind_metrics(&args).await?;
     if let Some(id) = args.node_id {
-        return crate::cluster::serve_member(id, &args, config).await;
+        return crate::cluster::serve_member(id, &args, config, metrics).await;
     }
     let server = match args.listen_fd {
         Some(fd) => Server::new(inherited(fd, "--listen-fd")?, config)?,
         None => {
             let listen = args.listen.as_deref().unwrap_or(crate::DEFAULT_SERVER);
+            // The server binds after recovering its log (clients that come
+            // meanwhile are refused, not kept waiting); whether it can is
+            // found out now.
+            std::net::TcpListener::bind(listen)
+                .map_err(|e| CliError::msg(format!("cannot listen on {listen} (listen): {e}")))?;
             Server::bind(listen, config).await?
         }
     };
     let addr = server
         .local_addr()
         .map_err(|e| CliError::msg(e.to_string()))?;
-    serve_metrics(&args, server.handle()).await?;
+    serve_metrics(metrics, server.handle());
     reload_on_sighup(&args, server.handle())?;
     if args.identities.is_none() && !addr.ip().is_loopback() {
         tracing::warn!(%addr, "this server is open to anyone who can reach {addr}: no identity is configured ([[identity]] in the config file; docs/operations.md)");
@@ -673,21 +726,31 @@ pub fn reload_on_sighup(
     Ok(())
 }
 
-/// Starts the metrics endpoint if `--metrics-listen` asks for one.
-pub async fn serve_metrics(
+/// The metrics endpoint's listener, if `--metrics-listen` asks for one.
+pub async fn bind_metrics(
     settings: &Settings,
-    handle: baton_server::ServerHandle,
-) -> Result<(), CliError> {
+) -> Result<Option<tokio::net::TcpListener>, CliError> {
     let Some(addr) = &settings.metrics_listen else {
-        return Ok(());
+        return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        CliError::msg(format!(
-            "cannot listen for metrics on {addr} (metrics-listen): {e}"
-        ))
-    })?;
-    tokio::spawn(baton_server::metrics::serve(listener, handle));
-    Ok(())
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|e| {
+            CliError::msg(format!(
+                "cannot listen for metrics on {addr} (metrics-listen): {e}"
+            ))
+        })
+}
+
+/// Serves the metrics endpoint on `listener`, if there is one.
+pub fn serve_metrics(
+    listener: Option<tokio::net::TcpListener>,
+    handle: baton_server::ServerHandle,
+) {
+    if let Some(listener) = listener {
+        tokio::spawn(baton_server::metrics::serve(listener, handle));
+    }
 }
 
 /// Prints `listening on ADDR` on stdout, for scripts and supervisors (and

@@ -406,3 +406,47 @@ fn durations_take_units_everywhere() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pins: an address without a port, or a port that is taken, is refused
+/// before the data directory is touched, and --print-config refuses what
+/// serve would.
+#[test]
+fn bad_or_busy_addresses_are_refused_before_the_data_directory_is_made() {
+    let dir = scratch("addresses");
+    let data = dir.join("data");
+    let data_arg = data.to_str().unwrap();
+    for (flag, value) in [
+        ("--listen", "127.0.0.1"),
+        ("--listen", ":4181"),
+        ("--metrics-listen", "localhost:http"),
+    ] {
+        let err = refused(&[flag, value, "--data-dir", data_arg], &[]);
+        assert!(
+            err.contains(&flag[2..]) && err.contains("HOST:PORT"),
+            "{flag} {value}: {err}"
+        );
+        assert!(
+            !data.exists(),
+            "{flag} {value}: the data directory was made"
+        );
+        let err = refused(&["--print-config", flag, value], &[]);
+        assert!(err.contains("HOST:PORT"), "{err}");
+    }
+    let err = refused(
+        &["--node-id", "1", "--peers", "1=127.0.0.1/127.0.0.1:2"],
+        &[],
+    );
+    assert!(err.contains("peers") && err.contains("member 1"), "{err}");
+    // A port another process holds.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    for flag in ["--listen", "--metrics-listen"] {
+        let err = refused(&[flag, &busy, "--data-dir", data_arg], &[]);
+        assert!(
+            err.contains(&busy) && err.contains(&flag[2..]),
+            "{flag}: {err}"
+        );
+        assert!(!data.exists(), "{flag}: the data directory was made");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
