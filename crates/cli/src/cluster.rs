@@ -170,13 +170,17 @@ pub async fn serve_member(
         ))
     })?;
     let own = match (&stored, &members) {
-        (Some(stored), _) => Some(stored.get(&id).cloned().ok_or_else(|| {
-            CliError::msg(format!(
-                "member {id} is not a member of the cluster its data directory {} records (members {}): it was removed; to bring it back, wipe the directory, start it with --join and run `baton cluster add`",
+        (Some(stored), _) if stored.contains_key(&id) => stored.get(&id).cloned(),
+        // A member being added whose catch-up was cut short: its directory
+        // holds a membership from before it was named.
+        (Some(_), _) if args.join => None,
+        (Some(stored), _) => {
+            return Err(CliError::msg(format!(
+                "member {id} is not in the membership its data directory {} records (members {}): either it was removed (to bring it back, wipe the directory, start it with --join and run `baton cluster add`), or it was being added and had not caught up (start it with --join again)",
                 args.data_dir.display(),
                 stored.keys().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
-            ))
-        })?),
+            )))
+        }
         (None, Some(members)) => members.get(&id).cloned(),
         (None, None) if args.join => None,
         (None, None) => {
@@ -186,7 +190,7 @@ pub async fn serve_member(
             )))
         }
     };
-    if stored.is_some() && (members.is_some() || args.join) {
+    if own.is_some() && stored.is_some() && (members.is_some() || args.join) {
         tracing::info!(
             "the data directory records the membership: --peers and --join are for a member's first start, and are ignored"
         );

@@ -204,9 +204,11 @@ pub struct MemberStatus {
     pub applied_index: Option<u64>,
     pub snapshot_index: Option<u64>,
     /// The log index of the membership this member goes by (the latest it
-    /// has, committed or not), and its voters.
+    /// has, committed or not), its voters, and all its members (learners
+    /// included).
     pub membership_index: Option<u64>,
     pub voters: Vec<NodeId>,
+    pub members: Vec<NodeId>,
 }
 
 impl MemberStatus {
@@ -230,6 +232,12 @@ impl MemberStatus {
             snapshot_index: m.snapshot.map(|l| l.index),
             membership_index: m.membership_config.log_id().map(|l| l.index),
             voters: m.membership_config.membership().voter_ids().collect(),
+            members: m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+                .collect(),
         }
     }
 }

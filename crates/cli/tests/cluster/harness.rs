@@ -299,6 +299,29 @@ impl Cluster {
         self.spawn(id, client, peer, join);
     }
 
+    /// Starts a new member, empty and waiting to be added (`--join`), with
+    /// the next id; returns its id, peer address and client address. The
+    /// members reach it directly; it reaches them through links of its own.
+    pub async fn add_member(&mut self) -> (u64, String, String) {
+        let id = self.members.keys().max().copied().unwrap_or(0) + 1;
+        let client = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (client_addr, peer_addr) = (
+            client.local_addr().unwrap().to_string(),
+            peer.local_addr().unwrap().to_string(),
+        );
+        let others: Vec<(u64, String)> = self
+            .members
+            .values()
+            .map(|m| (m.id, m.peer.clone()))
+            .collect();
+        for (to, addr) in others {
+            self.links.insert((id, to), Link::start(addr).await);
+        }
+        self.spawn(id, client, peer, true);
+        (id, peer_addr, client_addr)
+    }
+
     /// Every member's client address, for a client of the whole cluster.
     pub fn clients(&self) -> String {
         self.members

@@ -761,7 +761,7 @@ async fn a_killed_member_restarts_from_its_data_directory_alone() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("member 9 is not a member") && err.contains("--join"),
+        err.contains("member 9 is not in the membership") && err.contains("--join"),
         "{err}"
     );
 }
@@ -1393,5 +1393,74 @@ async fn a_removed_member_stops_and_says_why() {
         .create("/alone", "", CreateMode::Persistent)
         .await
         .unwrap();
+    client.close().await;
+}
+
+/// Pins: a member being added, catching up over many batches of entries
+/// whose memberships leave it out, is not taken for a removed one: it is
+/// added, and it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_to_a_busy_cluster_catches_up_and_stays() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let client = cluster.client(SESSION).await;
+    client
+        .create("/n", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    // Far more entries than one batch of appends carries.
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let data = vec![b'x'; 16 * 1024];
+                for i in 0..150 {
+                    client
+                        .create(&format!("/n/{w}-{i}"), data.clone(), CreateMode::Persistent)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let servers = cluster.clients();
+    let (added, peer, client_addr) = cluster.add_member().await;
+    let (code, out, err) = run_baton(&[
+        "--server",
+        &servers,
+        "cluster",
+        "add",
+        "--node-id",
+        &added.to_string(),
+        "--peer-addr",
+        &peer,
+        "--client-addr",
+        &client_addr,
+    ]);
+    assert_eq!(code, Some(0), "{err}\n{}", cluster.logs());
+    assert!(out.contains("added"), "{out}");
+    cluster
+        .wait_caught_up(&[added], Duration::from_secs(30))
+        .await;
+    // Several rounds of status questions later, it is still there.
+    let settled = cluster.applied(added).await.unwrap();
+    client
+        .create("/after", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    cluster
+        .wait_caught_up(&[added], Duration::from_secs(30))
+        .await;
+    assert!(cluster.applied(added).await.unwrap() > settled);
+    assert!(
+        cluster.members.get_mut(&added).unwrap().running(),
+        "{}",
+        cluster.logs()
+    );
+    let log = cluster.members[&added].log_tail();
+    assert!(!log.contains("no longer a member"), "{log}");
     client.close().await;
 }
