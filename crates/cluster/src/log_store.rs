@@ -593,13 +593,19 @@ pub fn stored_members(dir: &Path) -> Result<Option<BTreeMap<NodeId, Member>>, St
         .values()
         .rev()
         .find_map(|e| match &e.payload {
-            openraft::EntryPayload::Membership(m) => Some(m.clone()),
+            openraft::EntryPayload::Membership(m) => Some((Some(e.log_id.index), m.clone())),
             _ => None,
         });
-    let membership = match from_log {
-        Some(m) => Some(m),
-        None => crate::state_machine::snapshot_meta(&dir.join("snapshot"))?
-            .map(|meta| meta.last_membership.membership().clone()),
+    let from_snapshot = crate::state_machine::snapshot_meta(&dir.join("snapshot"))?.map(|meta| {
+        let m = meta.last_membership;
+        (m.log_id().map(|l| l.index), m.membership().clone())
+    });
+    // The newer of the two, as openraft takes it: a snapshot installed past
+    // the log, the log not yet purged behind it, holds the newer one.
+    let membership = match (from_log, from_snapshot) {
+        (Some(log), Some(snap)) if snap.0 > log.0 => Some(snap.1),
+        (Some(log), _) => Some(log.1),
+        (None, snap) => snap.map(|s| s.1),
     };
     Ok(membership.map(|m| m.nodes().map(|(id, n)| (*id, n.clone())).collect()))
 }

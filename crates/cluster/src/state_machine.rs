@@ -193,7 +193,20 @@ pub fn write_seed(
         ),
         snapshot_id: "restored-0".into(),
     };
-    let header = bincode::serialize(&meta).map_err(|e| e.to_string())?;
+    write_snapshot(raft_dir, &meta, state)
+}
+
+/// Writes `state` as of `meta` as the snapshot of the member whose `raft/`
+/// directory is `raft_dir` (made if need be), synced.
+///
+/// # Errors
+/// The directory cannot be made or written, naming it.
+pub fn write_snapshot(
+    raft_dir: &Path,
+    meta: &SnapshotMeta,
+    state: &baton_server::state::StateMachine,
+) -> Result<(), String> {
+    let header = bincode::serialize(meta).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(raft_dir)
         .map_err(|e| format!("cannot create {}: {e}", raft_dir.display()))?;
     let path = raft_dir.join("snapshot");

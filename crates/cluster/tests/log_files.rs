@@ -167,3 +167,84 @@ async fn a_truncation_inside_a_batch_keeps_the_entries_before_it_across_segments
     assert_eq!(indexes(&mut log).await, (0..50).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn membership_entry(index: u64, ids: &[u64]) -> Entry {
+    let nodes: std::collections::BTreeMap<u64, baton_cluster::Member> = ids
+        .iter()
+        .map(|id| {
+            (
+                *id,
+                baton_cluster::Member {
+                    peer: format!("127.0.0.1:{}", 4190 + id),
+                    client: format!("127.0.0.1:{}", 4180 + id),
+                },
+            )
+        })
+        .collect();
+    let voters: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Membership(openraft::Membership::new(vec![voters], nodes)),
+    }
+}
+
+/// Pins: the membership a data directory records is the newer of its log's
+/// and its snapshot's (a snapshot installed past the log, the log not yet
+/// purged), and reading it changes nothing on disk.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stored_membership_is_the_newer_of_the_log_and_the_snapshot_and_reading_it_writes_nothing(
+) {
+    use baton_cluster::log_store::stored_members;
+    let dir = scratch("members");
+    assert_eq!(stored_members(&dir).unwrap(), None);
+    {
+        let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+        let mut entries = blanks(0..5);
+        entries.push(membership_entry(5, &[1, 2]));
+        entries.extend(blanks(6..10));
+        log.blocking_append(entries).await.unwrap();
+    }
+    let ids = |m: Option<std::collections::BTreeMap<u64, baton_cluster::Member>>| {
+        m.unwrap().keys().copied().collect::<Vec<_>>()
+    };
+    assert_eq!(ids(stored_members(&dir).unwrap()), [1, 2]);
+    // A snapshot with a newer membership, past the log's end.
+    let newer = membership_entry(40, &[1, 2, 3]);
+    let EntryPayload::Membership(m) = newer.payload else {
+        unreachable!()
+    };
+    let meta = baton_cluster::types::SnapshotMeta {
+        last_log_id: Some(log_id(45)),
+        last_membership: openraft::StoredMembership::new(Some(log_id(40)), m),
+        snapshot_id: "t".into(),
+    };
+    let state = baton_server::state::StateMachine::new();
+    baton_cluster::state_machine::write_snapshot(&dir, &meta, &state).unwrap();
+    // A torn last write, which only the member itself may cut off.
+    let last = segments(&dir).pop().unwrap();
+    let mut bytes = std::fs::read(&last).unwrap();
+    let end = data_end(&bytes);
+    bytes.truncate(end);
+    bytes.extend_from_slice(&[1, 2, 3, 4, 5]);
+    std::fs::write(&last, &bytes).unwrap();
+    let before: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().len())
+        })
+        .collect();
+    assert_eq!(ids(stored_members(&dir).unwrap()), [1, 2, 3]);
+    let after: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().len())
+        })
+        .collect();
+    assert_eq!(
+        before, after,
+        "reading the membership changed the directory"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
