@@ -147,9 +147,7 @@ fn restore(args: RestoreArgs) -> CliResult {
             "{} is {e}: damaged or cut short? Nothing was restored",
             file.display()
         )),
-        RestoreError::Skip(why) => {
-            CliError::msg(format!("--bump-revision: {why}; nothing was restored"))
-        }
+        RestoreError::Skip(why) => CliError::msg(format!("{why}; nothing was restored")),
     })?;
     let sm = &restored.state;
     let dir = &args.data_dir;

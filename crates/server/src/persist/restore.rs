@@ -31,14 +31,20 @@ pub const SKIP_FLOOR: u64 = 1_000_000_000;
 pub const SKIP_PER_SECOND: u64 = 10_000_000;
 /// Revisions a restore skips when the backup does not say when its latest
 /// change was made (a backup in snapshot format 1, or one of a server that
-/// never made a change).
-pub const SKIP_UNDATED: u64 = 1_000_000_000_000;
+/// never made a change), or says a time later than this machine's clock (a
+/// clock that jumped ahead on the saved server, or this one behind): ten
+/// million a second for three years.
+pub const SKIP_UNDATED: u64 = 1_000_000_000_000_000;
+/// The highest revision a restore may leave: 2^62, so that even the
+/// longest skip leaves a server room for 4.6e18 more changes, and a token
+/// fits any signed 64-bit column that storage keeps it in.
+pub const REVISION_CEILING: u64 = 1 << 62;
 
 /// How many revisions a restore skips by default, for a backup whose latest
 /// change was stamped `last_now_ms`, at `now_ms` (both milliseconds since
 /// the Unix epoch).
 pub fn default_skip(last_now_ms: u64, now_ms: u64) -> u64 {
-    if last_now_ms == 0 {
+    if last_now_ms == 0 || last_now_ms > now_ms {
         return SKIP_UNDATED;
     }
     let elapsed_ms = now_ms.saturating_sub(last_now_ms);
@@ -81,6 +87,11 @@ pub fn prepare(backup: &[u8], skip: Option<u64>) -> Result<Restored, RestoreErro
         super::snapshot::decode(backup).map_err(|(at, why)| RestoreError::Damaged { at, why })?;
     let saved_revision = state.revision();
     let skipped = skip.unwrap_or_else(|| default_skip(state.last_now_ms(), wall_clock_ms()));
+    if saved_revision.saturating_add(skipped) > REVISION_CEILING {
+        return Err(RestoreError::Skip(format!(
+            "skipping {skipped} revisions from revision {saved_revision} would pass {REVISION_CEILING} (2^62), leaving too little room for the revisions, sequence numbers and tokens to come"
+        )));
+    }
     state.skip_revisions(skipped).map_err(RestoreError::Skip)?;
     Ok(Restored {
         state,
@@ -109,8 +120,8 @@ mod tests {
             default_skip(t, t + 3_600_000),
             SKIP_FLOOR + 3600 * SKIP_PER_SECOND
         );
-        // A clock behind the backup's: the floor.
-        assert_eq!(default_skip(t, t - 50_000), SKIP_FLOOR);
+        // A clock behind the backup's (or the backup's ahead): undated.
+        assert_eq!(default_skip(t, t - 50_000), SKIP_UNDATED);
         // An undated backup.
         assert_eq!(default_skip(0, t), SKIP_UNDATED);
         // Centuries later, still a number of revisions.
@@ -145,6 +156,12 @@ mod tests {
             prepare(bytes.get_ref(), Some(u64::MAX)),
             Err(RestoreError::Skip(_))
         ));
+        // Not so near the end of the numbers that they would wrap soon.
+        assert!(matches!(
+            prepare(bytes.get_ref(), Some(u64::MAX - 5)),
+            Err(RestoreError::Skip(_))
+        ));
+        assert!(prepare(bytes.get_ref(), Some(REVISION_CEILING - 1)).is_ok());
         assert!(matches!(
             prepare(&bytes.get_ref()[..20], None),
             Err(RestoreError::Damaged { .. })
