@@ -21,7 +21,9 @@
 //!   a signal ended it), so `baton` sees the command's status as its own
 //!   child's.
 //! - The signals `baton` passes on (TERM, INT, HUP, QUIT, USR1, USR2) it
-//!   forwards to the command's process group.
+//!   forwards to the command's process group; the same signals from anyone
+//!   else (a service manager signalling every process of its group, which
+//!   reaches the command directly) are not forwarded a second time.
 //! - It first tells `baton`, on the socket, whether the command started:
 //!   its pid, or the error number of the failure.
 //!
@@ -55,8 +57,19 @@ const FORWARDED: [libc::c_int; 6] = [
 
 /// The write end of the pipe the signal handler wakes the loop through.
 static WAKE: AtomicI32 = AtomicI32::new(-1);
+/// `baton`, the only sender whose signals are forwarded.
+static PARENT: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(sig: libc::c_int) {
+/// How long the reaper goes on killing what will not die (a process of
+/// another user, one stuck in the kernel) before it gives up and says so.
+const KILL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let from = unsafe { (*info).si_pid() };
+    if sig != libc::SIGCHLD && from != PARENT.load(Ordering::Relaxed) {
+        return;
+    }
     let fd = WAKE.load(Ordering::Relaxed);
     let byte = sig as u8;
     // SAFETY: write(2) is async-signal-safe; a full pipe drops the byte,
@@ -77,6 +90,7 @@ pub fn run(args: Vec<OsString>) -> ! {
     // process; the handler installed only writes to a pipe.
     unsafe {
         libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        PARENT.store(libc::getppid(), Ordering::Relaxed);
         #[cfg(target_os = "linux")]
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
         let mut pipe = [0; 2];
@@ -91,14 +105,14 @@ pub fn run(args: Vec<OsString>) -> ! {
         for sig in FORWARDED.iter().chain(&[libc::SIGCHLD]) {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP;
+            action.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP | libc::SA_SIGINFO;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(*sig, &action, std::ptr::null_mut());
         }
         let command = start(program, rest);
         let mut status = None;
         wait_for_end(command, pipe[0], &mut status);
-        kill_all(command, &mut status);
+        kill_all(command, pipe[0], &mut status);
         mirror(status)
     }
 }
@@ -108,11 +122,17 @@ pub fn run(args: Vec<OsString>) -> ! {
 fn start(program: &OsString, args: &[OsString]) -> libc::pid_t {
     let mut command = std::process::Command::new(program);
     command.args(args).process_group(0);
-    // SAFETY: prctl is async-signal-safe; it runs in the forked child.
+    // SAFETY: getpid in this process; in the forked child, prctl and
+    // getppid, which are async-signal-safe.
+    let reaper = unsafe { libc::getpid() };
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             #[cfg(target_os = "linux")]
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            // The reaper may have died before the request was made.
+            if libc::getppid() != reaper {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
             Ok(())
         });
     }
@@ -213,11 +233,14 @@ unsafe fn reap_exited(command: libc::pid_t, status: &mut Option<libc::c_int>) {
 /// Kills every descendant with SIGKILL and reaps them all: the command's
 /// process group while the command is not reaped (its pid still names the
 /// group), and every child of the reaper, round after round, since each
-/// process killed hands its own children over to the reaper.
+/// process killed hands its own children over to the reaper. Gives up,
+/// saying so, after [`KILL_LIMIT`] (a process of another user, one stuck in
+/// the kernel, or no `/proc` to find the orphans in).
 ///
 /// # Safety
-/// Plain system calls.
-unsafe fn kill_all(command: libc::pid_t, status: &mut Option<libc::c_int>) {
+/// Plain system calls; `wake` is the read end of the handler's pipe.
+unsafe fn kill_all(command: libc::pid_t, wake: RawFd, status: &mut Option<libc::c_int>) {
+    let deadline = std::time::Instant::now() + KILL_LIMIT;
     loop {
         if status.is_none() {
             libc::kill(-command, libc::SIGKILL);
@@ -225,16 +248,36 @@ unsafe fn kill_all(command: libc::pid_t, status: &mut Option<libc::c_int>) {
         for child in children_of(libc::getpid()) {
             libc::kill(child, libc::SIGKILL);
         }
-        let mut st = 0;
-        let pid = libc::waitpid(-1, &mut st, 0);
-        if pid < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+        loop {
+            let mut st = 0;
+            let pid = libc::waitpid(-1, &mut st, libc::WNOHANG);
+            if pid == command {
+                status.get_or_insert(st);
+            }
+            if pid > 0 {
                 continue;
             }
-            return; // ECHILD: nothing is left.
+            if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                return; // nothing is left
+            }
+            break; // children remain, none exited yet (or EINTR)
         }
-        if pid == command {
-            status.get_or_insert(st);
+        if std::time::Instant::now() >= deadline {
+            eprintln!(
+                "baton: processes the command started did not die within {} s of SIGKILL (another user's, stuck in the kernel, or out of sight without /proc); going on without them",
+                KILL_LIMIT.as_secs()
+            );
+            return;
+        }
+        // Until a child exits (SIGCHLD wakes the pipe), or 10 ms.
+        let mut fds = [libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if libc::poll(fds.as_mut_ptr(), 1, 10) > 0 {
+            let mut drain = [0u8; 64];
+            libc::read(wake, drain.as_mut_ptr().cast(), drain.len());
         }
     }
 }

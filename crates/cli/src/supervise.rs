@@ -69,13 +69,23 @@ impl Supervised {
         // descriptor's close-on-exec flag).
         unsafe {
             command.pre_exec(move || {
-                if libc::dup2(fd, reaper::CONTROL_FD) < 0 {
+                if fd == reaper::CONTROL_FD {
+                    // dup2 onto itself keeps close-on-exec: clear it.
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, reaper::CONTROL_FD) < 0 {
                     return Err(io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
-        let mut child = command.spawn()?;
+        let mut child = command.spawn().map_err(|e| {
+            io::Error::other(format!(
+                "cannot start baton's reaper ({}), which runs the command: {e}",
+                own_executable().display()
+            ))
+        })?;
         drop(theirs);
         let pid = child.id().map(|pid| pid as i32);
         ours.set_nonblocking(true)?;
@@ -157,6 +167,33 @@ impl Supervised {
             .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
     }
 }
+
+impl Drop for Supervised {
+    /// Ends the run, and waits (a bounded while) for the reaper to have
+    /// killed everything: the lease this process holds is let go after the
+    /// drop (a panic unwinding, an error returned), and must not be while
+    /// anything the command started still runs.
+    fn drop(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        self.control = None;
+        let deadline = std::time::Instant::now() + REAPER_WAIT;
+        while std::time::Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                _ => return,
+            }
+        }
+        eprintln!(
+            "baton: the command's reaper had not finished within {} s; going on",
+            REAPER_WAIT.as_secs()
+        );
+    }
+}
+
+/// How long a dropped run waits for the reaper to finish.
+const REAPER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// This program, to run as a reaper: the running executable itself, even if
 /// its file was replaced since it started.
