@@ -205,8 +205,8 @@ pub(crate) async fn open_leader(
         .into_iter()
         .chain(addrs.iter().cloned())
         .collect();
-    // Every address started, in order.
-    let mut tried: Vec<String> = Vec::new();
+    // Every address started, in order, and when.
+    let mut tried: Vec<(String, Instant)> = Vec::new();
     let mut answers: Vec<(String, Error)> = Vec::new();
     let mut running = FuturesUnordered::new();
     let mut redirects = 0;
@@ -215,8 +215,8 @@ pub(crate) async fn open_leader(
         let now = Instant::now();
         if running.is_empty() || now >= next_start {
             if let Some(addr) = queue.pop_front() {
-                if !tried.contains(&addr) {
-                    tried.push(addr.clone());
+                if !tried.iter().any(|(a, _)| *a == addr) {
+                    tried.push((addr.clone(), now));
                     let left = deadline.saturating_duration_since(now);
                     running.push(async move {
                         let result = open(&addr, request, left, tls).await;
@@ -238,7 +238,8 @@ pub(crate) async fn open_leader(
                         return Err(e)
                     }
                     Err(Error::NotLeader(leader)) => {
-                        if !leader.is_empty() && !tried.contains(&leader) && redirects < MAX_REDIRECTS {
+                        let known = tried.iter().any(|(a, _)| *a == leader);
+                        if !leader.is_empty() && !known && redirects < MAX_REDIRECTS {
                             redirects += 1;
                             queue.push_front(leader.clone());
                         }
@@ -261,13 +262,14 @@ pub(crate) async fn open_leader(
             }
         }
     }
-    for addr in &tried {
+    for (addr, started) in &tried {
         if !answers.iter().any(|(a, _)| a == addr) {
+            let waited = deadline.saturating_duration_since(*started);
             answers.push((
                 addr.clone(),
                 Error::Connect {
                     addr: addr.clone(),
-                    reason: format!("no answer within {} ms", connect_timeout.as_millis()),
+                    reason: format!("no answer within {} ms", waited.as_millis()),
                 },
             ));
         }
@@ -306,7 +308,7 @@ fn summary(mut answers: Vec<(String, Error)>) -> Error {
         .any(|(_, e)| matches!(e, Error::NotLeader(_)))
     {
         Error::NotLeader(format!(
-            "no member leads right now (an election under way, or fewer than a majority of members up); each member said: {each}"
+            "no member leads right now, or the one named does not answer (an election under way, fewer than a majority of members up, or the leader paused); each member said: {each}"
         ))
     } else {
         Error::Connect {
