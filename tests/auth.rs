@@ -234,3 +234,42 @@ async fn another_protocol_version_is_refused_for_its_version() {
     assert_eq!(code, ErrorCode::UnsupportedVersion);
     server.stop().await;
 }
+
+/// Pins: a lock whose node is missing, and which its identity may not
+/// create, says which node is missing and what to do; once an identity
+/// that may has made it, the lock is taken.
+#[tokio::test]
+async fn a_lock_whose_node_an_identity_may_not_create_says_what_to_do() {
+    let server = guarded_server().await;
+    let team_a = as_identity(&server, TEAM_A).await;
+    let err = Lock::new(&team_a, "/locks/a/job")
+        .acquire()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, baton::Error::PermissionDenied(_)), "{err:?}");
+    assert!(
+        text.contains("/locks") && text.contains("does not exist") && text.contains("baton create"),
+        "{text}"
+    );
+    let admin = as_identity(&server, ADMIN).await;
+    admin
+        .create("/locks", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    admin
+        .create("/locks/a", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    // Creating /locks/a/job needs write on /locks/a, which team-a (read,
+    // lock, fence) lacks: the admin makes it, as the message says.
+    admin
+        .create("/locks/a/job", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let guard = Lock::new(&team_a, "/locks/a/job").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    team_a.close().await;
+    admin.close().await;
+    server.stop().await;
+}

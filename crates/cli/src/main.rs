@@ -43,17 +43,19 @@ struct Cli {
 
     /// Connect with TLS, trusting the certificate authorities in this PEM
     /// file. For `baton serve`: require client certificates that chain to
-    /// them.
+    /// them (the server reads BATON_SERVE_TLS_CA, not BATON_TLS_CA).
     #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_CA")]
     tls_ca: Option<std::path::PathBuf>,
 
     /// This side's certificate chain, PEM: a client's, for a server that
     /// asks for one; for `baton serve`, the server's (it then takes TLS
-    /// connections only).
+    /// connections only; the server reads BATON_SERVE_TLS_CERT, not
+    /// BATON_TLS_CERT).
     #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_CERT")]
     tls_cert: Option<std::path::PathBuf>,
 
-    /// The private key of --tls-cert, PEM.
+    /// The private key of --tls-cert, PEM (for `baton serve`,
+    /// BATON_SERVE_TLS_KEY).
     #[arg(long, global = true, value_name = "FILE", env = "BATON_TLS_KEY")]
     tls_key: Option<std::path::PathBuf>,
 
@@ -123,7 +125,11 @@ fn main() -> ExitCode {
     if args.nth(1).is_some_and(|a| a == reaper::SUBCOMMAND) {
         reaper::run(args.collect());
     }
-    let mut cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     if !matches!(cli.command, Command::Serve(_)) {
         // Output piped into a reader that exits (`baton ls / | head -1`)
         // ends the command quietly, as it ends other Unix tools, instead of
@@ -138,11 +144,27 @@ fn main() -> ExitCode {
     // they choose the runtime.
     let mut settings = None;
     if let Command::Serve(args) = &mut cli.command {
-        // The TLS flags are the server's own here.
+        // The TLS flags are the server's own here, when given on the
+        // command line; its variables are BATON_SERVE_TLS_*, not the
+        // clients' BATON_TLS_* (a BATON_TLS_CA exported for clients would
+        // make a server started from the same shell demand client
+        // certificates).
         let mut args = std::mem::take(&mut **args);
-        args.tls_cert = cli.tls_cert.clone().or(args.tls_cert);
-        args.tls_key = cli.tls_key.clone().or(args.tls_key);
-        args.tls_ca = cli.tls_ca.clone().or(args.tls_ca);
+        let given = |id: &str, value: &Option<std::path::PathBuf>| {
+            value.clone().filter(|_| {
+                matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            })
+        };
+        let own = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+        args.tls_cert = given("tls_cert", &cli.tls_cert)
+            .or_else(|| own("BATON_SERVE_TLS_CERT"))
+            .or(args.tls_cert);
+        args.tls_key = given("tls_key", &cli.tls_key)
+            .or_else(|| own("BATON_SERVE_TLS_KEY"))
+            .or(args.tls_key);
+        args.tls_ca = given("tls_ca", &cli.tls_ca)
+            .or_else(|| own("BATON_SERVE_TLS_CA"))
+            .or(args.tls_ca);
         match args.resolve() {
             Ok(s) if s.effective_print_config() => {
                 print!("{}", s.to_toml());
@@ -192,6 +214,17 @@ fn main() -> ExitCode {
     }
     let explicit_server = cli.server.clone();
     let server = cli.server.unwrap_or_else(|| DEFAULT_SERVER.to_string());
+    if !matches!(cli.command, Command::Serve(_)) {
+        let bad = server
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .find_map(|a| serve::check_addr(a).err());
+        if let Some(why) = bad {
+            eprintln!("baton: --server (or BATON_SERVER): {why}; several are separated by commas");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(_) => match settings {

@@ -197,18 +197,20 @@ pub struct ServeArgs {
     pub(crate) max_watch_bytes: Option<usize>,
 
     /// TLS: the server's certificate chain (PEM). Given, clients must
-    /// connect with TLS. Set with the global --tls-cert (BATON_TLS_CERT).
+    /// connect with TLS. Set with the global --tls-cert, or
+    /// BATON_SERVE_TLS_CERT.
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_cert: Option<PathBuf>,
 
-    /// TLS: the private key of tls-cert (PEM); --tls-key, BATON_TLS_KEY.
+    /// TLS: the private key of tls-cert (PEM); --tls-key,
+    /// BATON_SERVE_TLS_KEY.
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_key: Option<PathBuf>,
 
     /// TLS: require client certificates that chain to the certificate
-    /// authorities in this PEM file; --tls-ca, BATON_TLS_CA.
+    /// authorities in this PEM file; --tls-ca, BATON_SERVE_TLS_CA.
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_ca: Option<PathBuf>,

@@ -462,3 +462,22 @@ fn everyday_commands_delete_trees_list_trees_and_speak_json() {
     unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
     assert!(watch.wait().unwrap().success());
 }
+
+/// Pins: a server address without a port is named as such; the election
+/// timeout's help says how long a failover takes.
+#[test]
+fn a_malformed_server_address_and_the_failover_time_are_explained() {
+    let out = baton()
+        .args(["--server", "foo", "get", "/x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"foo\"") && err.contains("HOST:PORT"),
+        "{err}"
+    );
+    let help = baton().args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("four times"), "{help}");
+}

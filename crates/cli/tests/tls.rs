@@ -154,3 +154,69 @@ fn sighup_loads_a_renewed_certificate_and_a_bad_one_changes_nothing() {
     stop(server, 30);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pins: a client that trusts the wrong authority is told the server's
+/// certificate is not trusted (not that the server may not take TLS); the
+/// server reads its own BATON_SERVE_TLS_* variables and not the clients'
+/// BATON_TLS_*, so a BATON_TLS_CA exported for clients does not make it
+/// demand client certificates.
+#[test]
+fn tls_messages_name_the_cause_and_the_server_has_its_own_variables() {
+    let dir = scratch("messages");
+    let (ours, theirs) = (make_pki(&dir, "ours"), make_pki(&dir, "theirs"));
+    let (server, addr) = serve_tls(&dir, &ours.server_cert, &ours.server_key, None);
+    let out = run(&addr, &[&theirs.ca], &["get", "/"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not trusted") && err.contains("--tls-ca"),
+        "{err}"
+    );
+    assert!(!err.contains("does the server take TLS"), "{err}");
+    stop(server, 30);
+
+    // A shell that exports the clients' variables starts a plaintext
+    // server; the server's own variables give it TLS.
+    let plain_dir = dir.join("plain");
+    let mut plain = baton()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&plain_dir)
+        .env("BATON_TLS_CA", &ours.ca)
+        .env("BATON_TLS_CERT", &ours.client_cert)
+        .env("BATON_TLS_KEY", &ours.client_key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let plain_addr = common::listening_addr(&mut plain);
+    let out = baton()
+        .env_remove("BATON_TLS_CA")
+        .args(["--server", &plain_addr, "create", "/plain"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stop(plain, 30);
+    let own_dir = dir.join("own");
+    let mut own = baton()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&own_dir)
+        .env("BATON_SERVE_TLS_CERT", &ours.server_cert)
+        .env("BATON_SERVE_TLS_KEY", &ours.server_key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let own_addr = common::listening_addr(&mut own);
+    let out = run(&own_addr, &[&ours.ca], &["create", "/tls"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stop(own, 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -94,17 +94,27 @@ impl ClientBuilder {
         self
     }
 
-    /// Opens a new session on the first server that answers.
+    /// Opens a new session on the server that answers (of a cluster's
+    /// members, the one that leads), within the connect timeout.
     ///
     /// # Errors
-    /// [`Error::Connect`] naming the last address tried and why it failed, or
-    /// [`Error::TooManyConnections`] if the server is full.
+    /// [`Error::BadArguments`] for an address that is not HOST:PORT;
+    /// [`Error::Connect`] saying why each address failed (the address's own
+    /// error when only one was given); [`Error::NotLeader`] when members
+    /// answered but none leads, with what each said;
+    /// [`Error::AuthenticationFailed`]; [`Error::TooManyConnections`] if the
+    /// server is full.
     pub async fn connect(self) -> Result<Client> {
         if self.addrs.is_empty() {
             return Err(Error::Connect {
                 addr: String::new(),
                 reason: "no server address given".into(),
             });
+        }
+        if let Some(bad) = self.addrs.iter().find(|a| !has_port(a)) {
+            return Err(Error::BadArguments(format!(
+                "{bad:?} is not a server address: give HOST:PORT, such as 127.0.0.1:4181 (several separated by commas)"
+            )));
         }
         let request = ConnectRequest {
             version: PROTOCOL_VERSION,
@@ -259,6 +269,8 @@ impl Client {
     }
 
     /// Settings for a session on the server(s) at `addr`.
+    /// A client for the servers at `addr`: HOST:PORT, several separated by
+    /// commas (the members of a cluster).
     pub fn builder(addr: &str) -> ClientBuilder {
         ClientBuilder {
             addrs: addr
@@ -879,4 +891,10 @@ impl Drop for Unread<'_> {
 
 fn unexpected(reply: Reply) -> Error {
     Error::Protocol(format!("reply of the wrong kind: {:?}", reply.op()))
+}
+
+/// Whether `addr` ends in `:PORT`, as a server address must.
+fn has_port(addr: &str) -> bool {
+    addr.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }

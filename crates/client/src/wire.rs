@@ -124,11 +124,8 @@ pub(crate) async fn connect(
         tls: Some(Mutex::new(conn)),
     });
     let mut raw = BytesMut::with_capacity(16 * 1024);
-    let failed = |e: String| {
-        format!(
-            "TLS handshake failed: {e} (does the server take TLS? One started without --tls-cert speaks plaintext)"
-        )
-    };
+    let failed = |e: String| format!("TLS handshake failed: {e}");
+    let plaintext = "(does the server take TLS? One started without --tls-cert speaks plaintext)";
     loop {
         let (handshaking, wants_write) = {
             let c = wire.tls();
@@ -150,11 +147,20 @@ pub(crate) async fn connect(
             .map_err(|e| failed(e.to_string()))?
             == 0
         {
-            return Err(failed("the server closed the connection".into()));
+            return Err(failed(format!(
+                "the server closed the connection {plaintext}"
+            )));
         }
         let mut c = wire.tls();
         while !raw.is_empty() && c.is_handshaking() {
-            if feed(&mut c, &mut raw).map_err(|e| failed(e.to_string()))? == 0 {
+            let mut records = &raw[..];
+            let taken = c
+                .read_tls(&mut records)
+                .map_err(|e| failed(e.to_string()))?;
+            raw.advance(taken);
+            c.process_new_packets()
+                .map_err(|e| failed(handshake_failure(&e, plaintext)))?;
+            if taken == 0 {
                 break;
             }
         }
@@ -167,6 +173,23 @@ pub(crate) async fn connect(
             raw,
         },
     ))
+}
+
+/// What a TLS error during the handshake means, and what to do about it.
+fn handshake_failure(e: &rustls::Error, plaintext: &str) -> String {
+    use rustls::Error as E;
+    match e {
+        E::InvalidCertificate(_) => format!(
+            "{e}: the server's certificate is not trusted; check that --tls-ca names the authority that signed it, and that it names the host in the server's address"
+        ),
+        E::AlertReceived(_) => format!(
+            "{e}: the server refused this client; if it checks client certificates (baton serve --tls-ca), give --tls-cert and --tls-key signed by an authority it trusts"
+        ),
+        E::InvalidMessage(_)
+        | E::InappropriateMessage { .. }
+        | E::InappropriateHandshakeMessage { .. } => format!("{e} {plaintext}"),
+        _ => e.to_string(),
+    }
 }
 
 /// Gives rustls what it takes of the records in `raw`, and processes them.

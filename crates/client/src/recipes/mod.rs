@@ -20,12 +20,24 @@ pub(crate) async fn ensure_path(client: &Client, path: &str) -> Result<()> {
     if client.exists(path).await?.is_some() {
         return Ok(());
     }
-    let mut prefix = String::new();
-    for segment in path.split('/').filter(|s| !s.is_empty()) {
-        prefix.push('/');
-        prefix.push_str(segment);
-        match client.create(&prefix, "", CreateMode::Persistent).await {
-            Ok(_) | Err(Error::NodeExists(_)) => {}
+    // The deepest first, and an ancestor only if it is missing: creating
+    // needs the write right on the parent, which an identity with rights on
+    // its own subtree alone does not have on the ancestors above it.
+    let mut missing = vec![path.to_owned()];
+    while let Some(node) = missing.last() {
+        match client.create(node, "", CreateMode::Persistent).await {
+            Ok(_) | Err(Error::NodeExists(_)) => {
+                missing.pop();
+            }
+            Err(Error::NoNode(why)) => match node.rsplit_once('/') {
+                Some((parent, _)) if !parent.is_empty() => missing.push(parent.to_owned()),
+                _ => return Err(Error::NoNode(why)),
+            },
+            Err(Error::PermissionDenied(why)) => {
+                return Err(Error::PermissionDenied(format!(
+                    "{node} does not exist and cannot be created by this client ({why}): create it first with an identity that may (baton create {node}), or give this one the write right there"
+                )))
+            }
             Err(e) => return Err(e),
         }
     }
