@@ -213,17 +213,7 @@ impl Cluster {
         } else {
             command.args(["--peers", &self.peers_spec]);
         }
-        // SAFETY: only fcntl on the two descriptors the member inherits.
-        unsafe {
-            command.pre_exec(move || {
-                for fd in [cfd, pfd] {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        inherit(&mut command, [cfd, pfd]);
         let child = command.spawn().expect("start a member");
         self.members.insert(
             id,
@@ -320,6 +310,11 @@ impl Cluster {
         }
         self.spawn(id, client, peer, true);
         (id, peer_addr, client_addr)
+    }
+
+    /// Every member but `id`, by id.
+    pub fn others(&self, id: u64) -> Vec<u64> {
+        self.members.keys().copied().filter(|m| *m != id).collect()
     }
 
     /// Every member's client address, for a client of the whole cluster.
@@ -497,6 +492,22 @@ impl Drop for Cluster {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.root);
         }
+    }
+}
+
+/// Makes the member `command` starts inherit the listeners `fds` (its
+/// `--listen-fd` and `--peer-listen-fd`).
+pub fn inherit(command: &mut std::process::Command, fds: [std::os::fd::RawFd; 2]) {
+    // SAFETY: only fcntl on the two descriptors the member inherits.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }
 

@@ -292,12 +292,7 @@ async fn a_leader_cut_off_from_the_majority_acknowledges_nothing() {
 async fn restarted_and_wiped_members_catch_up() {
     let mut cluster = Cluster::start(3, &["--snapshot-entries", "50"]).await;
     let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
-    let followers: Vec<u64> = cluster
-        .members
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers: Vec<u64> = cluster.others(leader);
     let (restarted, wiped) = (followers[0], followers[1]);
     let c = cluster.client(SESSION).await;
     c.create("/n", "", CreateMode::Persistent).await.unwrap();
@@ -600,12 +595,7 @@ fn pid_alive(pid: u32) -> bool {
 async fn a_leader_acknowledges_nothing_while_both_followers_are_stopped() {
     let mut cluster = Cluster::start(3, &["--election-timeout", "600"]).await;
     let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
-    let followers: Vec<u64> = cluster
-        .members
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers: Vec<u64> = cluster.others(leader);
     let (always, sometimes) = (followers[0], followers[1]);
     let client = cluster.client(Duration::from_secs(20)).await;
     client
@@ -1145,7 +1135,6 @@ impl Member {
     /// `baton ARGS`, listening on the (client, peer) listeners given.
     fn start(args: &[&str], listeners: (std::net::TcpListener, std::net::TcpListener)) -> Member {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let log = std::env::temp_dir().join(format!(
             "baton-member-{}-{}.log",
@@ -1166,17 +1155,7 @@ impl Member {
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
             .stderr(file);
-        // SAFETY: only fcntl on the two descriptors the member inherits.
-        unsafe {
-            command.pre_exec(move || {
-                for fd in [cfd, pfd] {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        harness::inherit(&mut command, [cfd, pfd]);
         let child = command.spawn().unwrap();
         Member { child, log }
     }
@@ -1206,12 +1185,7 @@ impl Drop for Member {
 async fn without_a_majority_every_message_says_no_member_leads_and_what_each_said() {
     let mut cluster = Cluster::start(3, &[]).await;
     let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
-    let others: Vec<u64> = cluster
-        .members
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
+    let others: Vec<u64> = cluster.others(leader);
     let servers = cluster.clients();
     // The leader alone: it cannot prove it leads, and says so.
     cluster.kill9(others[0]);
@@ -1342,12 +1316,7 @@ async fn an_isolated_member_returns_without_forcing_an_election() {
 async fn a_removed_member_stops_and_says_why() {
     let mut cluster = Cluster::start(3, &[]).await;
     let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
-    let followers: Vec<u64> = cluster
-        .members
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers: Vec<u64> = cluster.others(leader);
     let (in_reach, cut_off) = (followers[0], followers[1]);
     let stops = |cluster: &mut Cluster, id: u64| {
         let deadline = Instant::now() + Duration::from_secs(20);
