@@ -159,9 +159,10 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What to add to a contender's line when its session is not connected:
-/// a holder whose client went quiet still holds the lock until its session
-/// expires, and the line must not look healthy meanwhile.
+/// What to add to a contender's line when its session is silent,
+/// disconnected, expiring or gone: a holder whose client went quiet still
+/// holds the lock until its session expires, and the line must not look
+/// healthy meanwhile.
 fn unhealthy(status: &baton_client::SessionStatus) -> String {
     use baton_client::Liveness;
     let silent = crate::status::seconds(status.silent_ms as f64 / 1e3);

@@ -38,15 +38,15 @@ const READ_BUDGET: usize = 64 * 1024;
 const WRITE_BUDGET: usize = 64 * 1024;
 /// How long a closing connection may take to send its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long a backup waits for the log to hold the state it copied.
+const BACKUP_DURABLE_WAIT: Duration = Duration::from_secs(30);
+
 /// The answer to a backup request that is refused: the error's wire code
 /// (`code`, so that a client can tell a refusal for rights or leadership
 /// from a broken server) and a message that says what to do.
 fn backup_refusal(code: ErrorCode, message: &str) -> String {
     serde_json::json!({ "error": message, "code": code.to_u16() }).to_string()
 }
-
-/// How long a backup waits for the log to hold the state it copied.
-const BACKUP_DURABLE_WAIT: Duration = Duration::from_secs(30);
 
 /// What woke a waiting connection.
 #[derive(PartialEq, Eq)]
