@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use baton_client::{Client, CreateMode};
 use common::{baton, free_addr, scratch, stop, Served};
 
-/// A `baton serve` on `data_dir`, and its address.
-fn serve_on(data_dir: &Path) -> (Child, String) {
+/// A `baton serve` on `data_dir`.
+fn serve_on(data_dir: &Path) -> OnDir {
     let mut child = baton()
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
@@ -22,7 +22,33 @@ fn serve_on(data_dir: &Path) -> (Child, String) {
         .spawn()
         .unwrap();
     let addr = common::listening_addr(&mut child);
-    (child, addr)
+    OnDir {
+        child: Some(child),
+        addr,
+    }
+}
+
+/// A `baton serve` on a data directory of the test's, killed if the test
+/// fails before it stops it.
+struct OnDir {
+    child: Option<Child>,
+    addr: String,
+}
+
+impl OnDir {
+    /// Stops it with SIGTERM: it must exit 0.
+    fn stop(mut self) {
+        stop(self.child.take().expect("running"), 30);
+    }
+}
+
+impl Drop for OnDir {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 #[test]
@@ -96,14 +122,14 @@ fn a_backup_taken_under_load_restores_every_change_acknowledged_before_it() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (child, addr) = serve_on(&data);
+    let server = serve_on(&data);
     let restored: BTreeSet<String> = runtime.block_on(async {
-        let client = Client::connect(&addr).await.unwrap();
+        let client = Client::connect(&server.addr).await.unwrap();
         let (children, _) = client.get_children("/load").await.unwrap();
         client.close().await;
         children.into_iter().map(|c| format!("/load/{c}")).collect()
     });
-    stop(child, 30);
+    server.stop();
 
     // Every change acknowledged before the second save began is there; and
     // nothing is there that no writer made.
@@ -205,13 +231,13 @@ fn a_damaged_backup_or_a_used_directory_is_refused_and_nothing_is_written() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (child, addr) = serve_on(&fresh);
+    let server = serve_on(&fresh);
     let got = baton()
-        .args(["--server", &addr, "get", "/kept"])
+        .args(["--server", &server.addr, "get", "/kept"])
         .output()
         .unwrap();
     assert_eq!(got.stdout, b"v");
-    stop(child, 30);
+    server.stop();
 
     // Nobody to save from.
     let out = baton()
@@ -297,20 +323,27 @@ fn a_restored_backup_never_hands_out_a_token_again() {
         let data = dir.join(format!("restored-{n}"));
         let said = restore_into(&file, &data, &[]);
         assert!(said.contains("continues from revision"), "{said}");
-        let (child, addr) = serve_on(&data);
-        let token = lock_token(&addr, "/locks/report");
+        let server = serve_on(&data);
+        let token = lock_token(&server.addr, "/locks/report");
         assert!(
             token > handed_out,
             "restore {n}: token {token} after a restore; the servers before handed out up to {handed_out}"
         );
         let created = baton()
-            .args(["--server", &addr, "create", "--sequential", "/seq-", "x"])
+            .args([
+                "--server",
+                &server.addr,
+                "create",
+                "--sequential",
+                "/seq-",
+                "x",
+            ])
             .output()
             .unwrap();
         let sequence = sequence_of(&String::from_utf8_lossy(&created.stdout));
         assert!(sequence > handed_out, "restore {n}: sequence {sequence}");
         handed_out = handed_out.max(token).max(sequence);
-        stop(child, 30);
+        server.stop();
     }
 
     // An operator who knows better may choose the step, and is told what
@@ -318,8 +351,8 @@ fn a_restored_backup_never_hands_out_a_token_again() {
     let data = dir.join("restored-chosen");
     let said = restore_into(&file, &data, &["--bump-revision", "1000"]);
     assert!(said.contains("1000"), "{said}");
-    let (child, addr) = serve_on(&data);
-    assert!(lock_token(&addr, "/locks/report") > first + 1000);
-    stop(child, 30);
+    let server = serve_on(&data);
+    assert!(lock_token(&server.addr, "/locks/report") > first + 1000);
+    server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
