@@ -35,7 +35,10 @@ pub enum Call {
     ReadCounter,
     /// Put an item on a queue.
     Enqueue { item: u64 },
-    /// Take the item at the head of a queue.
+    /// Take this item off a queue (the consumer found it at the head):
+    /// done if it took it, failed if another consumer had.
+    Take { item: u64 },
+    /// Look at a queue: empty, or the item at its head.
     Dequeue,
     /// Open a session that holds an ephemeral node at `key`.
     HoldEphemeral,

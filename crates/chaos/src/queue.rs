@@ -2,20 +2,29 @@
 //!
 //! An item is taken at most once, and only if it was put on the queue
 //! (acknowledged, or with an unknown outcome). If the run drained the queue
-//! at its end (a take that found it empty, begun after every put
-//! completed), every acknowledged item was taken before that.
+//! at its end (a look that found it empty, begun after every put
+//! completed), every acknowledged item was taken before that (or by a take
+//! whose outcome is unknown).
 
 use std::collections::HashMap;
 
 use crate::history::{Call, History, Outcome, Reply};
 use crate::{Finding, Verdict};
 
+fn is_queue(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::Enqueue { .. } | Call::Take { .. } | Call::Dequeue
+    )
+}
+
 /// Checks every queue in `history`.
 pub fn check(history: &History) -> Vec<Finding> {
     let mut found = Vec::new();
-    for key in history.keys(|c| matches!(c, Call::Enqueue { .. } | Call::Dequeue)) {
+    for key in history.keys(is_queue) {
         let ops: Vec<_> = history.ops.iter().filter(|op| op.key == key).collect();
-        let mut put: HashMap<u64, (bool, u64)> = HashMap::new(); // item -> (acknowledged, id)
+        // item -> (acknowledged, id)
+        let mut put: HashMap<u64, (bool, u64)> = HashMap::new();
         let mut last_put = 0;
         for op in &ops {
             if let Call::Enqueue { item } = op.call {
@@ -31,11 +40,13 @@ pub fn check(history: &History) -> Vec<Finding> {
                 last_put = last_put.max(op.completed_ns);
             }
         }
-        let mut taken: HashMap<u64, (u64, u64)> = HashMap::new(); // item -> (id, completed)
-        let mut drained_at = None;
+        // item -> (id, completed)
+        let mut taken: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut maybe_taken: Vec<u64> = Vec::new();
+        let mut drained_at: Option<u64> = None;
         for op in &ops {
-            match (&op.call, op.outcome.reply()) {
-                (Call::Dequeue, Some(Reply::Item { item })) => {
+            match (&op.call, &op.outcome) {
+                (Call::Take { item }, Outcome::Ok { .. }) => {
                     if let Some((other, _)) = taken.insert(*item, (op.id, op.completed_ns)) {
                         found.push(violation(
                             &key,
@@ -51,20 +62,29 @@ pub fn check(history: &History) -> Vec<Finding> {
                         ));
                     }
                 }
-                (Call::Dequeue, Some(Reply::Empty)) if op.invoked_ns > last_put => {
+                (Call::Take { item }, Outcome::Unknown { .. }) => maybe_taken.push(*item),
+                (
+                    Call::Dequeue,
+                    Outcome::Ok {
+                        reply: Reply::Empty,
+                    },
+                ) if op.invoked_ns > last_put => {
                     drained_at =
-                        Some(drained_at.map_or(op.completed_ns, |d: u64| d.min(op.completed_ns)));
+                        Some(drained_at.map_or(op.completed_ns, |d| d.min(op.completed_ns)));
                 }
                 _ => {}
             }
         }
         if let Some(drained) = drained_at {
             for (item, (acked, id)) in &put {
-                let gone = taken.get(item).is_some_and(|(_, at)| *at <= drained);
+                let gone = taken.get(item).is_some_and(|(_, at)| *at <= drained)
+                    || maybe_taken.contains(item);
                 if *acked && !gone {
                     found.push(violation(
                         &key,
-                        format!("item {item} was acknowledged but never taken, and the queue was found empty"),
+                        format!(
+                            "item {item} was acknowledged but never taken, and the queue was found empty"
+                        ),
                         vec![*id],
                     ));
                 }
@@ -104,7 +124,7 @@ mod tests {
     #[test]
     fn an_item_taken_twice_or_lost_is_a_violation() {
         let put = |id, item| op(id, Call::Enqueue { item }, (0, 10), Reply::Done);
-        let take = |id, item, t| op(id, Call::Dequeue, t, Reply::Item { item });
+        let take = |id, item, t| op(id, Call::Take { item }, t, Reply::Done);
         let empty = |id, t| op(id, Call::Dequeue, t, Reply::Empty);
         let fine = History {
             ops: vec![

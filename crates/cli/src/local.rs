@@ -28,12 +28,16 @@ pub struct LocalMember {
     child: Option<Child>,
 }
 
-/// Members on loopback ports, started and stopped as processes.
+/// Members on loopback ports, started and stopped as processes (or, for
+/// `baton chaos`, one single server, as member 1).
 pub struct LocalCluster {
     pub members: BTreeMap<u64, LocalMember>,
     dir: PathBuf,
+    /// The member list of `--peers`; empty for a single server.
     peers: String,
     extra: Vec<String>,
+    /// The `baton` binary the members run; `None`: this one.
+    pub exe: Option<PathBuf>,
 }
 
 /// How often `baton cluster local` looks for a change of leader.
@@ -53,6 +57,19 @@ impl LocalCluster {
     /// Starts `n` members with data directories and logs under `dir`, each
     /// with `extra` arguments to `baton serve`.
     pub fn start(n: u64, dir: &Path, extra: &[String]) -> Result<LocalCluster, CliError> {
+        Self::launch(n, dir, extra, false, None)
+    }
+
+    /// Starts `n` members (or, with `single`, one single server, not a
+    /// cluster member, as member 1), each running `exe` (`None`: this very
+    /// binary), with data directories and logs under `dir`.
+    pub fn launch(
+        n: u64,
+        dir: &Path,
+        extra: &[String],
+        single: bool,
+        exe: Option<PathBuf>,
+    ) -> Result<LocalCluster, CliError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
         let mut listeners = BTreeMap::new();
@@ -70,8 +87,13 @@ impl LocalCluster {
         let mut cluster = LocalCluster {
             members: BTreeMap::new(),
             dir: dir.to_owned(),
-            peers: peers.join(","),
+            peers: if single {
+                String::new()
+            } else {
+                peers.join(",")
+            },
             extra: extra.to_vec(),
+            exe,
         };
         for (id, (client, peer)) in listeners {
             cluster.spawn(id, client, peer)?;
@@ -85,8 +107,11 @@ impl LocalCluster {
         client: std::net::TcpListener,
         peer: std::net::TcpListener,
     ) -> Result<(), CliError> {
-        let exe = std::env::current_exe()
-            .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?;
+        let exe = match &self.exe {
+            Some(exe) => exe.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| CliError::msg(format!("cannot find the baton binary: {e}")))?,
+        };
         let log_path = self.dir.join(format!("member-{id}.log"));
         let mut log = std::fs::OpenOptions::new()
             .create(true)
@@ -96,12 +121,22 @@ impl LocalCluster {
         let data_dir = self.dir.join(format!("member-{id}"));
         // How to start this member again once it is gone: its data
         // directory records the membership, and so the ports it listens on.
-        let again = format!(
-            "{} serve --node-id {id} --data-dir {} {}",
-            exe.display(),
-            data_dir.display(),
-            self.extra.join(" ")
-        );
+        let again = if self.peers.is_empty() {
+            format!(
+                "{} serve --data-dir {} --listen {} {}",
+                exe.display(),
+                data_dir.display(),
+                local_addr(&client)?,
+                self.extra.join(" ")
+            )
+        } else {
+            format!(
+                "{} serve --node-id {id} --data-dir {} {}",
+                exe.display(),
+                data_dir.display(),
+                self.extra.join(" ")
+            )
+        };
         use std::io::Write;
         writeln!(
             log,
@@ -111,18 +146,16 @@ impl LocalCluster {
         .map_err(|e| CliError::msg(format!("cannot write {}: {e}", log_path.display())))?;
         let (client_fd, peer_fd) = (client.as_raw_fd(), peer.as_raw_fd());
         let mut command = Command::new(&exe);
+        command.arg("serve");
+        if !self.peers.is_empty() {
+            command
+                .args(["--node-id", &id.to_string(), "--peers", &self.peers])
+                .args(["--peer-listen-fd", &peer_fd.to_string()]);
+        }
         command
-            .args([
-                "serve",
-                "--node-id",
-                &id.to_string(),
-                "--peers",
-                &self.peers,
-            ])
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["--listen-fd", &client_fd.to_string()])
-            .args(["--peer-listen-fd", &peer_fd.to_string()])
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CliError::msg(e.to_string()))?)
@@ -203,6 +236,9 @@ impl LocalCluster {
                 let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
                 if status["role"] == "leader" {
                     return status["cluster"]["id"].as_u64();
+                }
+                if status["role"] == "single" {
+                    return Some(m.id);
                 }
             }
         }

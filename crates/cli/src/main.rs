@@ -2,6 +2,7 @@
 
 mod backup;
 mod bench;
+mod chaos;
 mod cluster;
 mod commands;
 mod duration;
@@ -118,6 +119,7 @@ enum Command {
     Cluster(cluster::ClusterCommand),
     #[command(subcommand)]
     Snapshot(backup::SnapshotCommand),
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> ExitCode {
@@ -244,6 +246,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(&server, args).await,
             Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
+            Command::Chaos(args) => chaos::run(args).await,
             Command::Cluster(cmd) => cluster::run(&server, cmd).await,
             Command::Snapshot(cmd) => backup::run(&server, cmd).await,
         }

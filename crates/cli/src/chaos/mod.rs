@@ -1,0 +1,502 @@
+//! `baton chaos`: Baton's promises, tried under faults and checked from
+//! the recorded history alone.
+
+mod nemesis;
+mod record;
+mod timeline;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_chaos::{Finding, Verdict};
+use tokio::time::Instant;
+
+use crate::local::LocalCluster;
+use crate::{CliError, CliResult};
+use nemesis::{Nemesis, Target};
+use record::{Recorder, Rng};
+use workloads::{Ctx, Workload};
+
+/// Try Baton's promises under faults, and check them from the history.
+///
+/// Starts its own single server (or, with --members 3 or 5, a local
+/// cluster), runs workloads against it while faults are injected, heals
+/// everything, and checks the history of every operation: registers
+/// linearizable, fenced writes never going back, tokens distinct and
+/// growing, no acknowledged increment or queue item lost or doubled,
+/// ephemeral nodes gone only after their session ended. Prints a summary,
+/// writes the history (JSON lines) and a timeline (HTML) to --dir, and
+/// exits with status 1 if any promise was broken (3 if the run could not be
+/// made). The same --seed makes the same choices of faults and operations
+/// (the timing of a real run still differs).
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    /// 1 for a single server, 3 or 5 for a cluster.
+    #[arg(long, default_value_t = 1, value_parser = members)]
+    members: u64,
+
+    /// How long the workloads and the faults run (a duration; a bare number
+    /// is seconds here).
+    #[arg(long, value_name = "DURATION", default_value = "30", value_parser = seconds)]
+    seconds: u64,
+
+    /// The workloads, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    workloads: Vec<Workload>,
+
+    /// The faults, comma-separated [default: all; two schedules of them run
+    /// at once, so they overlap].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    nemesis: Vec<Nemesis>,
+
+    /// Run without any fault (a baseline).
+    #[arg(long, conflicts_with = "nemesis")]
+    no_faults: bool,
+
+    /// The seed of the run's choices [default: from the clock; printed].
+    #[arg(long)]
+    seed: Option<u64>,
+
+    /// Where the servers' data and logs, the history and the timeline go
+    /// [default: a new directory under the system's temporary one].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+
+    /// The members' election timeout (a cluster only).
+    #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
+    election_timeout: u64,
+
+    /// The `baton` binary the servers run [default: this one]: to try
+    /// another build (an older one, say) with this run's workloads and
+    /// checkers.
+    #[arg(long, value_name = "PATH")]
+    server_binary: Option<PathBuf>,
+}
+
+/// `--members`: 1, 3 or 5.
+fn members(text: &str) -> Result<u64, String> {
+    match text.trim() {
+        "1" => Ok(1),
+        "3" => Ok(3),
+        "5" => Ok(5),
+        _ => Err(format!("{text:?}: 1 (a single server), 3 or 5 members")),
+    }
+}
+
+/// `--seconds`: a bare number is seconds; a duration with a unit is taken
+/// as it is.
+fn seconds(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(s) => Ok(s),
+        Err(_) => crate::duration::millis(text).map(|ms| ms.div_ceil(1000)),
+    }
+}
+
+/// Workers per workload.
+const WORKERS: u64 = 4;
+
+pub async fn run(args: ChaosArgs) -> CliResult {
+    match run_all(args).await {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("baton: {e}");
+            Ok(ExitCode::from(3))
+        }
+    }
+}
+
+async fn run_all(args: ChaosArgs) -> CliResult {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("baton-chaos-{}-{seed}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
+    let workloads = if args.workloads.is_empty() {
+        vec![
+            Workload::Register,
+            Workload::Fenced,
+            Workload::Counter,
+            Workload::Queue,
+            Workload::Election,
+            Workload::Ephemeral,
+        ]
+    } else {
+        args.workloads.clone()
+    };
+    let kinds = if args.no_faults {
+        Vec::new()
+    } else if args.nemesis.is_empty() {
+        vec![
+            Nemesis::Pause,
+            Nemesis::Kill,
+            Nemesis::PauseTwo,
+            Nemesis::KillTwo,
+            Nemesis::LagThenCrash,
+            Nemesis::ClientPause,
+        ]
+    } else {
+        args.nemesis.clone()
+    };
+    // Lease holders' sessions: short, but past a failover on a cluster.
+    let lease_session = if args.members > 1 {
+        Duration::from_millis((4 * args.election_timeout + 500).max(1000))
+    } else {
+        Duration::from_millis(1000)
+    };
+    // Sessions as short as the lease holders' (and a cluster's failover
+    // under them, with an election timeout short enough to fit).
+    let extra: Vec<String> = if args.members > 1 {
+        vec![
+            "--min-session-timeout".into(),
+            // A session outlives a failover: four election timeouts.
+            (4 * args.election_timeout + 500).max(1000).to_string(),
+            "--election-timeout".into(),
+            args.election_timeout.to_string(),
+        ]
+    } else {
+        vec!["--min-session-timeout".into(), "1000".into()]
+    };
+    eprintln!(
+        "baton chaos: seed {seed}; {} for {} s; workloads {:?}; faults {:?}; files in {}",
+        if args.members == 1 {
+            "a single server".to_string()
+        } else {
+            format!("{} members", args.members)
+        },
+        args.seconds,
+        workloads,
+        kinds,
+        dir.display()
+    );
+    let cluster = LocalCluster::launch(
+        args.members,
+        &dir,
+        &extra,
+        args.members == 1,
+        args.server_binary.clone(),
+    )?;
+    if cluster.wait_leader(Duration::from_secs(20)).await.is_none() {
+        cluster.stop().await;
+        return Err(CliError::msg(
+            "no member of the cluster led within 20 s; see the member logs",
+        ));
+    }
+    let servers = cluster.clients();
+    let target = Arc::new(tokio::sync::Mutex::new(Target::new(cluster)));
+    let result = run_on(
+        &args,
+        seed,
+        &dir,
+        &servers,
+        &target,
+        &workloads,
+        &kinds,
+        lease_session,
+    )
+    .await;
+    let target =
+        Arc::try_unwrap(target).map_err(|_| CliError::msg("a fault still holds the servers"))?;
+    target.into_inner().cluster.stop().await;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_on(
+    args: &ChaosArgs,
+    seed: u64,
+    dir: &std::path::Path,
+    servers: &str,
+    target: &Arc<tokio::sync::Mutex<Target>>,
+    workloads: &[Workload],
+    kinds: &[Nemesis],
+    lease_session: Duration,
+) -> CliResult {
+    let history_path = dir.join("history.jsonl");
+    let recorder = Recorder::new(&history_path)
+        .map_err(|e| CliError::msg(format!("cannot write {}: {e}", history_path.display())))?;
+    workloads::set_up(servers)
+        .await
+        .map_err(|e| CliError::msg(format!("setting the workloads' nodes up: {e}")))?;
+    let rng = Rng::new(seed);
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let ctx = Ctx {
+        servers: servers.to_owned(),
+        recorder: recorder.clone(),
+        until,
+        client_pauses: kinds.contains(&Nemesis::ClientPause),
+        lease_session,
+    };
+    recorder.fault(format!("run begins: seed {seed}"));
+    let mut work = tokio::task::JoinSet::new();
+    for (w, workload) in workloads.iter().enumerate() {
+        for i in 0..WORKERS {
+            let process = 100 * (w as u64 + 1) + i;
+            let (ctx, rng) = (ctx.clone(), rng.fork(process));
+            match workload {
+                Workload::Register => {
+                    work.spawn(workloads::register(ctx, process, rng));
+                }
+                Workload::Counter => {
+                    work.spawn(workloads::counter(ctx, process, i == 0, rng));
+                }
+                Workload::Queue => {
+                    work.spawn(workloads::queue(ctx, process, i % 2 == 0, rng));
+                }
+                Workload::Fenced => {
+                    work.spawn(workloads::on_own_thread(move || {
+                        workloads::fenced(ctx, process, rng)
+                    }));
+                }
+                Workload::Election => {
+                    work.spawn(workloads::on_own_thread(move || {
+                        workloads::election(ctx, process, rng)
+                    }));
+                }
+                Workload::Ephemeral => {}
+            }
+        }
+        if *workload == Workload::Ephemeral {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let observer = 100 * (w as u64 + 1) + 99;
+            work.spawn(workloads::observe_ephemerals(ctx.clone(), observer, rx));
+            for i in 0..WORKERS {
+                let process = 100 * (w as u64 + 1) + i;
+                let (ctx, rng, tx) = (ctx.clone(), rng.fork(process), tx.clone());
+                work.spawn(workloads::on_own_thread(move || {
+                    workloads::ephemeral(ctx, process, rng, tx)
+                }));
+            }
+        }
+    }
+    let mut faults = tokio::task::JoinSet::new();
+    for n in 0..2 {
+        faults.spawn(nemesis::schedule(
+            target.clone(),
+            kinds.to_vec(),
+            recorder.clone(),
+            rng.fork(1_000_000 + n),
+            until,
+        ));
+    }
+    faults.spawn(nemesis::follow_leader(
+        target.clone(),
+        recorder.clone(),
+        until,
+    ));
+    progress(&recorder, until, args.json).await;
+    while faults.join_next().await.is_some() {}
+    target.lock().await.heal(&recorder).await;
+    recorder.fault("run ends: faults healed; workers finishing");
+    // Workers finish their operation in hand (each bounded by its limit).
+    let finishing = tokio::time::timeout(Duration::from_secs(60), async {
+        while work.join_next().await.is_some() {}
+    })
+    .await;
+    if finishing.is_err() {
+        recorder.fault("workers still busy 60 s after the end; checked without them");
+    }
+    final_reads(servers, &recorder, workloads).await;
+    let history = recorder.history();
+    let findings = baton_chaos::check(&history);
+    let timeline_path = dir.join("timeline.html");
+    let title = format!(
+        "baton chaos, seed {seed}, {} member(s), {} s",
+        args.members, args.seconds
+    );
+    let _ = std::fs::write(&timeline_path, timeline::html(&history, &findings, &title));
+    report(
+        args,
+        seed,
+        &history,
+        &findings,
+        &history_path,
+        &timeline_path,
+    );
+    Ok(if baton_chaos::violated(&findings) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A line on stderr every few seconds while the run goes on.
+async fn progress(recorder: &Recorder, until: Instant, quiet: bool) {
+    let started = Instant::now();
+    while Instant::now() < until {
+        tokio::time::sleep(
+            Duration::from_secs(5).min(until.saturating_duration_since(Instant::now())),
+        )
+        .await;
+        if !quiet {
+            let h = recorder.history();
+            eprintln!(
+                "  {:>4} s: {} operations, {} faults and events",
+                started.elapsed().as_secs(),
+                h.ops.len(),
+                h.faults.len()
+            );
+        }
+    }
+}
+
+/// After the faults: what every register and the counter hold, and the
+/// queue drained, so that nothing acknowledged can hide.
+async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload]) {
+    let Ok(client) = baton_client::Client::builder(servers)
+        .connect_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+    else {
+        recorder.fault("final reads: no session could be opened");
+        return;
+    };
+    let process = 1;
+    use baton_chaos::history::{Call, Outcome, Reply};
+    if workloads.contains(&Workload::Register) {
+        for key in workloads::REGISTERS {
+            let t = recorder.now();
+            if let Ok((data, stat)) = record::within(client.get_data(key)).await {
+                let value = workloads::value_of(&data);
+                recorder.op(
+                    process,
+                    key,
+                    Call::Read,
+                    t,
+                    Outcome::Ok {
+                        reply: Reply::Value {
+                            value,
+                            version: stat.version,
+                        },
+                    },
+                );
+            }
+        }
+    }
+    if workloads.contains(&Workload::Counter) {
+        let t = recorder.now();
+        if let Ok((data, _)) = record::within(client.get_data(workloads::COUNTER)).await {
+            let count = workloads::value_of(&data);
+            recorder.op(
+                process,
+                workloads::COUNTER,
+                Call::ReadCounter,
+                t,
+                Outcome::Ok {
+                    reply: Reply::Count { count },
+                },
+            );
+        }
+    }
+    if workloads.contains(&Workload::Queue) {
+        // Bounded: every item the producers made, and a few more tries.
+        for _ in 0..100_000 {
+            if workloads::take_one(&client, recorder, process).await == Some(false) {
+                break;
+            }
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
+}
+
+fn report(
+    args: &ChaosArgs,
+    seed: u64,
+    history: &baton_chaos::History,
+    findings: &[Finding],
+    history_path: &std::path::Path,
+    timeline_path: &std::path::Path,
+) {
+    use baton_chaos::history::Outcome;
+    let mut by_kind: std::collections::BTreeMap<String, (u64, u64, u64)> = Default::default();
+    for op in &history.ops {
+        let kind = serde_json::to_value(&op.call)
+            .ok()
+            .and_then(|v| v["type"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let e = by_kind.entry(kind).or_default();
+        match op.outcome {
+            Outcome::Ok { .. } => e.0 += 1,
+            Outcome::Fail { .. } => e.1 += 1,
+            Outcome::Unknown { .. } => e.2 += 1,
+        }
+    }
+    let mut faults: std::collections::BTreeMap<String, u64> = Default::default();
+    for f in &history.faults {
+        let kind = f
+            .what
+            .split(" member")
+            .next()
+            .unwrap_or(&f.what)
+            .split(" for ")
+            .next()
+            .unwrap_or(&f.what)
+            .to_string();
+        let kind = if kind.starts_with("client ") {
+            "client pause".to_string()
+        } else {
+            kind
+        };
+        *faults.entry(kind).or_default() += 1;
+    }
+    let violations = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Violation)
+        .count();
+    if args.json {
+        let out = serde_json::json!({
+            "seed": seed,
+            "members": args.members,
+            "seconds": args.seconds,
+            "operations": by_kind.iter().map(|(k, (ok, fail, unknown))| (k.clone(), serde_json::json!({"ok": ok, "fail": fail, "unknown": unknown}))).collect::<serde_json::Map<_, _>>(),
+            "faults": faults,
+            "violations": violations,
+            "findings": findings,
+            "history": history_path,
+            "timeline": timeline_path,
+        });
+        println!("{out}");
+        return;
+    }
+    println!(
+        "baton chaos: seed {seed}, {} member(s), {} s",
+        args.members, args.seconds
+    );
+    println!(
+        "{:<16} {:>9} {:>9} {:>9}",
+        "operation", "ok", "failed", "unknown"
+    );
+    for (kind, (ok, fail, unknown)) in &by_kind {
+        println!("{kind:<16} {ok:>9} {fail:>9} {unknown:>9}");
+    }
+    println!("faults and events:");
+    for (kind, n) in &faults {
+        println!("  {n:>6}  {kind}");
+    }
+    if findings.is_empty() {
+        println!("every promise held");
+    }
+    for f in findings {
+        println!(
+            "{:?}: {} {}: {} (operations {:?})",
+            f.verdict, f.checker, f.key, f.detail, f.ops
+        );
+    }
+    println!(
+        "{violations} violation(s); history in {}, timeline in {}",
+        history_path.display(),
+        timeline_path.display()
+    );
+}

@@ -1,0 +1,395 @@
+//! The faults a chaos run injects into the servers it started: members
+//! paused (SIGSTOP, as a long pause or a stopped VM would) and killed
+//! (kill -9, then started again from their data directories), one at a
+//! time or two at once (a cluster without its majority, then with it
+//! again), the leader chosen half the time. Two schedules run at once, so
+//! faults overlap.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::record::{Recorder, Rng};
+use crate::local::LocalCluster;
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Nemesis {
+    /// SIGSTOP a member for 0.2 to 4 s (the leader half the time).
+    Pause,
+    /// kill -9 a member, start it again 0.2 to 3 s later.
+    Kill,
+    /// Pause two members at once: a cluster loses its majority, then
+    /// regains it.
+    PauseTwo,
+    /// Kill two members at once, and start them again.
+    KillTwo,
+    /// Faults combined (a cluster of 3 or more): one follower paused
+    /// throughout; the other paused past a few heartbeats while appends go
+    /// to it, resumed, and paused again; the leader and that follower then
+    /// killed together; the first follower resumed, and the two killed
+    /// started again. The leader must have acknowledged nothing that did
+    /// not survive that.
+    LagThenCrash,
+    /// Workers that hold a lock, a leadership or an ephemeral node stop
+    /// their own process for up to twice their session timeout (a long
+    /// garbage collection): their lease runs out while they still believe
+    /// they hold it.
+    ClientPause,
+}
+
+impl Nemesis {
+    /// Whether it needs more than one member.
+    fn needs_cluster(self) -> bool {
+        matches!(
+            self,
+            Nemesis::PauseTwo | Nemesis::KillTwo | Nemesis::LagThenCrash
+        )
+    }
+
+    fn acts_on_members(self) -> bool {
+        self != Nemesis::ClientPause
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Running,
+    Paused,
+    Down,
+}
+
+/// The servers under test, and the state each is in.
+pub struct Target {
+    pub cluster: LocalCluster,
+    state: BTreeMap<u64, State>,
+}
+
+impl Target {
+    pub fn new(cluster: LocalCluster) -> Target {
+        let state = cluster
+            .members
+            .keys()
+            .map(|id| (*id, State::Running))
+            .collect();
+        Target { cluster, state }
+    }
+
+    /// Each member's id and client address.
+    pub fn addrs(&self) -> Vec<(u64, String)> {
+        self.cluster
+            .members
+            .values()
+            .map(|m| (m.id, m.client.clone()))
+            .collect()
+    }
+
+    fn signal(&self, id: u64, sig: i32) {
+        let pid = self.cluster.members[&id].pid;
+        if pid > 0 {
+            // SAFETY: kill(2) on a member process this run started.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// Every member paused resumed and every member down started again.
+    pub async fn heal(&mut self, recorder: &Recorder) {
+        let ids: Vec<u64> = self.state.keys().copied().collect();
+        for id in ids {
+            match self.state[&id] {
+                State::Paused => {
+                    self.signal(id, libc::SIGCONT);
+                    recorder.fault(format!("heal: resume member {id}"));
+                }
+                State::Down => match self.cluster.restart(id).await {
+                    Ok(()) => recorder.fault(format!("heal: restart member {id}")),
+                    Err(e) => recorder.fault(format!("heal: member {id} did not restart: {e}")),
+                },
+                State::Running => {}
+            }
+            self.state.insert(id, State::Running);
+        }
+    }
+}
+
+/// Runs one schedule of faults until `until`.
+pub async fn schedule(
+    target: Arc<Mutex<Target>>,
+    kinds: Vec<Nemesis>,
+    recorder: Recorder,
+    mut rng: Rng,
+    until: Instant,
+) {
+    let members = target.lock().await.state.len();
+    let kinds: Vec<Nemesis> = kinds
+        .into_iter()
+        .filter(|k| k.acts_on_members() && (members > 1 || !k.needs_cluster()))
+        .collect();
+    if kinds.is_empty() {
+        return;
+    }
+    loop {
+        let wait = rng.between(Duration::from_millis(300), Duration::from_millis(2500));
+        if Instant::now() + wait >= until {
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        if kind == Nemesis::LagThenCrash {
+            lag_then_crash(&target, &recorder, &mut rng, until).await;
+            continue;
+        }
+        let count = if kind.needs_cluster() { 2 } else { 1 };
+        let chosen = choose(&target, count, &mut rng).await;
+        if chosen.len() < count {
+            continue; // every member is under a fault already
+        }
+        match kind {
+            Nemesis::Pause | Nemesis::PauseTwo => {
+                let hold = rng.between(Duration::from_millis(200), Duration::from_millis(4000));
+                {
+                    let mut t = target.lock().await;
+                    for (id, role) in &chosen {
+                        t.signal(*id, libc::SIGSTOP);
+                        t.state.insert(*id, State::Paused);
+                        recorder.fault(format!(
+                            "pause member {id}{role} for {} ms",
+                            hold.as_millis()
+                        ));
+                    }
+                }
+                tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+                let mut t = target.lock().await;
+                for (id, _) in &chosen {
+                    if t.state[id] == State::Paused {
+                        t.signal(*id, libc::SIGCONT);
+                        t.state.insert(*id, State::Running);
+                        recorder.fault(format!("resume member {id}"));
+                    }
+                }
+            }
+            Nemesis::Kill | Nemesis::KillTwo => {
+                let down = rng.between(Duration::from_millis(200), Duration::from_millis(3000));
+                {
+                    let mut t = target.lock().await;
+                    for (id, role) in &chosen {
+                        t.cluster.kill9(*id).await;
+                        t.state.insert(*id, State::Down);
+                        recorder.fault(format!("kill -9 member {id}{role}"));
+                    }
+                }
+                tokio::time::sleep(down.min(until.saturating_duration_since(Instant::now()))).await;
+                let mut t = target.lock().await;
+                for (id, _) in &chosen {
+                    if t.state[id] == State::Down {
+                        match t.cluster.restart(*id).await {
+                            Ok(()) => recorder.fault(format!("restart member {id}")),
+                            Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
+                        }
+                        t.state.insert(*id, State::Running);
+                    }
+                }
+            }
+            Nemesis::ClientPause | Nemesis::LagThenCrash => {}
+        }
+    }
+}
+
+/// [`Nemesis::LagThenCrash`]: every step on members not under another
+/// fault; given up if the leader is unknown or the followers are busy.
+async fn lag_then_crash(
+    target: &Arc<Mutex<Target>>,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let addrs = target.lock().await.addrs();
+    let Some(leader) = leader_among(&addrs).await else {
+        return;
+    };
+    let followers: Vec<u64> = {
+        let t = target.lock().await;
+        if t.state.get(&leader) != Some(&State::Running) {
+            return;
+        }
+        t.state
+            .iter()
+            .filter(|(id, s)| **id != leader && **s == State::Running)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    if followers.len() < 2 || Instant::now() + Duration::from_secs(4) > until {
+        return;
+    }
+    let (slow, other) = if rng.chance(50) {
+        (followers[0], followers[1])
+    } else {
+        (followers[1], followers[0])
+    };
+    let step = |low: u64, high: u64, rng: &mut Rng| {
+        rng.between(Duration::from_millis(low), Duration::from_millis(high))
+    };
+    let set = |t: &mut Target, ids: &[u64], sig: i32, state: State| {
+        for id in ids {
+            t.signal(*id, sig);
+            t.state.insert(*id, state);
+        }
+    };
+    set(
+        &mut *target.lock().await,
+        &[other],
+        libc::SIGSTOP,
+        State::Paused,
+    );
+    recorder.fault(format!(
+        "lag then crash: pause member {other} (a follower) throughout"
+    ));
+    tokio::time::sleep(step(500, 2000, rng)).await;
+    recorder.fault(format!(
+        "lag then crash: pause member {slow} (the other follower) while large appends go to it"
+    ));
+    set(
+        &mut *target.lock().await,
+        &[slow],
+        libc::SIGSTOP,
+        State::Paused,
+    );
+    // Large appends meanwhile: four writes of 900 KiB at once, so that a
+    // batch of entries takes more than a heartbeat to go out.
+    let servers = addrs
+        .iter()
+        .map(|(_, a)| a.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let ballast = tokio::spawn(async move {
+        let Ok(client) = baton_client::Client::builder(&servers)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+        else {
+            return;
+        };
+        let writes = (0..4)
+            .map(|_| client.set_data(super::workloads::BALLAST, vec![b' '; 900 * 1024], None));
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(writes)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), client.close()).await;
+    });
+    tokio::time::sleep(step(150, 400, rng)).await;
+    set(
+        &mut *target.lock().await,
+        &[slow],
+        libc::SIGCONT,
+        State::Running,
+    );
+    recorder.fault(format!("lag then crash: resume member {slow}"));
+    tokio::time::sleep(step(20, 300, rng)).await;
+    ballast.abort();
+    set(
+        &mut *target.lock().await,
+        &[slow],
+        libc::SIGSTOP,
+        State::Paused,
+    );
+    recorder.fault(format!(
+        "lag then crash: pause member {slow} again (both followers paused)"
+    ));
+    tokio::time::sleep(step(100, 400, rng)).await;
+    {
+        let mut t = target.lock().await;
+        for id in [leader, slow] {
+            t.cluster.kill9(id).await;
+            t.state.insert(id, State::Down);
+        }
+    }
+    recorder.fault(format!(
+        "lag then crash: kill -9 members {leader} (the leader) and {slow} (the follower that lagged)"
+    ));
+    tokio::time::sleep(step(100, 300, rng)).await;
+    set(
+        &mut *target.lock().await,
+        &[other],
+        libc::SIGCONT,
+        State::Running,
+    );
+    recorder.fault(format!("lag then crash: resume member {other}"));
+    tokio::time::sleep(step(300, 1500, rng)).await;
+    let mut t = target.lock().await;
+    for id in [leader, slow] {
+        if t.state.get(&id) == Some(&State::Down) {
+            match t.cluster.restart(id).await {
+                Ok(()) => recorder.fault(format!("lag then crash: restart member {id}")),
+                Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
+            }
+            t.state.insert(id, State::Running);
+        }
+    }
+}
+
+/// `count` running members, the leader first half the time; each with a
+/// note of whether it leads, for the history.
+async fn choose(
+    target: &Arc<Mutex<Target>>,
+    count: usize,
+    rng: &mut Rng,
+) -> Vec<(u64, &'static str)> {
+    let leader = if rng.chance(50) {
+        let addrs = target.lock().await.addrs();
+        leader_among(&addrs).await
+    } else {
+        None
+    };
+    let t = target.lock().await;
+    let mut running: Vec<u64> = t
+        .state
+        .iter()
+        .filter(|(_, s)| **s == State::Running)
+        .map(|(id, _)| *id)
+        .collect();
+    let mut chosen = Vec::new();
+    if let Some(l) = leader.filter(|l| running.contains(l)) {
+        running.retain(|id| *id != l);
+        chosen.push((l, " (the leader)"));
+    }
+    while chosen.len() < count && !running.is_empty() {
+        let i = rng.below(running.len() as u64) as usize;
+        chosen.push((running.remove(i), ""));
+    }
+    chosen
+}
+
+/// The member that says it leads (or the single server), asking each
+/// briefly: a paused member does not hold the question up for long.
+pub async fn leader_among(addrs: &[(u64, String)]) -> Option<u64> {
+    let asks = addrs.iter().map(|(id, addr)| async move {
+        let answer = baton_client::probe(addr, Duration::from_millis(300), None)
+            .await
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        matches!(status["role"].as_str(), Some("leader" | "single")).then_some(*id)
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .next()
+}
+
+/// Notes in the history each time another member leads, until `until`.
+pub async fn follow_leader(target: Arc<Mutex<Target>>, recorder: Recorder, until: Instant) {
+    let mut last = None;
+    while Instant::now() < until {
+        let addrs = target.lock().await.addrs();
+        let now = leader_among(&addrs).await;
+        if now != last && now.is_some() {
+            recorder.fault(format!("member {} leads", now.unwrap_or(0)));
+            last = now;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

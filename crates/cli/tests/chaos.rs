@@ -1,0 +1,84 @@
+//! `baton chaos`, end to end: a short run against a single server and one
+//! against a cluster, each with every kind of fault, must find every
+//! promise kept, and leave a history the checkers read back and a timeline.
+
+mod common;
+
+use common::{baton, scratch};
+
+fn chaos(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = baton()
+        .args(["chaos", "--json", "--dir"])
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "baton chaos {args:?} failed ({:?}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn ops(summary: &serde_json::Value, kind: &str) -> u64 {
+    summary["operations"][kind]["ok"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_short_run_against_a_single_server_keeps_every_promise_and_leaves_its_history() {
+    let dir = scratch("chaos-single");
+    let summary = chaos(&dir, &["--seconds", "6", "--seed", "1"]);
+    assert_eq!(summary["violations"], 0, "{summary}");
+    for kind in [
+        "read",
+        "write",
+        "cas",
+        "acquire",
+        "fenced-write",
+        "increment",
+        "enqueue",
+        "take",
+        "hold-ephemeral",
+    ] {
+        assert!(ops(&summary, kind) > 0, "no {kind} in {summary}");
+    }
+    // The history reads back, and the checkers find the same.
+    let file = std::fs::File::open(dir.join("history.jsonl")).unwrap();
+    let history = baton_chaos::History::read(std::io::BufReader::new(file)).unwrap();
+    assert!(!history.ops.is_empty() && !history.faults.is_empty());
+    assert!(!baton_chaos::violated(&baton_chaos::check(&history)));
+    let page = std::fs::read_to_string(dir.join("timeline.html")).unwrap();
+    assert!(page.contains("<svg") && page.contains("every promise held") || page.contains("Note"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_short_run_against_a_cluster_keeps_every_promise() {
+    let dir = scratch("chaos-cluster");
+    let summary = chaos(
+        &dir,
+        &[
+            "--members",
+            "3",
+            "--seconds",
+            "8",
+            "--seed",
+            "2",
+            "--workloads",
+            "register,fenced,counter",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert!(ops(&summary, "fenced-write") > 0, "{summary}");
+    let faults = summary["faults"].as_object().unwrap();
+    assert!(
+        faults
+            .keys()
+            .any(|k| k.starts_with("pause") || k.starts_with("kill")),
+        "{summary}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
