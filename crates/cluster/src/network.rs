@@ -58,6 +58,10 @@ const VERSION: u16 = 2;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 const MAX_FRAME: usize = 256 << 20;
+/// Largest first frame a member takes from whoever connects: the greeting
+/// is a few bytes, and until it has come nobody is trusted with room for a
+/// large frame.
+const MAX_HELLO_FRAME: usize = 64;
 /// How long a dial may take before the member counts as unreachable.
 const DIAL_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -813,7 +817,10 @@ async fn answer(
             }
         }
     };
-    let mut framed = Framed::new(io, codec());
+    let greeting = LengthDelimitedCodec::builder()
+        .max_frame_length(MAX_HELLO_FRAME)
+        .new_codec();
+    let mut framed = Framed::new(io, greeting);
     let hello = match tokio::time::timeout(Duration::from_secs(5), framed.next()).await {
         Ok(Some(Ok(frame))) => bincode::deserialize::<Hello>(&frame).ok(),
         _ => None,
@@ -826,6 +833,7 @@ async fn answer(
         info!(%peer, version = hello.version, "closing a peer connection of another protocol version");
         return;
     }
+    framed.codec_mut().set_max_frame_length(MAX_FRAME);
     loop {
         let frame = tokio::select! {
             f = framed.next() => f,
@@ -1148,5 +1156,42 @@ mod tests {
         assert_eq!(entries_that_fit(&entries, 3 * one + one / 2), 3);
         // One entry larger than the budget still goes, alone.
         assert_eq!(entries_that_fit(&entries, one / 2), 1);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Whatever bytes come as a frame, reading them as a greeting, a
+        /// request or an answer is an error or a value, never a panic.
+        #[test]
+        fn arbitrary_frames_never_panic_the_decoders(frame in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = bincode::deserialize::<Hello>(&frame);
+            if let Some((_, rest)) = split_call(&frame) {
+                let _ = bincode::deserialize::<Request>(rest);
+                let _ = bincode::deserialize::<Response>(rest);
+            }
+        }
+
+        /// A real append request with one byte changed or the frame cut
+        /// short: still no panic.
+        #[test]
+        fn a_damaged_append_never_panics_the_decoder(at in proptest::prelude::any::<usize>(), flip in 1u8..=255, cut in proptest::prelude::any::<bool>()) {
+            let request = Request::Append(AppendEntriesRequest::<TypeConfig> {
+                vote: openraft::Vote::new_committed(3, 2),
+                prev_log_id: Some(log_id(4)),
+                leader_commit: Some(log_id(4)),
+                entries: vec![entry(5, 20), entry(6, 3)],
+            });
+            let mut frame = encode_call(&request).unwrap().to_vec();
+            let at = at % frame.len();
+            if cut {
+                frame.truncate(at);
+            } else {
+                frame[at] ^= flip;
+            }
+            if let Some((_, rest)) = split_call(&frame) {
+                let _ = bincode::deserialize::<Request>(rest);
+            }
+        }
     }
 }

@@ -184,6 +184,115 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// The greeting a member sends first on a peer connection, as its bytes on
+/// the wire: magic, protocol version and sender id, behind the frame length.
+fn hello_frame(from: u64) -> Vec<u8> {
+    let mut body = b"BATNPEER".to_vec();
+    body.extend_from_slice(&2u16.to_le_bytes());
+    body.extend_from_slice(&from.to_le_bytes());
+    framed(&body)
+}
+
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+/// Writes `bytes` to the peer port `addr` and waits for the member to hang
+/// up, which it must do well before the 5 s it gives a silent peer.
+async fn member_hangs_up_on(addr: &str, bytes: &[u8], what: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The member may hang up while this is still being written.
+    let _ = conn.write_all(bytes).await;
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(4), async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "{addr} kept the connection after {what}");
+}
+
+/// Whoever reaches a member's peer port with bytes that are not a member's
+/// (noise, a frame too large for a greeting, a greeting followed by a
+/// request that does not decode) has only that connection closed; no room
+/// is set aside for a frame before the peer has greeted, and the cluster
+/// goes on replicating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_hang_up_on_bad_peer_bytes_and_go_on_serving() {
+    let (cluster, root) = cluster_with(3, "bad-peer-bytes", None).await;
+    let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+    let client = Client::builder(&addrs.join(","))
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("a session on the cluster");
+    client
+        .create("/before", "v", CreateMode::Persistent)
+        .await
+        .unwrap();
+
+    // Deterministic noise.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect()
+    };
+    for peer in &cluster.peers {
+        // A frame header announcing 200 MiB before any greeting.
+        member_hangs_up_on(peer, &(200u32 << 20).to_be_bytes(), "a 200 MiB first frame").await;
+        // A greeting-sized frame of noise.
+        member_hangs_up_on(peer, &framed(&noise(18)), "a first frame of noise").await;
+        // A good greeting from another protocol version.
+        let mut old = hello_frame(9);
+        old[12] = 1;
+        member_hangs_up_on(peer, &old, "a greeting of protocol version 1").await;
+        // A good greeting, then requests that do not decode: noise, and a
+        // request kind that does not exist.
+        for body in [
+            noise(300),
+            [7u64.to_be_bytes().to_vec(), 99u32.to_le_bytes().to_vec()].concat(),
+        ] {
+            let mut bytes = hello_frame(9);
+            bytes.extend(framed(&body));
+            member_hangs_up_on(peer, &bytes, "an undecodable request").await;
+        }
+        // Unframed noise.
+        member_hangs_up_on(peer, &noise(4096), "unframed noise").await;
+    }
+
+    // Every member still answers its peers, and the cluster replicates.
+    for peer in &cluster.peers {
+        let limit = Duration::from_secs(5);
+        let status = baton_cluster::network::status_of(0, peer, peer, limit, None).await;
+        assert!(status.is_ok(), "{peer}: {status:?}");
+    }
+    client
+        .create("/after", "v", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let guard = Lock::new(&client, "/locks/after").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    client.close().await;
+    for m in cluster.members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// A member whose replicated log stops on its own (as when its storage
 /// fails) does not go on serving as if nothing happened: it stops, saying
 /// why.
