@@ -219,6 +219,37 @@ async fn backups_need_the_admin_right_and_the_probe_names_no_lock() {
     server.stop().await;
 }
 
+/// The longest token an identity may have works for every first frame that
+/// carries one: a session's handshake, a status probe and a backup request.
+#[tokio::test]
+async fn the_longest_token_opens_a_session_a_probe_and_a_backup() {
+    let longest = "t".repeat(baton::proto::handshake::MAX_TOKEN);
+    let identities =
+        Identities::new(vec![identity("long", &longest, &[("/", &["admin"])])]).unwrap();
+    let server = TestServer::with_config(baton::server::Config {
+        identities: Some(Arc::new(identities)),
+        ..fast_config()
+    })
+    .await;
+    let client = as_identity(&server, &longest).await;
+    client
+        .create("/locks", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let _held = Lock::new(&client, "/locks/long").acquire().await.unwrap();
+    let limit = Duration::from_secs(10);
+    let status = baton::probe_as(&server.addr(), limit, None, Some(longest.as_bytes()))
+        .await
+        .unwrap();
+    assert!(status.contains("/locks/long"), "{status}");
+    let backup = baton::backup(&server.addr(), limit, None, Some(longest.as_bytes()))
+        .await
+        .unwrap();
+    assert!(backup.nodes >= 2);
+    client.close().await;
+    server.stop().await;
+}
+
 /// A client of another protocol version is told so, not that its token is
 /// missing: the version decides how the rest of its handshake reads.
 #[tokio::test]

@@ -70,6 +70,26 @@ async fn garbage_instead_of_a_handshake_closes_the_connection() {
     server.stop().await;
 }
 
+/// A first frame longer than any handshake is refused as soon as its
+/// length is read: the server sets aside no room for it, even when it is
+/// within the limit for requests, and does not wait for the handshake
+/// timeout.
+#[tokio::test]
+async fn a_first_frame_longer_than_a_handshake_closes_the_connection_at_once() {
+    let server = TestServer::with_config(Config {
+        handshake_timeout: Duration::from_secs(600),
+        ..fast_config()
+    })
+    .await;
+    let mut raw = Raw::connect(&server.addr()).await;
+    raw.write(&(64u32 << 10).to_be_bytes()).await;
+    raw.expect_closed().await;
+    assert_eq!(server.stats().protocol_errors, 1);
+    connections_drop_to(&server, 0).await;
+    assert_server_healthy(&server).await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn malformed_handshakes_are_refused_as_malformed_requests() {
     let server = TestServer::start().await;

@@ -36,6 +36,12 @@ use sync_wrapper::SyncWrapper;
 const READ_BUDGET: usize = 64 * 1024;
 /// Bytes encoded into the write buffer per batch.
 const WRITE_BUDGET: usize = 64 * 1024;
+/// Most bytes of a connection's first frame: a connect request, a status
+/// probe or a backup request, each a few fields and at most a token. Until
+/// it has come, nobody is trusted with room for a request of the largest
+/// node data.
+const MAX_FIRST_FRAME: usize = 4 * 1024;
+const _: () = assert!(MAX_FIRST_FRAME >= baton_proto::handshake::MAX_TOKEN + 256);
 /// How long a closing connection may take to send its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How long a backup waits for the log to hold the state it copied.
@@ -626,7 +632,7 @@ impl Conn {
             if !self.gate_open(outbox) {
                 return false;
             }
-            let frame = match self.next_frame() {
+            let frame = match self.next_frame(self.max_frame()) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return false,
                 Err(FrameError::TooLarge(len)) => {
@@ -735,12 +741,11 @@ impl Conn {
     /// The codec is made afresh for each whole frame rather than kept per
     /// connection: the length is checked here first, so the codec never sees
     /// a partial frame and has no state worth keeping.
-    fn next_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
+    fn next_frame(&mut self, max: usize) -> Result<Option<Bytes>, FrameError> {
         if self.rbuf.len() < 4 {
             return Ok(None);
         }
         let len = u32::from_be_bytes(self.rbuf.bytes()[..4].try_into().expect("4 bytes")) as usize;
-        let max = self.max_frame();
         if len > max {
             return Err(FrameError::TooLarge(len));
         }
@@ -788,10 +793,11 @@ impl Conn {
         self.read_frame().await
     }
 
-    /// Reads until one complete frame is buffered; `None` on a clean close.
+    /// Reads until the connection's first frame is buffered; `None` on a
+    /// clean close. It may be at most [`MAX_FIRST_FRAME`] bytes.
     async fn read_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
         loop {
-            if let Some(frame) = self.next_frame()? {
+            if let Some(frame) = self.next_frame(MAX_FIRST_FRAME)? {
                 return Ok(Some(frame));
             }
             self.stream.readable().await.map_err(FrameError::Io)?;
