@@ -559,12 +559,12 @@ impl StateMachine {
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
-        let Some(parent_path) = path::parent(requested) else {
+        if requested == "/" {
             return Err(err(
                 ErrorCode::NodeExists,
                 "the root node / always exists".into(),
             ));
-        };
+        }
         let mut revision = self.revision + 1;
         let (full, sequence) = if mode.is_sequential() {
             // The sequence number is the create's revision. If someone
@@ -595,6 +595,13 @@ impl StateMachine {
         } else {
             (requested.to_owned(), None)
         };
+        // Requests are checked as they are read; the state machine checks
+        // again what it is about to name a node, whichever protocol or log
+        // the command came from.
+        if let Err(e) = path::validate(&full) {
+            return Err(err(ErrorCode::InvalidPath, e.to_string()));
+        }
+        let parent_path = path::parent(requested).expect("a valid path other than the root");
         let owner = if mode.is_ephemeral() {
             if !self.sessions.contains_key(&session) {
                 return Err(err(

@@ -543,6 +543,42 @@ fn a_restored_state_machine_equals_the_original() {
     assert_eq!(x.revision, y.revision);
 }
 
+/// A command that reaches the state machine without its request's checks
+/// (from another protocol, or a log) still cannot name a node with an
+/// invalid path: it is refused with `invalid-path` and changes nothing.
+#[test]
+fn a_create_with_an_invalid_path_is_refused_by_the_state_machine() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    let revision = sm.revision();
+    for (bad, mode) in [
+        ("/\0", CreateMode::PersistentSequential),
+        ("/a\nb", CreateMode::Persistent),
+        ("relative", CreateMode::Persistent),
+        ("/a/../b", CreateMode::Ephemeral),
+        ("/x/", CreateMode::Persistent),
+    ] {
+        let applied = create(&mut sm, s, bad, mode);
+        match applied.result {
+            Err(e) => assert_eq!(e.code, ErrorCode::InvalidPath, "{bad:?}: {}", e.message),
+            Ok(o) => panic!("{bad:?} created: {o:?}"),
+        }
+    }
+    assert_eq!(sm.revision(), revision);
+    assert_eq!(sm.node_count(), 1);
+    // A sequential create under a parent, named by the parent and a slash,
+    // is still a valid name.
+    create(&mut sm, s, "/q", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let made = create(&mut sm, s, "/q/", CreateMode::PersistentSequential);
+    assert!(
+        matches!(made.result, Ok(Outcome::Created { .. })),
+        "{:?}",
+        made.result
+    );
+}
+
 mod determinism {
     use super::*;
     use proptest::prelude::*;
@@ -610,6 +646,165 @@ mod determinism {
                     prop_assert!(one.sessions.get(&owner).unwrap().ephemerals.contains(p));
                 }
             }
+        }
+    }
+}
+
+/// Commands of every kind, on valid and invalid paths, applied at random:
+/// nothing panics, a failed command changes nothing, and the state holds
+/// exactly what the successful outcomes said (nothing acknowledged lost,
+/// nothing appears that no outcome reported), fences never go back, and a
+/// snapshot of it reads back the same.
+mod apply_fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => prop::sample::select(vec!["/", "/a", "/b", "/a/x", "/a/y", "/b/z", "/a/x/q", "/q"])
+                .prop_map(str::to_owned),
+            1 => "[a-z/.]{0,8}",
+            1 => ".{0,6}",
+        ]
+    }
+
+    fn data() -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 0..8).prop_map(Bytes::from)
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        let session = (0u64..12).prop_map(SessionId);
+        let fence = proptest::option::of(0u64..30);
+        let version = proptest::option::of(0u32..4);
+        prop_oneof![
+            2 => (1u32..100_000).prop_map(|timeout_ms| Command::OpenSession {
+                timeout_ms,
+                secret: SessionSecret([3; 16]),
+            }),
+            1 => session.clone().prop_map(|session| Command::CloseSession { session }),
+            1 => session.clone().prop_map(|session| Command::ExpireSession { session }),
+            6 => (session.clone(), path(), data(), 0u8..4, fence.clone()).prop_map(
+                |(session, path, data, m, fence)| Command::Create {
+                    session,
+                    path,
+                    data,
+                    mode: CreateMode::from_flags(m & 1 != 0, m & 2 != 0),
+                    fence,
+                }
+            ),
+            2 => (session, path(), data()).prop_map(|(session, path, data)| Command::Enqueue {
+                session,
+                path,
+                data,
+            }),
+            3 => (path(), version.clone(), fence.clone()).prop_map(|(path, version, fence)| {
+                Command::Delete { path, version, fence }
+            }),
+            4 => (path(), data(), version, fence).prop_map(|(path, data, version, fence)| {
+                Command::SetData { path, data, version, fence }
+            }),
+        ]
+    }
+
+    /// Every node with its data and stat.
+    fn image(sm: &StateMachine) -> Vec<(String, Bytes, Stat)> {
+        sm.nodes_parent_first()
+            .map(|n| {
+                let node = sm.node(&n.path).expect("listed");
+                (n.path.to_string(), node.data(), node.stat())
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn apply_keeps_exactly_what_it_acknowledged(cmds in prop::collection::vec(command(), 1..120)) {
+            let mut sm = StateMachine::new();
+            // What the outcomes said each node holds: data and version.
+            let mut acknowledged: BTreeMap<String, (Bytes, u32)> = image(&sm)
+                .into_iter()
+                .map(|(p, d, s)| (p, (d, s.version)))
+                .collect();
+            // The highest token each node accepted.
+            let mut fences: BTreeMap<String, u64> = BTreeMap::new();
+            for (i, cmd) in cmds.iter().enumerate() {
+                let (before, revision) = (image(&sm), sm.revision());
+                let applied = sm.apply(cmd, i as u64);
+                match &applied.result {
+                    Err(_) => {
+                        prop_assert!(!applied.changed);
+                        prop_assert_eq!(applied.revision, revision);
+                        prop_assert!(applied.triggers.is_empty());
+                        prop_assert_eq!(image(&sm), before, "a failed {:?} changed the state", cmd);
+                        continue;
+                    }
+                    Ok(_) => {
+                        prop_assert!(applied.changed);
+                        prop_assert!(applied.revision > revision);
+                    }
+                }
+                let fence = match cmd {
+                    Command::Create { fence, .. }
+                    | Command::Delete { fence, .. }
+                    | Command::SetData { fence, .. } => *fence,
+                    _ => None,
+                };
+                match (cmd, applied.result.unwrap()) {
+                    (Command::Create { data, .. }, Outcome::Created { path, stat, .. })
+                    | (Command::Enqueue { data, .. }, Outcome::Enqueued { path, stat, .. }) => {
+                        prop_assert!(!acknowledged.contains_key(&*path), "{} created twice", path);
+                        prop_assert!(baton_proto::path::validate(&path).is_ok(), "{:?} created", path);
+                        acknowledged.insert(path.to_string(), (data.clone(), stat.version));
+                        if let (Some(token), Some(parent)) = (fence, path::parent(&path)) {
+                            let f = fences.entry(parent.to_owned()).or_default();
+                            *f = (*f).max(token);
+                        }
+                    }
+                    (Command::SetData { path, data, .. }, Outcome::DataSet(stat)) => {
+                        acknowledged.insert(path.clone(), (data.clone(), stat.version));
+                        if let Some(token) = fence {
+                            let f = fences.entry(path.clone()).or_default();
+                            *f = (*f).max(token);
+                        }
+                    }
+                    (Command::Delete { path, .. }, Outcome::Deleted) => {
+                        prop_assert!(acknowledged.remove(path).is_some(), "{} deleted but never created", path);
+                        fences.remove(path);
+                        if let (Some(token), Some(parent)) = (fence, path::parent(path)) {
+                            let f = fences.entry(parent.to_owned()).or_default();
+                            *f = (*f).max(token);
+                        }
+                    }
+                    (Command::CloseSession { .. } | Command::ExpireSession { .. }, Outcome::SessionEnded { deleted }) => {
+                        for p in deleted {
+                            prop_assert!(acknowledged.remove(&*p).is_some(), "{} went with a session but never came", p);
+                            fences.remove(&*p);
+                        }
+                    }
+                    (Command::OpenSession { .. }, Outcome::SessionOpened(_)) => {}
+                    (cmd, outcome) => prop_assert!(false, "{:?} answered {:?}", cmd, outcome),
+                }
+                // The state is exactly what was acknowledged.
+                let now: BTreeMap<String, (Bytes, u32)> = image(&sm)
+                    .into_iter()
+                    .map(|(p, d, s)| (p, (d, s.version)))
+                    .collect();
+                prop_assert_eq!(&now, &acknowledged, "after {:?}", cmd);
+                for (p, token) in &fences {
+                    if let Some(node) = sm.node(p) {
+                        prop_assert!(node.fence() >= *token, "{}'s fence went back below {}", p, token);
+                    }
+                }
+            }
+            // A snapshot of the end state reads back the same.
+            let mut out = std::io::Cursor::new(Vec::new());
+            crate::persist::snapshot::encode(&sm, &mut out).unwrap();
+            let back = crate::persist::snapshot::decode(out.get_ref()).unwrap();
+            prop_assert_eq!(image(&back), image(&sm));
+            prop_assert_eq!(back.revision(), sm.revision());
         }
     }
 }
