@@ -38,6 +38,10 @@ pub struct LocalCluster {
     extra: Vec<String>,
     /// The `baton` binary the members run; `None`: this one.
     pub exe: Option<PathBuf>,
+    /// Each member's client address as clients are given it (and members
+    /// name it to each other), where that is not where it listens: a proxy
+    /// in front of it.
+    fronts: BTreeMap<u64, String>,
 }
 
 /// How often `baton cluster local` looks for a change of leader.
@@ -70,6 +74,24 @@ impl LocalCluster {
         single: bool,
         exe: Option<PathBuf>,
     ) -> Result<LocalCluster, CliError> {
+        Self::launch_behind(n, dir, extra, single, exe, |_, client, peer| {
+            Ok((client.to_owned(), peer.to_owned()))
+        })
+    }
+
+    /// [`LocalCluster::launch`], with each member reached at the addresses
+    /// `front` gives for it (its id and the client and peer addresses it
+    /// listens on): the client and peer addresses of proxies in front of
+    /// it. Members name each other by those, and [`LocalCluster::clients`]
+    /// gives those.
+    pub fn launch_behind(
+        n: u64,
+        dir: &Path,
+        extra: &[String],
+        single: bool,
+        exe: Option<PathBuf>,
+        mut front: impl FnMut(u64, &str, &str) -> Result<(String, String), CliError>,
+    ) -> Result<LocalCluster, CliError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| CliError::msg(format!("cannot create {}: {e}", dir.display())))?;
         let mut listeners = BTreeMap::new();
@@ -77,12 +99,11 @@ impl LocalCluster {
             listeners.insert(id, (bind("127.0.0.1:0")?, bind("127.0.0.1:0")?));
         }
         let mut peers = Vec::new();
+        let mut fronts = BTreeMap::new();
         for (id, (client, peer)) in &listeners {
-            peers.push(format!(
-                "{id}={}/{}",
-                local_addr(peer)?,
-                local_addr(client)?
-            ));
+            let (client, peer) = front(*id, &local_addr(client)?, &local_addr(peer)?)?;
+            peers.push(format!("{id}={peer}/{client}"));
+            fronts.insert(*id, client);
         }
         let mut cluster = LocalCluster {
             members: BTreeMap::new(),
@@ -94,6 +115,7 @@ impl LocalCluster {
             },
             extra: extra.to_vec(),
             exe,
+            fronts,
         };
         for (id, (client, peer)) in listeners {
             cluster.spawn(id, client, peer)?;
@@ -189,11 +211,12 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Every member's client address, comma-separated.
+    /// Every member's client address as clients are given it (a proxy's,
+    /// for a cluster launched behind proxies), comma-separated.
     pub fn clients(&self) -> String {
         self.members
             .values()
-            .map(|m| m.client.clone())
+            .map(|m| self.fronts.get(&m.id).unwrap_or(&m.client).clone())
             .collect::<Vec<_>>()
             .join(",")
     }

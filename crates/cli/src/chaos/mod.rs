@@ -2,6 +2,7 @@
 //! the recorded history alone.
 
 mod nemesis;
+mod net;
 mod record;
 mod timeline;
 mod workloads;
@@ -146,6 +147,9 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Nemesis::KillTwo,
             Nemesis::LagThenCrash,
             Nemesis::ClientPause,
+            Nemesis::Partition,
+            Nemesis::OneWay,
+            Nemesis::CutClients,
         ]
     } else {
         args.nemesis.clone()
@@ -181,12 +185,27 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         kinds,
         dir.display()
     );
-    let cluster = LocalCluster::launch(
+    // Proxies in front of every port, when links are to be cut.
+    let net = net::Net::new();
+    let behind = kinds.iter().any(|k| {
+        matches!(
+            k,
+            Nemesis::Partition | Nemesis::OneWay | Nemesis::CutClients
+        )
+    });
+    let cluster = LocalCluster::launch_behind(
         args.members,
         &dir,
         &extra,
         args.members == 1,
         args.server_binary.clone(),
+        |id, client, peer| {
+            if behind {
+                Ok((net.front_client(id, client)?, net.front_peer(id, peer)?))
+            } else {
+                Ok((client.to_owned(), peer.to_owned()))
+            }
+        },
     )?;
     if cluster.wait_leader(Duration::from_secs(20)).await.is_none() {
         cluster.stop().await;
@@ -195,7 +214,7 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         ));
     }
     let servers = cluster.clients();
-    let target = Arc::new(tokio::sync::Mutex::new(Target::new(cluster)));
+    let target = Arc::new(tokio::sync::Mutex::new(Target::new(cluster, net)));
     let result = run_on(
         &args,
         seed,

@@ -2,8 +2,9 @@
 //! paused (SIGSTOP, as a long pause or a stopped VM would) and killed
 //! (kill -9, then started again from their data directories), one at a
 //! time or two at once (a cluster without its majority, then with it
-//! again), the leader chosen half the time. Two schedules run at once, so
-//! faults overlap.
+//! again), the leader chosen half the time; and links cut, between members
+//! and between the clients and a member (see [`super::net`]). Two
+//! schedules run at once, so faults overlap.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use super::net::{Net, CLIENTS};
 use super::record::{Recorder, Rng};
 use crate::local::LocalCluster;
 
@@ -39,6 +41,18 @@ pub enum Nemesis {
     /// garbage collection): their lease runs out while they still believe
     /// they hold it.
     ClientPause,
+    /// Cut one member (the leader half the time) off from the others for
+    /// 0.5 to 5 s; with 5 members, half the time two off from three. Its
+    /// clients still reach it: a deposed leader must not answer them as if
+    /// it still led.
+    Partition,
+    /// One member (the leader half the time) hears nothing from the others
+    /// for 0.5 to 5 s while they still hear it, or the other way round.
+    OneWay,
+    /// Cut the clients off from one member (the leader half the time) for
+    /// 0.3 to 4 s, longer than their sessions may last: they time out and
+    /// look for another member while it goes on.
+    CutClients,
 }
 
 impl Nemesis {
@@ -46,7 +60,11 @@ impl Nemesis {
     fn needs_cluster(self) -> bool {
         matches!(
             self,
-            Nemesis::PauseTwo | Nemesis::KillTwo | Nemesis::LagThenCrash
+            Nemesis::PauseTwo
+                | Nemesis::KillTwo
+                | Nemesis::LagThenCrash
+                | Nemesis::Partition
+                | Nemesis::OneWay
         )
     }
 
@@ -62,20 +80,26 @@ enum State {
     Down,
 }
 
-/// The servers under test, and the state each is in.
+/// The servers under test, the state each is in, and the network in
+/// front of them.
 pub struct Target {
     pub cluster: LocalCluster,
     state: BTreeMap<u64, State>,
+    net: Arc<Net>,
 }
 
 impl Target {
-    pub fn new(cluster: LocalCluster) -> Target {
+    pub fn new(cluster: LocalCluster, net: Arc<Net>) -> Target {
         let state = cluster
             .members
             .keys()
             .map(|id| (*id, State::Running))
             .collect();
-        Target { cluster, state }
+        Target {
+            cluster,
+            state,
+            net,
+        }
     }
 
     /// Each member's id and client address.
@@ -97,8 +121,13 @@ impl Target {
         }
     }
 
-    /// Every member paused resumed and every member down started again.
+    /// Every link healed, every member paused resumed and every member
+    /// down started again.
     pub async fn heal(&mut self, recorder: &Recorder) {
+        if self.net.any_cut() {
+            self.net.heal_all();
+            recorder.fault("heal: every link");
+        }
         let ids: Vec<u64> = self.state.keys().copied().collect();
         for id in ids {
             match self.state[&id] {
@@ -140,9 +169,16 @@ pub async fn schedule(
         }
         tokio::time::sleep(wait).await;
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
-        if kind == Nemesis::LagThenCrash {
-            lag_then_crash(&target, &recorder, &mut rng, until).await;
-            continue;
+        match kind {
+            Nemesis::LagThenCrash => {
+                lag_then_crash(&target, &recorder, &mut rng, until).await;
+                continue;
+            }
+            Nemesis::Partition | Nemesis::OneWay | Nemesis::CutClients => {
+                cut(&target, kind, &recorder, &mut rng, until).await;
+                continue;
+            }
+            _ => {}
         }
         let count = if kind.needs_cluster() { 2 } else { 1 };
         let chosen = choose(&target, count, &mut rng).await;
@@ -195,8 +231,111 @@ pub async fn schedule(
                     }
                 }
             }
-            Nemesis::ClientPause | Nemesis::LagThenCrash => {}
+            Nemesis::ClientPause
+            | Nemesis::LagThenCrash
+            | Nemesis::Partition
+            | Nemesis::OneWay
+            | Nemesis::CutClients => {}
         }
+    }
+}
+
+/// [`Nemesis::Partition`], [`Nemesis::OneWay`] or [`Nemesis::CutClients`];
+/// one cut at a time (another schedule's cut under way: none).
+async fn cut(
+    target: &Arc<Mutex<Target>>,
+    kind: Nemesis,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let (net, ids) = {
+        let t = target.lock().await;
+        (t.net.clone(), t.state.keys().copied().collect::<Vec<_>>())
+    };
+    if net.any_cut() {
+        return;
+    }
+    let leader = if rng.chance(50) {
+        let addrs = target.lock().await.addrs();
+        leader_among(&addrs).await
+    } else {
+        None
+    };
+    let first = leader.unwrap_or_else(|| ids[rng.below(ids.len() as u64) as usize]);
+    let role = if leader.is_some() {
+        " (the leader)"
+    } else {
+        ""
+    };
+    if kind == Nemesis::OneWay {
+        let rest: Vec<u64> = ids.iter().copied().filter(|id| *id != first).collect();
+        let hold = rng.between(Duration::from_millis(500), Duration::from_millis(5000));
+        let what = if rng.chance(50) {
+            net.cut_one_way(&rest, &[first]);
+            format!(
+                "cut one way: member {first}{role} hears nothing from members {} for {} ms",
+                list(&rest),
+                hold.as_millis()
+            )
+        } else {
+            net.cut_one_way(&[first], &rest);
+            format!(
+                "cut one way: members {} hear nothing from member {first}{role} for {} ms",
+                list(&rest),
+                hold.as_millis()
+            )
+        };
+        recorder.fault(what);
+        tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+        net.heal(&[first], &rest);
+        recorder.fault(format!("heal the cut of member {first}"));
+        return;
+    }
+    let (side, other, hold, what): (Vec<u64>, Vec<u64>, Duration, String) = match kind {
+        Nemesis::Partition => {
+            let mut side = vec![first];
+            let mut rest: Vec<u64> = ids.iter().copied().filter(|id| *id != first).collect();
+            if ids.len() >= 5 && rng.chance(50) {
+                side.push(rest.remove(rng.below(rest.len() as u64) as usize));
+            }
+            let hold = rng.between(Duration::from_millis(500), Duration::from_millis(5000));
+            let what = format!(
+                "cut member{} {}{role} off from members {} for {} ms",
+                if side.len() > 1 { "s" } else { "" },
+                list(&side),
+                list(&rest),
+                hold.as_millis()
+            );
+            (side, rest, hold, what)
+        }
+        _ => {
+            let hold = rng.between(Duration::from_millis(300), Duration::from_millis(4000));
+            let what = format!(
+                "cut clients off from member {first}{role} for {} ms",
+                hold.as_millis()
+            );
+            (vec![first], vec![CLIENTS], hold, what)
+        }
+    };
+    net.cut(&side, &other);
+    recorder.fault(what);
+    tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+    net.heal(&side, &other);
+    recorder.fault(format!(
+        "heal the cut of member{} {}",
+        if side.len() > 1 { "s" } else { "" },
+        list(&side)
+    ));
+}
+
+/// `1, 2 and 3`.
+fn list(ids: &[u64]) -> String {
+    let names: Vec<String> = ids.iter().map(u64::to_string).collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -1,0 +1,431 @@
+//! The network between the servers of a chaos run, and between them and
+//! their clients: a proxy on loopback in front of every member's peer port
+//! and client port, so that links can be cut.
+//!
+//! A cut link carries nothing, as when a switch drops the packets:
+//! connections stay open, bytes in flight are held, new connections are
+//! taken but get no further; whoever is on either end sees timeouts, not
+//! refusals. A link may be cut one way only: bytes still go the other way
+//! on connections already open (a new one needs both ways). When the cut
+//! heals, what was held goes through (as TCP would retransmit it), unless
+//! an end gave up meanwhile.
+//!
+//! Which member dialed a peer connection is read from its greeting (the
+//! first frame a member sends: magic, version, its id); a connection to a
+//! client port comes from a client.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::CliError;
+
+/// The clients' side of a link to a member's client port.
+pub const CLIENTS: u64 = 0;
+/// A dialer that is neither a client nor a member this run started (one
+/// whose greeting names no member): never cut.
+const OUTSIDE: u64 = u64::MAX;
+
+/// The directions that carry nothing now, each as (from, to).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cuts(BTreeSet<(u64, u64)>);
+
+impl Cuts {
+    /// Whether bytes from `from` to `to` are held.
+    fn blocks(&self, from: u64, to: u64) -> bool {
+        self.0.contains(&(from, to))
+    }
+
+    /// Whether a link is cut either way.
+    fn blocks_either(&self, a: u64, b: u64) -> bool {
+        self.blocks(a, b) || self.blocks(b, a)
+    }
+}
+
+/// The proxies of a run, and the links cut now.
+pub struct Net {
+    cuts: watch::Sender<Cuts>,
+    proxies: std::sync::Mutex<JoinSet<()>>,
+}
+
+impl Net {
+    pub fn new() -> Arc<Net> {
+        Arc::new(Net {
+            cuts: watch::Sender::new(Cuts::default()),
+            proxies: std::sync::Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// A proxy in front of member `id`'s peer port `real`; its address.
+    pub fn front_peer(self: &Arc<Net>, id: u64, real: &str) -> Result<String, CliError> {
+        self.front(id, real, true)
+    }
+
+    /// A proxy in front of member `id`'s client port `real`; its address.
+    pub fn front_client(self: &Arc<Net>, id: u64, real: &str) -> Result<String, CliError> {
+        self.front(id, real, false)
+    }
+
+    fn front(self: &Arc<Net>, id: u64, real: &str, peer: bool) -> Result<String, CliError> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(TcpListener::from_std)
+            .map_err(|e| CliError::msg(format!("cannot bind a proxy on loopback: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CliError::msg(e.to_string()))?
+            .to_string();
+        let (real, cuts) = (real.to_owned(), self.cuts.subscribe());
+        let mut proxies = self.proxies.lock().expect("not poisoned");
+        proxies.spawn(accept(listener, id, real, peer, cuts));
+        Ok(addr)
+    }
+
+    /// Cuts every link between a member of `a` and a member of `b` (ids, or
+    /// [`CLIENTS`]) both ways, in addition to those cut already.
+    pub fn cut(&self, a: &[u64], b: &[u64]) {
+        self.cut_one_way(a, b);
+        self.cut_one_way(b, a);
+    }
+
+    /// Holds whatever goes from a member of `from` to a member of `to`;
+    /// the other way is left as it is.
+    pub fn cut_one_way(&self, from: &[u64], to: &[u64]) {
+        self.cuts.send_modify(|cuts| {
+            for x in from {
+                for y in to {
+                    if x != y {
+                        cuts.0.insert((*x, *y));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Heals the links between `a` and `b`, both ways.
+    pub fn heal(&self, a: &[u64], b: &[u64]) {
+        self.cuts.send_modify(|cuts| {
+            cuts.0.retain(|(x, y)| {
+                !(a.contains(x) && b.contains(y) || a.contains(y) && b.contains(x))
+            })
+        });
+    }
+
+    /// Heals every link.
+    pub fn heal_all(&self) {
+        self.cuts.send_modify(|cuts| cuts.0.clear());
+    }
+
+    /// Whether any link is cut now.
+    pub fn any_cut(&self) -> bool {
+        !self.cuts.borrow().0.is_empty()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if let Ok(proxies) = self.proxies.get_mut() {
+            proxies.abort_all();
+        }
+    }
+}
+
+/// Takes connections to a proxy in front of member `id` and forwards each
+/// to `real`.
+async fn accept(
+    listener: TcpListener,
+    id: u64,
+    real: String,
+    peer: bool,
+    cuts: watch::Receiver<Cuts>,
+) {
+    let mut links = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((inbound, _)) = accepted else { continue };
+                links.spawn(forward(inbound, id, real.clone(), peer, cuts.clone()));
+            }
+            Some(_) = links.join_next(), if !links.is_empty() => {}
+        }
+    }
+}
+
+/// Most bytes of a member's greeting frame.
+const MAX_GREETING: usize = 64;
+
+/// One connection through a proxy: who dialed, then bytes both ways while
+/// the link between the two ends is not cut.
+async fn forward(
+    mut inbound: TcpStream,
+    id: u64,
+    real: String,
+    peer: bool,
+    mut cuts: watch::Receiver<Cuts>,
+) {
+    let _ = inbound.set_nodelay(true);
+    // The dialer's first bytes, already read, go on ahead of the rest.
+    let (from, first) = if peer {
+        match greeting(&mut inbound).await {
+            Some(found) => found,
+            None => return,
+        }
+    } else {
+        (CLIENTS, Vec::new())
+    };
+    // A connection needs both ways: through a link cut either way, it
+    // waits for the cut to heal.
+    if !open(&mut cuts, |c| c.blocks_either(from, id)).await {
+        return;
+    }
+    let Ok(mut outbound) = TcpStream::connect(&real).await else {
+        return;
+    };
+    let _ = outbound.set_nodelay(true);
+    if outbound.write_all(&first).await.is_err() {
+        return;
+    }
+    let (in_read, in_write) = inbound.into_split();
+    let (out_read, out_write) = outbound.into_split();
+    let there = pump(in_read, out_write, from, id, cuts.clone());
+    let back = pump(out_read, in_write, id, from, cuts);
+    tokio::join!(there, back);
+}
+
+/// Reads a member's greeting from `inbound`: the id it names (or
+/// [`OUTSIDE`]) and the bytes read.
+async fn greeting(inbound: &mut TcpStream) -> Option<(u64, Vec<u8>)> {
+    let mut head = [0u8; 4];
+    inbound.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes(head) as usize;
+    let mut first = head.to_vec();
+    if len > MAX_GREETING {
+        return Some((OUTSIDE, first));
+    }
+    let mut body = vec![0u8; len];
+    inbound.read_exact(&mut body).await.ok()?;
+    first.extend_from_slice(&body);
+    // magic (8 bytes), version (u16), the member's id (u64, little-endian)
+    let from = match body.get(..18) {
+        Some(b) if &b[..8] == b"BATNPEER" => {
+            u64::from_le_bytes(b[10..18].try_into().expect("8 bytes"))
+        }
+        _ => OUTSIDE,
+    };
+    Some((if from == CLIENTS { OUTSIDE } else { from }, first))
+}
+
+/// Waits until `blocked` says no; false once the run is over.
+async fn open(cuts: &mut watch::Receiver<Cuts>, blocked: impl Fn(&Cuts) -> bool) -> bool {
+    loop {
+        if !blocked(&cuts.borrow_and_update()) {
+            return true;
+        }
+        if cuts.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Copies `from` to `to` (bytes going from end `a` to end `b`) while that
+/// way is not cut, holding what it read when a cut comes.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    a: u64,
+    b: u64,
+    mut cuts: watch::Receiver<Cuts>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let blocked = |c: &Cuts| c.blocks(a, b);
+    loop {
+        if !open(&mut cuts, blocked).await {
+            return;
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+                Ok(n) => n,
+            },
+            // A cut while waiting: wait for it to heal before reading on.
+            changed = cuts.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        if !open(&mut cuts, blocked).await || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn echo_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn hello(from: u64) -> Vec<u8> {
+        let mut body = b"BATNPEER".to_vec();
+        body.extend_from_slice(&2u16.to_le_bytes());
+        body.extend_from_slice(&from.to_le_bytes());
+        let mut out = (body.len() as u32).to_be_bytes().to_vec();
+        out.extend(body);
+        out
+    }
+
+    async fn echoes(conn: &mut TcpStream, what: &[u8]) -> bool {
+        conn.write_all(what).await.unwrap();
+        let mut got = vec![0u8; what.len()];
+        tokio::time::timeout(Duration::from_millis(300), conn.read_exact(&mut got))
+            .await
+            .is_ok_and(|r| r.is_ok() && got == what)
+    }
+
+    /// A cut holds the bytes of a link that is open and of one opened
+    /// during it, both ways, and only between the two ends cut; healing
+    /// lets what was held through.
+    #[tokio::test]
+    async fn a_cut_holds_bytes_only_between_its_ends_until_it_heals() {
+        let net = Net::new();
+        let real = echo_server().await;
+        let front = net.front_peer(2, &real).unwrap();
+        let clients = net.front_client(2, &real).unwrap();
+        let mut from1 = TcpStream::connect(&front).await.unwrap();
+        let greeting1 = hello(1);
+        assert!(echoes(&mut from1, &greeting1).await);
+        let mut from3 = TcpStream::connect(&front).await.unwrap();
+        assert!(echoes(&mut from3, &hello(3)).await);
+        let mut client = TcpStream::connect(&clients).await.unwrap();
+        assert!(echoes(&mut client, b"ping").await);
+
+        net.cut(&[1], &[2]);
+        assert!(net.any_cut());
+        // Held, not lost: the echo comes after the heal.
+        from1.write_all(b"held").await.unwrap();
+        let mut got = [0u8; 4];
+        let early = tokio::time::timeout(Duration::from_millis(300), from1.read_exact(&mut got));
+        assert!(early.await.is_err(), "bytes crossed a cut link");
+        // A connection opened during the cut gets nowhere either.
+        let mut late = TcpStream::connect(&front).await.unwrap();
+        assert!(!echoes(&mut late, &hello(1)).await);
+        // Other links carry on.
+        assert!(echoes(&mut from3, b"free").await);
+        assert!(echoes(&mut client, b"free").await);
+        net.cut(&[CLIENTS], &[2]);
+        assert!(!echoes(&mut client, b"cut").await);
+
+        net.heal_all();
+        assert!(!net.any_cut());
+        tokio::time::timeout(Duration::from_secs(5), from1.read_exact(&mut got))
+            .await
+            .expect("the held bytes after the heal")
+            .unwrap();
+        assert_eq!(&got, b"held");
+        let mut held = vec![0u8; hello(1).len()];
+        tokio::time::timeout(Duration::from_secs(5), late.read_exact(&mut held))
+            .await
+            .expect("the late connection's greeting after the heal")
+            .unwrap();
+        assert_eq!(held, hello(1));
+        let mut cut_echo = [0u8; 3];
+        tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut cut_echo))
+            .await
+            .expect("the client's held bytes after the heal")
+            .unwrap();
+        assert_eq!(&cut_echo, b"cut");
+    }
+
+    #[test]
+    fn healing_some_links_leaves_the_others_cut() {
+        let net = Net::new();
+        net.cut(&[1], &[2, 3]);
+        net.cut(&[CLIENTS], &[2]);
+        net.cut_one_way(&[4], &[5]);
+        net.heal(&[2], &[1]);
+        let cuts = net.cuts.borrow().clone();
+        assert!(!cuts.blocks_either(1, 2));
+        assert!(cuts.blocks(3, 1) && cuts.blocks(1, 3));
+        assert!(cuts.blocks(2, CLIENTS) && cuts.blocks(CLIENTS, 2));
+        assert!(cuts.blocks(4, 5) && !cuts.blocks(5, 4));
+    }
+
+    /// A link cut one way still carries the other way on a connection
+    /// already open; a new connection waits for the heal.
+    #[tokio::test]
+    async fn a_one_way_cut_holds_only_its_own_way() {
+        let net = Net::new();
+        let real = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = net
+            .front_peer(2, &real.local_addr().unwrap().to_string())
+            .unwrap();
+        let mut dialer = TcpStream::connect(&front).await.unwrap();
+        dialer.write_all(&hello(1)).await.unwrap();
+        let (mut member, _) = real.accept().await.unwrap();
+        let mut greeting = vec![0u8; hello(1).len()];
+        member.read_exact(&mut greeting).await.unwrap();
+
+        // 1 hears nothing from 2; 2 still hears 1.
+        net.cut_one_way(&[2], &[1]);
+        dialer.write_all(b"to 2").await.unwrap();
+        let mut got = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), member.read_exact(&mut got))
+            .await
+            .expect("1 to 2 still goes")
+            .unwrap();
+        assert_eq!(&got, b"to 2");
+        member.write_all(b"to 1").await.unwrap();
+        let early = tokio::time::timeout(Duration::from_millis(300), dialer.read_exact(&mut got));
+        assert!(early.await.is_err(), "bytes crossed the cut way");
+        let mut late = TcpStream::connect(&front).await.unwrap();
+        late.write_all(&hello(1)).await.unwrap();
+        let no_connection = tokio::time::timeout(Duration::from_millis(300), real.accept());
+        assert!(
+            no_connection.await.is_err(),
+            "a connection through a cut link"
+        );
+
+        net.heal(&[1], &[2]);
+        tokio::time::timeout(Duration::from_secs(5), dialer.read_exact(&mut got))
+            .await
+            .expect("the held bytes after the heal")
+            .unwrap();
+        assert_eq!(&got, b"to 1");
+        tokio::time::timeout(Duration::from_secs(5), real.accept())
+            .await
+            .expect("the late connection after the heal")
+            .unwrap();
+    }
+}
