@@ -25,7 +25,7 @@ use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
-use crate::core::{Connected, Connecting, Flow};
+use crate::core::{Connected, Connecting, Flow, Now};
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;
 use crate::server::Shared;
@@ -387,7 +387,7 @@ impl Conn {
                 return None;
             }
         }
-        let connecting = self.shared.core().connect(&request, outbox, Instant::now());
+        let connecting = self.shared.core().connect(&request, outbox, Now::real());
         let connected = match connecting {
             Ok(Connecting::Done(connected)) => Ok(connected),
             // A cluster's leader opens the session once it is committed.
@@ -665,7 +665,7 @@ impl Conn {
                         request,
                         outbox,
                         self.secure.as_ref().and_then(|s| s.identity.as_deref()),
-                        Instant::now(),
+                        Now::real(),
                     );
                     let took = started.elapsed();
                     let stats = &self.shared.stats;
@@ -688,15 +688,9 @@ impl Conn {
                 }) => {
                     info!(peer = %self.peer(), %session, xid, op, "rejected request: {code}: {message}");
                     Stats::add(&self.shared.stats.protocol_errors, 1);
-                    self.shared.core().reject(
-                        session,
-                        xid,
-                        op,
-                        code,
-                        message,
-                        outbox,
-                        Instant::now(),
-                    )
+                    self.shared
+                        .core()
+                        .reject(session, xid, op, code, message, outbox, Now::real())
                 }
             };
             if flow == Flow::Stop {

@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
+
+use crate::core::Now;
 
 use crate::state::StateMachine;
 
@@ -67,9 +69,9 @@ fn parent(path: &str) -> &str {
 }
 
 impl LockBoard {
-    /// `node` (created at wall-clock `created_ms`, token `token`) now heads
-    /// its queue.
-    pub(crate) fn granted(&mut self, node: &Arc<str>, token: u64, created_ms: u64, now_ms: u64) {
+    /// `node` (created at wall-clock `created_ms`, token `token`) heads its
+    /// queue as of `now`.
+    pub(crate) fn granted(&mut self, node: &Arc<str>, token: u64, created_ms: u64, now: Now) {
         let lock = parent(node);
         if !self.locks.contains_key(lock) && self.locks.len() >= MAX_LOCKS {
             if self.held >= self.locks.len() {
@@ -77,7 +79,6 @@ impl LockBoard {
             }
             self.locks.retain(|_, f| f.holder.is_some());
         }
-        let now = Instant::now();
         let figures = match self.locks.get_mut(lock) {
             Some(f) => f,
             None => self.locks.entry(Arc::from(lock)).or_default(),
@@ -89,28 +90,28 @@ impl LockBoard {
             // The previous holder's node is still there (a grant after a
             // failover, say): its hold ends now.
             figures.holds += 1;
-            figures.hold_ns += now.duration_since(old.since).as_nanos() as u64;
+            figures.hold_ns += now.at.duration_since(old.since).as_nanos() as u64;
         } else {
             self.held += 1;
         }
         figures.grants += 1;
-        figures.wait_ms += now_ms.saturating_sub(created_ms);
+        figures.wait_ms += now.wall_ms.saturating_sub(created_ms);
         figures.holder = Some(Holder {
             node: node.clone(),
             token,
-            since: now,
+            since: now.at,
         });
     }
 
-    /// `path` was deleted: if it held its lock, the hold ends.
-    pub(crate) fn deleted(&mut self, path: &str) {
+    /// `path` was deleted at `now`: if it held its lock, the hold ends.
+    pub(crate) fn deleted(&mut self, path: &str, now: Instant) {
         let Some(figures) = self.locks.get_mut(parent(path)) else {
             return;
         };
         if figures.holder.as_ref().is_some_and(|h| &*h.node == path) {
             let old = figures.holder.take().expect("just seen");
             figures.holds += 1;
-            figures.hold_ns += old.since.elapsed().as_nanos() as u64;
+            figures.hold_ns += now.saturating_duration_since(old.since).as_nanos() as u64;
             self.held -= 1;
         }
     }
@@ -149,16 +150,25 @@ impl LockBoard {
 mod tests {
     use super::*;
 
+    /// The time `ms` milliseconds after `start`, on both clocks.
+    fn at(start: Instant, ms: u64) -> Now {
+        Now {
+            at: start + std::time::Duration::from_millis(ms),
+            wall_ms: 1_000 + ms,
+        }
+    }
+
     #[test]
     fn a_grant_and_a_release_make_one_hold() {
         let mut board = LockBoard::default();
+        let start = Instant::now();
         let a: Arc<str> = Arc::from("/locks/job/lock-0000000005");
         let b: Arc<str> = Arc::from("/locks/job/lock-0000000007");
-        board.granted(&a, 5, 1_000, 1_000);
-        board.deleted("/locks/other/lock-0000000005");
-        board.deleted("/locks/job/lock-0000000006");
-        board.deleted(&a);
-        board.granted(&b, 7, 1_000, 1_250);
+        board.granted(&a, 5, 1_000, at(start, 0));
+        board.deleted("/locks/other/lock-0000000005", at(start, 100).at);
+        board.deleted("/locks/job/lock-0000000006", at(start, 100).at);
+        board.deleted(&a, at(start, 400).at);
+        board.granted(&b, 7, 1_000, at(start, 250));
         let sm = StateMachine::new();
         let views = board.busiest(&sm, 10);
         assert_eq!(views.len(), 1);
@@ -166,29 +176,30 @@ mod tests {
         assert_eq!(&*v.lock, "/locks/job");
         assert_eq!((v.grants, v.holds, v.token), (2, 1, Some(7)));
         assert_eq!(v.wait_seconds, 0.25);
-        assert!(v.hold_seconds >= 0.0);
+        assert_eq!(v.hold_seconds, 0.4);
     }
 
     #[test]
     fn the_board_stays_bounded_and_forgets_idle_locks_first() {
         let mut board = LockBoard::default();
+        let now = at(Instant::now(), 0);
         for i in 0..MAX_LOCKS {
             let node: Arc<str> = Arc::from(format!("/l{i}/n").as_str());
-            board.granted(&node, 1, 0, 0);
+            board.granted(&node, 1, 0, now);
             if i % 2 == 0 {
-                board.deleted(&node);
+                board.deleted(&node, now.at);
             }
         }
         assert_eq!(board.len(), MAX_LOCKS);
-        board.granted(&Arc::from("/new/n"), 1, 0, 0);
+        board.granted(&Arc::from("/new/n"), 1, 0, now);
         assert_eq!(board.len(), MAX_LOCKS / 2 + 1);
         assert_eq!(board.held, MAX_LOCKS / 2 + 1);
         // Full of held locks: a new one is not followed, and costs no scan.
         let mut full = LockBoard::default();
         for i in 0..MAX_LOCKS {
-            full.granted(&Arc::from(format!("/h{i}/n").as_str()), 1, 0, 0);
+            full.granted(&Arc::from(format!("/h{i}/n").as_str()), 1, 0, now);
         }
-        full.granted(&Arc::from("/late/n"), 1, 0, 0);
+        full.granted(&Arc::from("/late/n"), 1, 0, now);
         assert_eq!((full.len(), full.held), (MAX_LOCKS, MAX_LOCKS));
     }
 

@@ -16,7 +16,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, ConfigError};
-use crate::core::{Core, With};
+use crate::core::{Core, Now, With};
 use crate::datadir::{DataDir, DataDirError};
 use crate::persist::{self, DurableMark, PersistError, Wal};
 use crate::replicate::{InMemory, Local, NoLogYet, Replicator, Role};
@@ -111,8 +111,9 @@ impl Applier {
     pub fn apply(&self, proposals: &[Proposal]) -> u64 {
         let mut core = self.shared.core();
         let mut revision = core.revision();
+        let now = Now::real();
         for proposal in proposals {
-            revision = core.apply_committed(proposal);
+            revision = core.apply_committed(proposal, now);
         }
         revision
     }
@@ -124,13 +125,13 @@ impl Applier {
 
     /// Replaces the state with one from a snapshot.
     pub fn install(&self, sm: StateMachine) {
-        self.shared.core().install(sm, Instant::now());
+        self.shared.core().install(sm, Now::real());
     }
 
     /// This member leads now, has proven it, and has applied everything
     /// committed: it serves clients, giving every session a full timeout.
     pub fn lead(&self) {
-        self.shared.core().lead(Instant::now());
+        self.shared.core().lead(Now::real());
         self.shared.expiry_wake.notify_one();
     }
 
@@ -441,7 +442,7 @@ impl Parts {
             expiry_wake: expiry_wake.clone(),
         };
         let tls = config.tls.clone();
-        let core = Core::new(sm, log, role, with, Instant::now());
+        let core = Core::new(sm, log, role, with, Now::real());
         Parts {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -504,7 +505,7 @@ async fn expiry_timer(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
         let next = {
             let mut core = shared.core();
-            let expired = core.expire_due(Instant::now());
+            let expired = core.expire_due(Now::real());
             if expired > 0 {
                 debug!(expired, "expired sessions");
             }

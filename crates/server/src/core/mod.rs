@@ -20,6 +20,8 @@
 
 mod requests;
 mod sessions;
+#[cfg(test)]
+mod tests;
 mod watching;
 
 use std::collections::{HashMap, VecDeque};
@@ -121,6 +123,9 @@ pub(crate) struct Core {
     expiring: HashMap<SessionId, u32>,
     /// Wakes the expiry timer when a session's deadline becomes the earliest.
     expiry_wake: Arc<Notify>,
+    /// The time of the call in hand, as its caller gave it: what the core
+    /// stamps and counts from, however deep in the call.
+    now: Now,
 }
 
 /// What a core shares with the rest of the server.
@@ -133,10 +138,28 @@ pub(crate) struct With {
     pub(crate) expiry_wake: Arc<Notify>,
 }
 
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// The time a call into the core happens at, on both clocks: the
+/// monotonic instant that sessions' liveness and expiry count from, and the
+/// wall-clock time (milliseconds since the Unix epoch) stamped on the
+/// changes it proposes. The caller reads them (the real clocks, or a
+/// simulation's): the core reads no clock of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Now {
+    pub(crate) at: Instant,
+    pub(crate) wall_ms: u64,
+}
+
+impl Now {
+    /// The clocks as they are: tokio's monotonic clock (which a test's
+    /// paused runtime controls) and the system's wall clock.
+    pub(crate) fn real() -> Now {
+        Now {
+            at: Instant::now(),
+            wall_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
 }
 
 impl Core {
@@ -148,7 +171,7 @@ impl Core {
         log: Arc<dyn Replicator>,
         role: Role,
         with: With,
-        now: Instant,
+        now: Now,
     ) -> Self {
         let With {
             config,
@@ -174,6 +197,7 @@ impl Core {
             opening: HashMap::new(),
             expiring: HashMap::new(),
             expiry_wake,
+            now,
         };
         match role {
             Role::Leader => core.lead(now),
@@ -218,7 +242,8 @@ impl Core {
     /// Applies a change the replicated log committed (on every member, in
     /// log order), and answers the request it came from if that request was
     /// proposed here. Returns the revision after it.
-    pub(crate) fn apply_committed(&mut self, proposal: &Proposal) -> u64 {
+    pub(crate) fn apply_committed(&mut self, proposal: &Proposal, now: Now) -> u64 {
+        self.now = now;
         let applied = self.sm.apply_proposal(proposal);
         let revision = applied.revision;
         // The replies the request's session is owed, taken before a close
@@ -458,7 +483,8 @@ impl Core {
 
     /// Replaces the state with one installed from a snapshot. Sessions are
     /// tracked again from it if this server leads.
-    pub(crate) fn install(&mut self, sm: StateMachine, now: Instant) {
+    pub(crate) fn install(&mut self, sm: StateMachine, now: Now) {
+        self.now = now;
         self.sm = sm;
         // The holders it knew of may be gone: count afresh.
         self.locks = Default::default();

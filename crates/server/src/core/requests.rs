@@ -9,7 +9,7 @@ use baton_proto::{
 };
 use tokio::time::Instant;
 
-use super::{no_node, wall_clock_ms, Core, Flow};
+use super::{no_node, Core, Flow, Now};
 use crate::outbox::Outbox;
 use crate::state::{Command, Origin, Proposal};
 use crate::watches::Kinds;
@@ -25,8 +25,10 @@ impl Core {
         frame: RequestFrame,
         outbox: &Arc<Outbox>,
         identity: Option<&crate::auth::Identity>,
-        now: Instant,
+        now: Now,
     ) -> Flow {
+        self.now = now;
+        let now = now.at;
         let RequestFrame { xid, request } = frame;
         let op = request.op() as u8;
         if let Err(flow) = self.touch(session, xid, op, outbox, now) {
@@ -118,7 +120,7 @@ impl Core {
         op: u8,
     ) {
         let proposal = Proposal {
-            now_ms: wall_clock_ms(),
+            now_ms: self.now.wall_ms,
             origin: Some(origin),
             command,
         };
@@ -201,8 +203,10 @@ impl Core {
         code: ErrorCode,
         message: String,
         outbox: &Arc<Outbox>,
-        now: Instant,
+        now: Now,
     ) -> Flow {
+        self.now = now;
+        let now = now.at;
         if let Err(flow) = self.touch(session, xid, op, outbox, now) {
             return flow;
         }
@@ -306,8 +310,7 @@ impl Core {
             }
         };
         if predecessor.is_none() {
-            self.locks
-                .granted(&node, sequence, stat.ctime, wall_clock_ms());
+            self.locks.granted(&node, sequence, stat.ctime, self.now);
         }
         self.queues
             .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));

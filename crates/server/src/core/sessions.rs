@@ -17,7 +17,7 @@ use baton_proto::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{wall_clock_ms, Core, Flow, Live, Opening};
+use super::{Core, Flow, Live, Now, Opening};
 use crate::outbox::Outbox;
 use crate::replicate::Role;
 use crate::state::{Applied, Command, Proposal};
@@ -65,8 +65,9 @@ impl Core {
         &mut self,
         req: &ConnectRequest,
         outbox: &Arc<Outbox>,
-        now: Instant,
+        now: Now,
     ) -> Result<Connecting, (ErrorCode, String)> {
+        self.now = now;
         if self.shutting_down {
             return Err((
                 ErrorCode::ShuttingDown,
@@ -87,7 +88,9 @@ impl Core {
         }
         match req.resume {
             None => self.open(req, outbox),
-            Some((id, secret)) => self.resume(id, secret, outbox, now).map(Connecting::Done),
+            Some((id, secret)) => self
+                .resume(id, secret, outbox, now.at)
+                .map(Connecting::Done),
         }
     }
 
@@ -114,7 +117,7 @@ impl Core {
             },
         );
         let proposal = Proposal {
-            now_ms: wall_clock_ms(),
+            now_ms: self.now.wall_ms,
             origin: None,
             command: Command::OpenSession { timeout_ms, secret },
         };
@@ -138,7 +141,7 @@ impl Core {
         timeout_ms: u32,
         revision: u64,
     ) {
-        let now = Instant::now();
+        let now = self.now.at;
         let Some(Opening { outbox, done }) = self.opening.remove(&secret) else {
             // Asked elsewhere, or here by a handshake that gave up before it
             // was committed: the session lives with no connection, and the
@@ -313,7 +316,9 @@ impl Core {
     /// Expires every session not heard from for its whole timeout as of
     /// `now`: proposes its expiry (applied at once on a single server).
     /// Returns how many were proposed.
-    pub(crate) fn expire_due(&mut self, now: Instant) -> usize {
+    pub(crate) fn expire_due(&mut self, now: Now) -> usize {
+        self.now = now;
+        let now = now.at;
         let mut count = 0;
         while let Some((&(due, id), ())) = self.deadlines.first() {
             if due > now {
@@ -334,7 +339,7 @@ impl Core {
             }
             tracing::info!(session = %id, timeout_ms, "session expired");
             let proposal = Proposal {
-                now_ms: wall_clock_ms(),
+                now_ms: self.now.wall_ms,
                 origin: None,
                 command: Command::ExpireSession { session: id },
             };
@@ -368,7 +373,9 @@ impl Core {
     /// This server now leads (it has proven it, and applied everything
     /// committed): it serves clients, and every session gets a full timeout
     /// from `now` to be heard from.
-    pub(crate) fn lead(&mut self, now: Instant) {
+    pub(crate) fn lead(&mut self, now: Now) {
+        self.now = now;
+        let now = now.at;
         self.role = Role::Leader;
         self.live.clear();
         self.deadlines.clear();

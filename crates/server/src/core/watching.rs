@@ -141,8 +141,7 @@ impl Core {
     fn granted(&mut self, node: &Arc<str>) {
         if let Some(n) = self.sm.node(node) {
             let (token, created_ms) = (n.czxid(), n.stat().ctime);
-            self.locks
-                .granted(node, token, created_ms, super::wall_clock_ms());
+            self.locks.granted(node, token, created_ms, self.now);
         }
     }
 
@@ -170,7 +169,7 @@ impl Core {
         let revision = self.sm.revision();
         for trigger in triggers {
             if trigger.kind == EventKind::Deleted {
-                self.locks.deleted(&trigger.path);
+                self.locks.deleted(&trigger.path, self.now.at);
                 self.queues
                     .on_deleted(&trigger.path, actor, &self.sm, &mut self.queue_events);
                 for (session, kind, node) in std::mem::take(&mut self.queue_events) {

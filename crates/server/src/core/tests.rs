@@ -1,0 +1,77 @@
+//! The core reads no clock of its own: what it stamps on changes and when
+//! it expires a session follow the time its caller gives it.
+
+use std::time::Duration;
+
+use baton_proto::{ConnectRequest, CreateMode, Request, RequestFrame};
+
+use super::*;
+use crate::replicate::InMemory;
+
+fn core_at(now: Now) -> Core {
+    let config = Config {
+        min_session_timeout: Duration::from_millis(100),
+        ..Config::default()
+    };
+    let with = With {
+        config: Arc::new(config),
+        stats: Arc::new(Stats::default()),
+        mark: Arc::new(DurableMark::new(0)),
+        expiry_wake: Arc::new(Notify::new()),
+    };
+    Core::new(
+        StateMachine::new(),
+        Arc::new(InMemory),
+        Role::Leader,
+        with,
+        now,
+    )
+}
+
+fn later(start: Now, ms: u64, wall_ms: u64) -> Now {
+    Now {
+        at: start.at + Duration::from_millis(ms),
+        wall_ms,
+    }
+}
+
+#[test]
+fn changes_are_stamped_and_sessions_expire_by_the_time_the_caller_gives() {
+    // Wall-clock times far from today's, and a monotonic clock that moves
+    // only when the test says: nothing the core does may depend on others.
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 1_000_000,
+    };
+    let mut core = core_at(start);
+    let outbox = Outbox::new();
+    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &outbox, start)
+    else {
+        panic!("a single server opens a session at once");
+    };
+    let session = connected.grant.session_id;
+    assert_eq!(core.state().last_now_ms(), 1_000_000);
+
+    let create = RequestFrame {
+        xid: 1,
+        request: Request::Create {
+            path: "/eph".into(),
+            data: bytes::Bytes::new(),
+            mode: CreateMode::Ephemeral,
+            fence: None,
+        },
+    };
+    let flow = core.handle(session, create, &outbox, None, later(start, 10, 2_000_000));
+    assert_eq!(flow, Flow::Continue);
+    let state = core.state();
+    assert_eq!(state.node("/eph").expect("created").stat().ctime, 2_000_000);
+
+    // Heard from at +10 ms, with a 1 s timeout: due at +1010 ms, not before.
+    assert_eq!(core.expire_due(later(start, 1_009, 3_000_000)), 0);
+    assert!(core.state().node("/eph").is_some());
+    assert_eq!(core.expire_due(later(start, 1_010, 3_000_500)), 1);
+    let state = core.state();
+    assert!(state.session(session).is_none());
+    assert!(state.node("/eph").is_none());
+    assert_eq!(state.last_now_ms(), 3_000_500);
+}
