@@ -104,7 +104,7 @@ fn a_short_run_with_links_cut_keeps_every_promise() {
             "--workloads",
             "register,ephemeral,election",
             "--nemesis",
-            "partition,cut-clients",
+            "partition,one-way,slow,cut-clients",
         ],
     );
     assert_eq!(summary["violations"], 0, "{summary}");

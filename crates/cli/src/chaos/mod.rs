@@ -149,6 +149,8 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Nemesis::ClientPause,
             Nemesis::Partition,
             Nemesis::OneWay,
+            Nemesis::Slow,
+            Nemesis::SlowThenCrash,
             Nemesis::CutClients,
         ]
     } else {
@@ -187,12 +189,7 @@ async fn run_all(args: ChaosArgs) -> CliResult {
     );
     // Proxies in front of every port, when links are to be cut.
     let net = net::Net::new();
-    let behind = kinds.iter().any(|k| {
-        matches!(
-            k,
-            Nemesis::Partition | Nemesis::OneWay | Nemesis::CutClients
-        )
-    });
+    let behind = kinds.iter().any(|k| k.needs_network());
     let cluster = LocalCluster::launch_behind(
         args.members,
         &dir,
@@ -214,7 +211,12 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         ));
     }
     let servers = cluster.clients();
-    let target = Arc::new(tokio::sync::Mutex::new(Target::new(cluster, net)));
+    let target = Arc::new(tokio::sync::Mutex::new(Target::new(
+        cluster,
+        net,
+        // As `baton serve` sets it: a third of the election timeout.
+        Duration::from_millis((args.election_timeout / 3).max(10)),
+    )));
     let result = run_on(
         &args,
         seed,

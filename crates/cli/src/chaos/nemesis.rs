@@ -49,6 +49,18 @@ pub enum Nemesis {
     /// One member (the leader half the time) hears nothing from the others
     /// for 0.5 to 5 s while they still hear it, or the other way round.
     OneWay,
+    /// Slow the link between one member (the leader half the time) and
+    /// another: each way half to twice a heartbeat late, for 1 to 5 s, so
+    /// that many of the calls between them time out while their bytes
+    /// still arrive.
+    Slow,
+    /// Faults combined (a cluster of 3 or more): one follower paused; the
+    /// link between the leader and the other follower slowed past the
+    /// heartbeat while writes go on; that follower paused too, its late
+    /// answers still on their way; then the leader and that follower
+    /// killed together, the first follower resumed, the link healed, and
+    /// the two killed started again.
+    SlowThenCrash,
     /// Cut the clients off from one member (the leader half the time) for
     /// 0.3 to 4 s, longer than their sessions may last: they time out and
     /// look for another member while it goes on.
@@ -65,6 +77,20 @@ impl Nemesis {
                 | Nemesis::LagThenCrash
                 | Nemesis::Partition
                 | Nemesis::OneWay
+                | Nemesis::Slow
+                | Nemesis::SlowThenCrash
+        )
+    }
+
+    /// Whether it needs proxies in front of the servers' ports.
+    pub fn needs_network(self) -> bool {
+        matches!(
+            self,
+            Nemesis::Partition
+                | Nemesis::OneWay
+                | Nemesis::Slow
+                | Nemesis::SlowThenCrash
+                | Nemesis::CutClients
         )
     }
 
@@ -86,10 +112,13 @@ pub struct Target {
     pub cluster: LocalCluster,
     state: BTreeMap<u64, State>,
     net: Arc<Net>,
+    /// How often the members' leader heartbeats (and so how long it waits
+    /// for each call to a follower).
+    heartbeat: Duration,
 }
 
 impl Target {
-    pub fn new(cluster: LocalCluster, net: Arc<Net>) -> Target {
+    pub fn new(cluster: LocalCluster, net: Arc<Net>, heartbeat: Duration) -> Target {
         let state = cluster
             .members
             .keys()
@@ -99,6 +128,7 @@ impl Target {
             cluster,
             state,
             net,
+            heartbeat,
         }
     }
 
@@ -124,7 +154,7 @@ impl Target {
     /// Every link healed, every member paused resumed and every member
     /// down started again.
     pub async fn heal(&mut self, recorder: &Recorder) {
-        if self.net.any_cut() {
+        if self.net.any_fault() {
             self.net.heal_all();
             recorder.fault("heal: every link");
         }
@@ -174,8 +204,12 @@ pub async fn schedule(
                 lag_then_crash(&target, &recorder, &mut rng, until).await;
                 continue;
             }
-            Nemesis::Partition | Nemesis::OneWay | Nemesis::CutClients => {
+            Nemesis::Partition | Nemesis::OneWay | Nemesis::Slow | Nemesis::CutClients => {
                 cut(&target, kind, &recorder, &mut rng, until).await;
+                continue;
+            }
+            Nemesis::SlowThenCrash => {
+                slow_then_crash(&target, &recorder, &mut rng, until).await;
                 continue;
             }
             _ => {}
@@ -235,13 +269,16 @@ pub async fn schedule(
             | Nemesis::LagThenCrash
             | Nemesis::Partition
             | Nemesis::OneWay
+            | Nemesis::Slow
+            | Nemesis::SlowThenCrash
             | Nemesis::CutClients => {}
         }
     }
 }
 
-/// [`Nemesis::Partition`], [`Nemesis::OneWay`] or [`Nemesis::CutClients`];
-/// one cut at a time (another schedule's cut under way: none).
+/// [`Nemesis::Partition`], [`Nemesis::OneWay`], [`Nemesis::Slow`] or
+/// [`Nemesis::CutClients`]; one network fault at a time (another
+/// schedule's under way: none).
 async fn cut(
     target: &Arc<Mutex<Target>>,
     kind: Nemesis,
@@ -253,7 +290,7 @@ async fn cut(
         let t = target.lock().await;
         (t.net.clone(), t.state.keys().copied().collect::<Vec<_>>())
     };
-    if net.any_cut() {
+    if net.any_fault() {
         return;
     }
     let leader = if rng.chance(50) {
@@ -268,6 +305,23 @@ async fn cut(
     } else {
         ""
     };
+    if kind == Nemesis::Slow {
+        let others: Vec<u64> = ids.iter().copied().filter(|id| *id != first).collect();
+        let other = others[rng.below(others.len() as u64) as usize];
+        let heartbeat = target.lock().await.heartbeat;
+        let delay = rng.between(heartbeat / 2, heartbeat * 2);
+        let hold = rng.between(Duration::from_millis(1000), Duration::from_millis(5000));
+        net.slow(&[first], &[other], delay);
+        recorder.fault(format!(
+            "slow the link between members {first}{role} and {other}: {} ms late each way, for {} ms",
+            delay.as_millis(),
+            hold.as_millis()
+        ));
+        tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+        net.heal(&[first], &[other]);
+        recorder.fault(format!("heal the link between members {first} and {other}"));
+        return;
+    }
     if kind == Nemesis::OneWay {
         let rest: Vec<u64> = ids.iter().copied().filter(|id| *id != first).collect();
         let hold = rng.between(Duration::from_millis(500), Duration::from_millis(5000));
@@ -463,6 +517,98 @@ async fn lag_then_crash(
         if t.state.get(&id) == Some(&State::Down) {
             match t.cluster.restart(id).await {
                 Ok(()) => recorder.fault(format!("lag then crash: restart member {id}")),
+                Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
+            }
+            t.state.insert(id, State::Running);
+        }
+    }
+}
+
+/// [`Nemesis::SlowThenCrash`]: as [`lag_then_crash`], with a slow link in
+/// place of the paused follower that lags; given up if the leader is
+/// unknown, the followers are busy or another network fault is on.
+async fn slow_then_crash(
+    target: &Arc<Mutex<Target>>,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let addrs = target.lock().await.addrs();
+    let Some(leader) = leader_among(&addrs).await else {
+        return;
+    };
+    let (net, heartbeat, followers) = {
+        let t = target.lock().await;
+        if t.state.get(&leader) != Some(&State::Running) || t.net.any_fault() {
+            return;
+        }
+        let followers: Vec<u64> = t
+            .state
+            .iter()
+            .filter(|(id, s)| **id != leader && **s == State::Running)
+            .map(|(id, _)| *id)
+            .collect();
+        (t.net.clone(), t.heartbeat, followers)
+    };
+    if followers.len() < 2 || Instant::now() + Duration::from_secs(6) > until {
+        return;
+    }
+    let (slow, other) = if rng.chance(50) {
+        (followers[0], followers[1])
+    } else {
+        (followers[1], followers[0])
+    };
+    {
+        let mut t = target.lock().await;
+        t.signal(other, libc::SIGSTOP);
+        t.state.insert(other, State::Paused);
+    }
+    recorder.fault(format!(
+        "slow then crash: pause member {other} (a follower)"
+    ));
+    let delay = rng.between(heartbeat / 2, heartbeat * 2);
+    net.slow(&[leader], &[slow], delay);
+    recorder.fault(format!(
+        "slow then crash: slow the link between members {leader} (the leader) and {slow}: {} ms late each way",
+        delay.as_millis()
+    ));
+    tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1500))).await;
+    // Paused too: what it sent before is still on its way, late.
+    {
+        let mut t = target.lock().await;
+        t.signal(slow, libc::SIGSTOP);
+        t.state.insert(slow, State::Paused);
+    }
+    recorder.fault(format!(
+        "slow then crash: pause member {slow} too (both followers paused)"
+    ));
+    tokio::time::sleep(rng.between(Duration::from_millis(50), Duration::from_millis(400))).await;
+    {
+        let mut t = target.lock().await;
+        for id in [leader, slow] {
+            t.cluster.kill9(id).await;
+            t.state.insert(id, State::Down);
+        }
+    }
+    recorder.fault(format!(
+        "slow then crash: kill -9 members {leader} (the leader) and {slow} (behind the slow link)"
+    ));
+    tokio::time::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(300))).await;
+    {
+        let mut t = target.lock().await;
+        t.signal(other, libc::SIGCONT);
+        t.state.insert(other, State::Running);
+    }
+    net.heal(&[leader], &[slow]);
+    recorder.fault(format!(
+        "slow then crash: resume member {other}; heal the link between members {leader} and {slow}"
+    ));
+    tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1500))).await;
+    let mut t = target.lock().await;
+    for id in [leader, slow] {
+        if t.state.get(&id) == Some(&State::Down) {
+            match t.cluster.restart(id).await {
+                Ok(()) => recorder.fault(format!("slow then crash: restart member {id}")),
                 Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
             }
             t.state.insert(id, State::Running);

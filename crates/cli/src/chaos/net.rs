@@ -1,6 +1,6 @@
 //! The network between the servers of a chaos run, and between them and
 //! their clients: a proxy on loopback in front of every member's peer port
-//! and client port, so that links can be cut.
+//! and client port, so that links can be cut or slowed.
 //!
 //! A cut link carries nothing, as when a switch drops the packets:
 //! connections stay open, bytes in flight are held, new connections are
@@ -8,19 +8,22 @@
 //! refusals. A link may be cut one way only: bytes still go the other way
 //! on connections already open (a new one needs both ways). When the cut
 //! heals, what was held goes through (as TCP would retransmit it), unless
-//! an end gave up meanwhile.
+//! an end gave up meanwhile. A slow link carries everything, each byte that
+//! much later.
 //!
 //! Which member dialed a peer connection is read from its greeting (the
 //! first frame a member sends: magic, version, its id); a connection to a
 //! client port comes from a client.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::CliError;
 
@@ -30,32 +33,48 @@ pub const CLIENTS: u64 = 0;
 /// whose greeting names no member): never cut.
 const OUTSIDE: u64 = u64::MAX;
 
-/// The directions that carry nothing now, each as (from, to).
+/// The directions that carry nothing now, and those that carry their bytes
+/// late, each as (from, to).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Cuts(BTreeSet<(u64, u64)>);
+pub struct Links {
+    cut: BTreeSet<(u64, u64)>,
+    slow: BTreeMap<(u64, u64), Duration>,
+}
 
-impl Cuts {
+impl Links {
     /// Whether bytes from `from` to `to` are held.
     fn blocks(&self, from: u64, to: u64) -> bool {
-        self.0.contains(&(from, to))
+        self.cut.contains(&(from, to))
     }
 
     /// Whether a link is cut either way.
     fn blocks_either(&self, a: u64, b: u64) -> bool {
         self.blocks(a, b) || self.blocks(b, a)
     }
+
+    /// How late bytes from `from` to `to` arrive.
+    fn delay(&self, from: u64, to: u64) -> Duration {
+        self.slow.get(&(from, to)).copied().unwrap_or_default()
+    }
 }
 
-/// The proxies of a run, and the links cut now.
+/// Every (x, y) with x in `a`, y in `b`, x and y different.
+fn pairs<'a>(a: &'a [u64], b: &'a [u64]) -> impl Iterator<Item = (u64, u64)> + 'a {
+    a.iter()
+        .flat_map(move |x| b.iter().map(move |y| (*x, *y)))
+        .filter(|(x, y)| x != y)
+}
+
+/// The proxies of a run, and the links cut or slowed now.
 pub struct Net {
-    cuts: watch::Sender<Cuts>,
+    links: watch::Sender<Links>,
     proxies: std::sync::Mutex<JoinSet<()>>,
 }
 
 impl Net {
     pub fn new() -> Arc<Net> {
         Arc::new(Net {
-            cuts: watch::Sender::new(Cuts::default()),
+            links: watch::Sender::new(Links::default()),
             proxies: std::sync::Mutex::new(JoinSet::new()),
         })
     }
@@ -79,9 +98,9 @@ impl Net {
             .local_addr()
             .map_err(|e| CliError::msg(e.to_string()))?
             .to_string();
-        let (real, cuts) = (real.to_owned(), self.cuts.subscribe());
+        let (real, links) = (real.to_owned(), self.links.subscribe());
         let mut proxies = self.proxies.lock().expect("not poisoned");
-        proxies.spawn(accept(listener, id, real, peer, cuts));
+        proxies.spawn(accept(listener, id, real, peer, links));
         Ok(addr)
     }
 
@@ -95,34 +114,40 @@ impl Net {
     /// Holds whatever goes from a member of `from` to a member of `to`;
     /// the other way is left as it is.
     pub fn cut_one_way(&self, from: &[u64], to: &[u64]) {
-        self.cuts.send_modify(|cuts| {
-            for x in from {
-                for y in to {
-                    if x != y {
-                        cuts.0.insert((*x, *y));
-                    }
-                }
+        self.links
+            .send_modify(|links| links.cut.extend(pairs(from, to)));
+    }
+
+    /// Makes every link between a member of `a` and a member of `b` carry
+    /// its bytes `delay` late, each way.
+    pub fn slow(&self, a: &[u64], b: &[u64], delay: Duration) {
+        self.links.send_modify(|links| {
+            for (x, y) in pairs(a, b) {
+                links.slow.insert((x, y), delay);
+                links.slow.insert((y, x), delay);
             }
         });
     }
 
-    /// Heals the links between `a` and `b`, both ways.
+    /// Heals the links between `a` and `b`, both ways: neither cut nor slow.
     pub fn heal(&self, a: &[u64], b: &[u64]) {
-        self.cuts.send_modify(|cuts| {
-            cuts.0.retain(|(x, y)| {
-                !(a.contains(x) && b.contains(y) || a.contains(y) && b.contains(x))
-            })
+        let between =
+            |(x, y): &(u64, u64)| a.contains(x) && b.contains(y) || a.contains(y) && b.contains(x);
+        self.links.send_modify(|links| {
+            links.cut.retain(|link| !between(link));
+            links.slow.retain(|link, _| !between(link));
         });
     }
 
     /// Heals every link.
     pub fn heal_all(&self) {
-        self.cuts.send_modify(|cuts| cuts.0.clear());
+        self.links.send_modify(|links| *links = Links::default());
     }
 
-    /// Whether any link is cut now.
-    pub fn any_cut(&self) -> bool {
-        !self.cuts.borrow().0.is_empty()
+    /// Whether any link is cut or slow now.
+    pub fn any_fault(&self) -> bool {
+        let links = self.links.borrow();
+        !links.cut.is_empty() || !links.slow.is_empty()
     }
 }
 
@@ -141,16 +166,16 @@ async fn accept(
     id: u64,
     real: String,
     peer: bool,
-    cuts: watch::Receiver<Cuts>,
+    links: watch::Receiver<Links>,
 ) {
-    let mut links = JoinSet::new();
+    let mut forwarding = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((inbound, _)) = accepted else { continue };
-                links.spawn(forward(inbound, id, real.clone(), peer, cuts.clone()));
+                forwarding.spawn(forward(inbound, id, real.clone(), peer, links.clone()));
             }
-            Some(_) = links.join_next(), if !links.is_empty() => {}
+            Some(_) = forwarding.join_next(), if !forwarding.is_empty() => {}
         }
     }
 }
@@ -158,14 +183,14 @@ async fn accept(
 /// Most bytes of a member's greeting frame.
 const MAX_GREETING: usize = 64;
 
-/// One connection through a proxy: who dialed, then bytes both ways while
-/// the link between the two ends is not cut.
+/// One connection through a proxy: who dialed, then bytes both ways as the
+/// link between the two ends allows.
 async fn forward(
     mut inbound: TcpStream,
     id: u64,
     real: String,
     peer: bool,
-    mut cuts: watch::Receiver<Cuts>,
+    mut links: watch::Receiver<Links>,
 ) {
     let _ = inbound.set_nodelay(true);
     // The dialer's first bytes, already read, go on ahead of the rest.
@@ -179,7 +204,7 @@ async fn forward(
     };
     // A connection needs both ways: through a link cut either way, it
     // waits for the cut to heal.
-    if !open(&mut cuts, |c| c.blocks_either(from, id)).await {
+    if !open(&mut links, |l| l.blocks_either(from, id)).await {
         return;
     }
     let Ok(mut outbound) = TcpStream::connect(&real).await else {
@@ -191,8 +216,8 @@ async fn forward(
     }
     let (in_read, in_write) = inbound.into_split();
     let (out_read, out_write) = outbound.into_split();
-    let there = pump(in_read, out_write, from, id, cuts.clone());
-    let back = pump(out_read, in_write, id, from, cuts);
+    let there = pump(in_read, out_write, from, id, links.clone());
+    let back = pump(out_read, in_write, id, from, links);
     tokio::join!(there, back);
 }
 
@@ -220,52 +245,72 @@ async fn greeting(inbound: &mut TcpStream) -> Option<(u64, Vec<u8>)> {
 }
 
 /// Waits until `blocked` says no; false once the run is over.
-async fn open(cuts: &mut watch::Receiver<Cuts>, blocked: impl Fn(&Cuts) -> bool) -> bool {
+async fn open(links: &mut watch::Receiver<Links>, blocked: impl Fn(&Links) -> bool) -> bool {
     loop {
-        if !blocked(&cuts.borrow_and_update()) {
+        if !blocked(&links.borrow_and_update()) {
             return true;
         }
-        if cuts.changed().await.is_err() {
+        if links.changed().await.is_err() {
             return false;
         }
     }
 }
 
-/// Copies `from` to `to` (bytes going from end `a` to end `b`) while that
-/// way is not cut, holding what it read when a cut comes.
+/// Chunks read and not yet written, per direction of a connection.
+const IN_FLIGHT: usize = 64;
+
+/// Copies `from` to `to` (bytes going from end `a` to end `b`): each chunk
+/// as late as that way was slow when it was read, and nothing while that
+/// way is cut (what was read by then is held).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     a: u64,
     b: u64,
-    mut cuts: watch::Receiver<Cuts>,
+    links: watch::Receiver<Links>,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let blocked = |c: &Cuts| c.blocks(a, b);
-    loop {
-        if !open(&mut cuts, blocked).await {
-            return;
-        }
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => {
-                    let _ = to.shutdown().await;
-                    return;
-                }
-                Ok(n) => n,
-            },
-            // A cut while waiting: wait for it to heal before reading on.
-            changed = cuts.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                continue;
+    let blocked = move |l: &Links| l.blocks(a, b);
+    let (chunks, mut due) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    let mut read_links = links.clone();
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if !open(&mut read_links, blocked).await {
+                return;
             }
-        };
-        if !open(&mut cuts, blocked).await || to.write_all(&buf[..n]).await.is_err() {
-            return;
+            let n = tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                // A cut while waiting: wait for it to heal before reading on.
+                changed = read_links.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let at = Instant::now() + read_links.borrow().delay(a, b);
+            // The writer gone (its end closed): nothing more to carry.
+            if chunks.send((at, buf[..n].to_vec())).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    let mut write_links = links;
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if !open(&mut write_links, blocked).await || to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        // The reader saw its end close: so does the other end, once what
+        // was read before has gone through.
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 #[cfg(test)]
@@ -332,7 +377,7 @@ mod tests {
         assert!(echoes(&mut client, b"ping").await);
 
         net.cut(&[1], &[2]);
-        assert!(net.any_cut());
+        assert!(net.any_fault());
         // Held, not lost: the echo comes after the heal.
         from1.write_all(b"held").await.unwrap();
         let mut got = [0u8; 4];
@@ -348,7 +393,7 @@ mod tests {
         assert!(!echoes(&mut client, b"cut").await);
 
         net.heal_all();
-        assert!(!net.any_cut());
+        assert!(!net.any_fault());
         tokio::time::timeout(Duration::from_secs(5), from1.read_exact(&mut got))
             .await
             .expect("the held bytes after the heal")
@@ -375,11 +420,46 @@ mod tests {
         net.cut(&[CLIENTS], &[2]);
         net.cut_one_way(&[4], &[5]);
         net.heal(&[2], &[1]);
-        let cuts = net.cuts.borrow().clone();
+        let cuts = net.links.borrow().clone();
         assert!(!cuts.blocks_either(1, 2));
         assert!(cuts.blocks(3, 1) && cuts.blocks(1, 3));
         assert!(cuts.blocks(2, CLIENTS) && cuts.blocks(CLIENTS, 2));
         assert!(cuts.blocks(4, 5) && !cuts.blocks(5, 4));
+    }
+
+    /// A slow link carries everything, late by its delay each way, and a
+    /// stream of chunks keeps its order; healed, it is prompt again.
+    #[tokio::test]
+    async fn a_slow_link_delivers_everything_late_and_in_order() {
+        let net = Net::new();
+        let real = echo_server().await;
+        let front = net.front_peer(2, &real).unwrap();
+        let mut conn = TcpStream::connect(&front).await.unwrap();
+        assert!(echoes(&mut conn, &hello(1)).await);
+        let delay = Duration::from_millis(150);
+        net.slow(&[1], &[2], delay);
+        assert!(net.any_fault());
+        let started = std::time::Instant::now();
+        let sent: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut read, mut write) = conn.into_split();
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(1000) {
+                write.write_all(piece).await.unwrap();
+            }
+            (write, sent)
+        });
+        let mut got = vec![0u8; 200_000];
+        tokio::time::timeout(Duration::from_secs(10), read.read_exact(&mut got))
+            .await
+            .expect("everything through the slow link")
+            .unwrap();
+        assert!(started.elapsed() >= 2 * delay, "{:?}", started.elapsed());
+        let (write, sent) = writer.await.unwrap();
+        assert_eq!(got, sent);
+        net.heal(&[2], &[1]);
+        assert!(!net.any_fault());
+        let mut conn = read.reunite(write).unwrap();
+        assert!(echoes(&mut conn, b"prompt").await);
     }
 
     /// A link cut one way still carries the other way on a connection
