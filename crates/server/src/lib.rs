@@ -25,6 +25,8 @@ pub mod persist;
 mod queues;
 pub mod replicate;
 mod server;
+#[cfg(test)]
+mod sim;
 pub mod state;
 mod stats;
 mod status;
