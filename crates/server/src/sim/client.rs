@@ -4,6 +4,8 @@
 //! xid, queue watches set again) and runs one recipe, recording every
 //! operation as `baton chaos` does.
 
+use std::collections::BTreeMap;
+
 use baton_chaos::history::{Call, Op, Outcome, Reply as Said};
 use baton_proto::{
     ConnectRequest, CreateMode, ErrorCode, EventKind, Reply, Request, RequestFrame, ServerMessage,
@@ -19,6 +21,7 @@ pub(crate) const REGISTERS: [&str; 3] = ["/r0", "/r1", "/r2"];
 pub(crate) const COUNTER: &str = "/counter";
 pub(crate) const LOCK: &str = "/lock";
 pub(crate) const RESOURCE: &str = "/res";
+pub(crate) const EPHEMERALS: &str = "/eph";
 
 /// How long an operation may go unanswered before its outcome counts as
 /// unknown.
@@ -35,6 +38,7 @@ pub(crate) fn initial_state() -> StateMachine {
         sm.apply(&create(path, "0"), 0);
     }
     sm.apply(&create(LOCK, ""), 0);
+    sm.apply(&create(EPHEMERALS, ""), 0);
     sm
 }
 
@@ -54,6 +58,12 @@ pub(crate) enum Kind {
     Register,
     Fenced,
     Counter,
+    /// Holds an ephemeral node in its session, then closes the session or
+    /// falls silent past its timeout.
+    Ephemeral,
+    /// Watches every ephemeral node the holders made, and notes when it
+    /// finds one gone.
+    Observer,
 }
 
 /// What a reply completes.
@@ -83,6 +93,10 @@ enum Purpose {
         tries: u32,
     },
     ReadCounter,
+    Hold {
+        path: String,
+    },
+    Close,
 }
 
 /// The request awaiting its reply, and the operation it is part of.
@@ -117,6 +131,16 @@ enum Lock {
     },
 }
 
+/// Where an observer stands with one ephemeral node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watched {
+    /// To be asked about (again).
+    Unasked,
+    Asked,
+    /// It exists, and a watch on it is set.
+    Watching,
+}
+
 #[derive(Clone, Debug)]
 struct Conn {
     gen: u64,
@@ -144,6 +168,21 @@ pub(crate) struct Client {
     paused_holding: u64,
     /// Since when it has waited for the server to answer anything it sent.
     unanswered_since: Option<u64>,
+    /// When each request still unanswered was sent, by xid.
+    sent_at: BTreeMap<u32, u64>,
+    /// When the latest request the server answered was sent: the server
+    /// heard the session no earlier, so it expires it no sooner than a
+    /// session timeout after this.
+    answered_sent_us: u64,
+    /// An ephemeral holder's node, and until when it holds it.
+    held: Option<(String, u64)>,
+    /// When it asked to close its session, if it did.
+    close_sent_us: Option<u64>,
+    /// An observer: how many of the world's ephemeral nodes it knows of,
+    /// and where each of those not yet seen gone stands.
+    known: usize,
+    watched: BTreeMap<String, Watched>,
+    asks: BTreeMap<u32, (String, u64)>,
     /// What arrived while it was paused, for when it resumes.
     inbox: Vec<(u64, Down)>,
 }
@@ -190,7 +229,10 @@ impl Client {
             return;
         };
         let xid = self.xid();
-        self.sent(w.now_us);
+        self.sent(w.now_us, xid);
+        if let Request::Exists { path, .. } = &request {
+            self.asks.insert(xid, (path.clone(), w.now_ns()));
+        }
         w.send_up(c, gen, Up::Request(RequestFrame { xid, request }));
     }
 
@@ -217,7 +259,7 @@ impl Client {
     fn send_op(&mut self, w: &mut World, c: usize, op: &InFlight) {
         if let Some(conn) = self.conn.as_ref().filter(|c| c.open) {
             let gen = conn.gen;
-            self.sent(w.now_us);
+            self.sent(w.now_us, op.xid);
             w.send_up(
                 c,
                 gen,
@@ -229,9 +271,10 @@ impl Client {
         }
     }
 
-    fn sent(&mut self, now: u64) {
+    fn sent(&mut self, now: u64, xid: u32) {
         self.last_sent_us = now;
         self.unanswered_since.get_or_insert(now);
+        self.sent_at.insert(xid, now);
     }
 
     /// Acts; returns when to act next (none: done).
@@ -244,6 +287,14 @@ impl Client {
             self.receive(w, c, gen, down);
         }
         let now = w.now_us;
+        // Past the deadline its own clock gives the session (a timeout after
+        // the latest request the server answered was sent), the session is
+        // over as far as this client knows, as the client library tells it.
+        if self.session.is_some() && now >= self.answered_sent_us + u64::from(SESSION_MS) * 1_000 {
+            self.session_lost(w);
+            self.session = None;
+            self.conn = None;
+        }
         if let Some(op) = &self.op {
             if now.saturating_sub(op.invoked_ns / 1_000) > OP_LIMIT_US {
                 self.give_up_op(w);
@@ -251,7 +302,7 @@ impl Client {
         }
         match self.conn.clone() {
             None => {
-                if now > RUN_US && self.op.is_none() {
+                if now > RUN_US && self.op.is_none() && self.held.is_none() {
                     return None;
                 }
                 self.next_gen += 1;
@@ -280,7 +331,7 @@ impl Client {
                     self.unanswered_since = None;
                     return Some(self.rng.between(1_000, 20_000));
                 }
-                if self.op.is_none() && now <= RUN_US {
+                if self.op.is_none() && (now <= RUN_US || self.kind == Kind::Observer) {
                     self.next_op(w, c);
                     if w.now_us < self.paused_until {
                         return Some(self.paused_until - w.now_us);
@@ -289,7 +340,13 @@ impl Client {
                 if now.saturating_sub(self.last_sent_us) > u64::from(SESSION_MS) * 1_000 / 3 {
                     self.send_untracked(w, c, Request::Ping);
                 }
-                if now > RUN_US && self.op.is_none() && matches!(self.lock, Lock::Free) {
+                let watching = self.kind == Kind::Observer && !self.watched.is_empty();
+                if now > RUN_US
+                    && self.op.is_none()
+                    && matches!(self.lock, Lock::Free)
+                    && self.held.is_none()
+                    && !watching
+                {
                     return None;
                 }
                 Some(self.rng.between(1_000, 25_000))
@@ -345,6 +402,52 @@ impl Client {
                     watch: false,
                 };
                 self.start(w, c, request, Purpose::CountRead { tries: 0 }, now_ns);
+            }
+            Kind::Ephemeral => match self.held.clone() {
+                None => {
+                    let path = format!("{EPHEMERALS}/p{}-{}", self.process, w.unique());
+                    let request = Request::Create {
+                        path: path.clone(),
+                        data: Bytes::new(),
+                        mode: CreateMode::Ephemeral,
+                        fence: None,
+                    };
+                    self.start(w, c, request, Purpose::Hold { path }, now_ns);
+                }
+                Some((_, until)) if w.now_us < until => {}
+                Some((path, _)) => {
+                    if self.rng.chance(40) {
+                        // Silent past its timeout: the server expires it.
+                        let until = w.now_us + self.rng.between(1_000_000, 3_000_000);
+                        w.fault(format!(
+                            "client {} falls silent holding {path} for {} ms",
+                            self.process,
+                            (until - w.now_us) / 1_000
+                        ));
+                        self.held = Some((path, until + 10_000));
+                        self.pause_until(until);
+                    } else {
+                        self.close_sent_us = Some(w.now_us);
+                        self.start(w, c, Request::CloseSession, Purpose::Close, now_ns);
+                    }
+                }
+            },
+            Kind::Observer => {
+                while self.known < w.ephemerals.len() {
+                    self.watched
+                        .insert(w.ephemerals[self.known].clone(), Watched::Unasked);
+                    self.known += 1;
+                }
+                let unasked: Vec<String> = self
+                    .watched
+                    .iter()
+                    .filter(|(_, s)| **s == Watched::Unasked)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                for path in unasked {
+                    self.watched.insert(path.clone(), Watched::Asked);
+                    self.send_untracked(w, c, Request::Exists { path, watch: true });
+                }
             }
             Kind::Fenced => match self.lock.clone() {
                 Lock::Free => {
@@ -410,6 +513,13 @@ impl Client {
                 self.session = Some((grant.session_id, grant.secret));
                 if let Some(conn) = self.conn.as_mut() {
                     conn.open = true;
+                    self.answered_sent_us = self.answered_sent_us.max(conn.sent_us);
+                }
+                // Nothing sent on the old connection will be answered.
+                self.sent_at.clear();
+                self.asks.clear();
+                for state in self.watched.values_mut() {
+                    *state = Watched::Unasked;
                 }
                 // The request in flight, again with its xid; the queue
                 // watch, again.
@@ -439,9 +549,14 @@ impl Client {
                     match frame {
                         ServerMessage::Reply(reply) => {
                             self.revision = self.revision.max(reply.revision);
+                            if let Some(sent) = self.sent_at.remove(&reply.xid) {
+                                self.answered_sent_us = self.answered_sent_us.max(sent);
+                            }
                             if self.op.as_ref().is_some_and(|op| op.xid == reply.xid) {
                                 let op = self.op.take().expect("just seen");
                                 self.complete(w, c, op, reply.result);
+                            } else if let Some((path, t)) = self.asks.remove(&reply.xid) {
+                                self.asked(w, path, t, reply.result);
                             }
                         }
                         ServerMessage::Event(event) => {
@@ -462,7 +577,37 @@ impl Client {
         }
     }
 
+    /// An observer's answer about an ephemeral node.
+    fn asked(
+        &mut self,
+        w: &mut World,
+        path: String,
+        t: u64,
+        result: Result<Reply, baton_proto::ErrorReply>,
+    ) {
+        match result {
+            Ok(Reply::Exists(None)) => {
+                self.watched.remove(&path);
+                let done = Outcome::Ok { reply: Said::Done };
+                self.record(w, &path, Call::EphemeralGone, t, done);
+            }
+            Ok(Reply::Exists(Some(_))) => {
+                self.watched.insert(path, Watched::Watching);
+            }
+            _ => {
+                self.watched.insert(path, Watched::Unasked);
+            }
+        }
+    }
+
     fn event(&mut self, w: &mut World, kind: EventKind, path: &str) {
+        if self.kind == Kind::Observer {
+            // Whatever happened to it, ask again.
+            if let Some(state) = self.watched.get_mut(path) {
+                *state = Watched::Unasked;
+            }
+            return;
+        }
         let Lock::Waiting {
             node,
             token,
@@ -499,6 +644,22 @@ impl Client {
     /// asked.
     fn session_lost(&mut self, w: &mut World) {
         w.note(|| format!("client {} lost its session", self.process));
+        if let Some((path, _)) = self.held.take() {
+            // Its end began when it asked to close, or at the deadline its
+            // own clock gave it, whichever came first.
+            let deadline = self.answered_sent_us + u64::from(SESSION_MS) * 1_000;
+            let began = self.close_sent_us.map_or(deadline, |t| t.min(deadline));
+            let expired = self.close_sent_us.is_none_or(|t| t > deadline);
+            let done = Outcome::Ok { reply: Said::Done };
+            self.record(
+                w,
+                &path,
+                Call::SessionEnded { expired },
+                began * 1_000,
+                done,
+            );
+        }
+        self.close_sent_us = None;
         if let Some(op) = self.op.take() {
             self.settle_unknown(w, op, "the session ended with it in flight");
         }
@@ -560,6 +721,11 @@ impl Client {
             Purpose::ReadCounter => {
                 self.record(w, COUNTER, Call::ReadCounter, op.invoked_ns, unknown)
             }
+            Purpose::Hold { path } => {
+                self.record(w, &path, Call::HoldEphemeral, op.invoked_ns, unknown)
+            }
+            // Its end is recorded when the session is found gone.
+            Purpose::Close => {}
         }
     }
 
@@ -572,6 +738,10 @@ impl Client {
     /// At the end of the run: what is still in hand is unknown.
     pub(crate) fn give_up(&mut self, w: &mut World) {
         self.give_up_op(w);
+        let deadline = self.answered_sent_us + u64::from(SESSION_MS) * 1_000;
+        if self.held.is_some() && w.now_us >= deadline {
+            self.session_lost(w);
+        }
         if let Lock::Waiting { invoked_ns, .. } = self.lock {
             let why = "the run ended while it waited".to_string();
             self.record(w, LOCK, Call::Acquire, invoked_ns, Outcome::Fail { why });
@@ -740,6 +910,26 @@ impl Client {
                     outcome
                 };
                 self.record(w, COUNTER, Call::Increment, t, outcome);
+            }
+            (Purpose::Hold { path }, result) => {
+                let outcome = match result {
+                    Ok(Reply::Create { .. }) => {
+                        let until = w.now_us + self.rng.between(50_000, 500_000);
+                        self.held = Some((path.clone(), until));
+                        w.ephemerals.push(path.clone());
+                        Outcome::Ok { reply: Said::Done }
+                    }
+                    Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
+                    Ok(other) => panic!("a create answered {other:?}"),
+                };
+                self.record(w, &path, Call::HoldEphemeral, t, outcome);
+            }
+            (Purpose::Close, _) => {
+                // Closed, or refused because the session is gone already:
+                // either way it has ended.
+                self.session_lost(w);
+                self.session = None;
+                self.conn = None;
             }
             (purpose, result) => panic!("{purpose:?} answered {result:?}"),
         }

@@ -185,6 +185,8 @@ pub(crate) struct World {
     up_last: Vec<u64>,
     down_last: Vec<u64>,
     pub(crate) history: History,
+    /// The ephemeral nodes the holders made, for the observer.
+    pub(crate) ephemerals: Vec<String>,
     next_value: u64,
     pub(crate) trace: Vec<String>,
     keep_trace: bool,
@@ -198,6 +200,8 @@ pub(crate) struct World {
 pub(crate) enum Defect {
     /// Replies leave before the log has synced the change they report.
     AnswerBeforeSync,
+    /// Sessions expire half a timeout early.
+    ExpireEarly,
 }
 
 impl World {
@@ -222,6 +226,7 @@ impl World {
             up_last: Vec::new(),
             down_last: Vec::new(),
             history: History::default(),
+            ephemerals: Vec::new(),
             next_value: 1,
             trace: Vec::new(),
             keep_trace,
@@ -236,6 +241,9 @@ impl World {
             client::Kind::Fenced,
             client::Kind::Counter,
             client::Kind::Counter,
+            client::Kind::Ephemeral,
+            client::Kind::Ephemeral,
+            client::Kind::Observer,
         ];
         for (i, kind) in kinds.into_iter().enumerate() {
             world
@@ -348,7 +356,10 @@ impl World {
     fn schedule_expiry(&mut self) {
         let Some(core) = &self.core else { return };
         if let Some(due) = core.next_deadline() {
-            let us = due.saturating_duration_since(self.start).as_micros() as u64;
+            let mut us = due.saturating_duration_since(self.start).as_micros() as u64;
+            if self.defect == Some(Defect::ExpireEarly) {
+                us = us.saturating_sub(u64::from(SESSION_MS) * 500);
+            }
             self.at(us.max(self.now_us), Event::Expire);
         }
     }
@@ -389,7 +400,10 @@ impl World {
                 self.clients[c] = client;
             }
             Event::Expire => {
-                let now = self.now();
+                let mut now = self.now();
+                if self.defect == Some(Defect::ExpireEarly) {
+                    now.at += Duration::from_millis(u64::from(SESSION_MS) / 2);
+                }
                 if let Some(core) = self.core.as_mut() {
                     let n = core.expire_due(now);
                     if n > 0 {

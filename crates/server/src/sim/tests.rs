@@ -108,3 +108,17 @@ fn a_server_that_answers_before_its_log_syncs_is_caught() {
         "200 seeds of a server that answers early found nothing"
     );
 }
+
+/// A server that expires sessions half a timeout early deletes ephemeral
+/// nodes while their holders are still told their sessions live.
+#[test]
+fn a_server_that_expires_sessions_early_is_caught() {
+    let caught = (1..=200u64).find(|seed| {
+        let (_, findings) = super::run_seed_with(*seed, false, Some(super::Defect::ExpireEarly));
+        findings.iter().any(|f| f.checker == "ephemeral")
+    });
+    assert!(
+        caught.is_some(),
+        "200 seeds of a server that expires early found nothing"
+    );
+}
