@@ -512,16 +512,13 @@ async fn lag_then_crash(
     );
     recorder.fault(format!("lag then crash: resume member {other}"));
     tokio::time::sleep(step(300, 1500, rng)).await;
-    let mut t = target.lock().await;
-    for id in [leader, slow] {
-        if t.state.get(&id) == Some(&State::Down) {
-            match t.cluster.restart(id).await {
-                Ok(()) => recorder.fault(format!("lag then crash: restart member {id}")),
-                Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
-            }
-            t.state.insert(id, State::Running);
-        }
-    }
+    restart_down(
+        &mut *target.lock().await,
+        &[leader, slow],
+        recorder,
+        "lag then crash",
+    )
+    .await;
 }
 
 /// [`Nemesis::SlowThenCrash`]: as [`lag_then_crash`], with a slow link in
@@ -604,11 +601,22 @@ async fn slow_then_crash(
         "slow then crash: resume member {other}; heal the link between members {leader} and {slow}"
     ));
     tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1500))).await;
-    let mut t = target.lock().await;
-    for id in [leader, slow] {
+    restart_down(
+        &mut *target.lock().await,
+        &[leader, slow],
+        recorder,
+        "slow then crash",
+    )
+    .await;
+}
+
+/// Starts again each of `ids` that is still down, noting it in the history
+/// as a step of `fault`.
+async fn restart_down(t: &mut Target, ids: &[u64], recorder: &Recorder, fault: &str) {
+    for &id in ids {
         if t.state.get(&id) == Some(&State::Down) {
             match t.cluster.restart(id).await {
-                Ok(()) => recorder.fault(format!("slow then crash: restart member {id}")),
+                Ok(()) => recorder.fault(format!("{fault}: restart member {id}")),
                 Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
             }
             t.state.insert(id, State::Running);

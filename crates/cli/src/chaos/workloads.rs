@@ -381,6 +381,15 @@ fn maybe_pause(ctx: &Ctx, rng: &mut Rng, process: u64) {
     }
 }
 
+/// The outcome of a wait for a grant that failed: whatever the reason, it
+/// learnt no token, so nothing of it can show later.
+fn learnt_no_token(o: Outcome) -> Outcome {
+    match o {
+        Outcome::Unknown { why } => Outcome::Fail { why },
+        o => o,
+    }
+}
+
 /// Takes the lock, writes the resource with the grant's token (after a
 /// pause, sometimes), lets the lock go.
 pub async fn fenced(ctx: Ctx, process: u64, mut rng: Rng) {
@@ -406,12 +415,7 @@ pub async fn fenced(ctx: Ctx, process: u64, mut rng: Rng) {
                 guard
             }
             Err(o) => {
-                // A wait given up learnt no token.
-                let outcome = match o {
-                    Outcome::Unknown { why } => Outcome::Fail { why },
-                    o => o,
-                };
-                rec.op(process, LOCK, Call::Acquire, t, outcome);
+                rec.op(process, LOCK, Call::Acquire, t, learnt_no_token(o));
                 continue;
             }
         };
@@ -458,11 +462,7 @@ pub async fn election(ctx: Ctx, process: u64, mut rng: Rng) {
             match within(Election::new(&client, ELECTION).campaign(process.to_string())).await {
                 Ok(l) => l,
                 Err(o) => {
-                    let outcome = match o {
-                        Outcome::Unknown { why } => Outcome::Fail { why },
-                        o => o,
-                    };
-                    rec.op(process, ELECTION, Call::Acquire, t, outcome);
+                    rec.op(process, ELECTION, Call::Acquire, t, learnt_no_token(o));
                     continue;
                 }
             };

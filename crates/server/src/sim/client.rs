@@ -683,10 +683,7 @@ impl Client {
                 value,
                 version,
             } => {
-                let call = match version {
-                    Some(version) => Call::Cas { version, value },
-                    None => Call::Write { value },
-                };
+                let call = write_call(value, version);
                 self.record(w, key, call, op.invoked_ns, unknown);
             }
             Purpose::Enqueue => {
@@ -770,6 +767,16 @@ impl Client {
             }),
         };
         let unknown = |why: &str| Outcome::Unknown { why: why.into() };
+        // A write's outcome: its new version, or why not.
+        let written = |result: Result<Reply, baton_proto::ErrorReply>| match result {
+            Ok(Reply::SetData(stat)) => Outcome::Ok {
+                reply: Said::Written {
+                    version: stat.version,
+                },
+            },
+            Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
+            Ok(other) => panic!("a write answered {other:?}"),
+        };
         match (op.purpose.clone(), result) {
             (Purpose::Read { key }, Ok(Reply::GetData { stat, data })) => {
                 let reply = Said::Value {
@@ -790,20 +797,8 @@ impl Client {
                 },
                 result,
             ) => {
-                let outcome = match result {
-                    Ok(Reply::SetData(stat)) => Outcome::Ok {
-                        reply: Said::Written {
-                            version: stat.version,
-                        },
-                    },
-                    Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
-                    Ok(other) => panic!("a write answered {other:?}"),
-                };
-                let call = match version {
-                    Some(version) => Call::Cas { version, value },
-                    None => Call::Write { value },
-                };
-                self.record(w, key, call, t, outcome);
+                let outcome = written(result);
+                self.record(w, key, write_call(value, version), t, outcome);
             }
             (
                 Purpose::Enqueue,
@@ -833,15 +828,7 @@ impl Client {
                 self.record(w, LOCK, Call::Acquire, t, Outcome::Fail { why: e.message });
             }
             (Purpose::FencedWrite { token, value }, result) => {
-                let outcome = match result {
-                    Ok(Reply::SetData(stat)) => Outcome::Ok {
-                        reply: Said::Written {
-                            version: stat.version,
-                        },
-                    },
-                    Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
-                    Ok(other) => panic!("a fenced write answered {other:?}"),
-                };
+                let outcome = written(result);
                 self.record(w, RESOURCE, Call::FencedWrite { token, value }, t, outcome);
                 if let Lock::Holding { node, token } = self.lock.clone() {
                     self.lock = Lock::Written { node, token };
@@ -936,6 +923,14 @@ impl Client {
     }
 }
 
+/// A register write's call: compare-and-set if it names a version.
+fn write_call(value: u64, version: Option<u32>) -> Call {
+    match version {
+        Some(version) => Call::Cas { version, value },
+        None => Call::Write { value },
+    }
+}
+
 /// The number a node's data holds.
 pub(crate) fn value_of(data: &[u8]) -> u64 {
     std::str::from_utf8(data)
@@ -947,6 +942,7 @@ pub(crate) fn value_of(data: &[u8]) -> u64 {
 /// After the run: each register and the counter read from the final state,
 /// so that nothing acknowledged can hide.
 pub(crate) fn final_reads(w: &mut World, sm: &StateMachine) {
+    let reader = Client::new(1, Kind::Register, Rng::default());
     let t = w.now_ns();
     for key in REGISTERS {
         let node = sm.node(key).expect("registers are never deleted");
@@ -954,28 +950,9 @@ pub(crate) fn final_reads(w: &mut World, sm: &StateMachine) {
             value: value_of(&node.data()),
             version: node.stat().version,
         };
-        let id = w.unique();
-        w.history.ops.push(Op {
-            id,
-            process: 1,
-            key: key.into(),
-            call: Call::Read,
-            invoked_ns: t,
-            completed_ns: t,
-            outcome: Outcome::Ok { reply },
-        });
+        reader.record(w, key, Call::Read, t, Outcome::Ok { reply });
     }
     let count = value_of(&sm.node(COUNTER).expect("the counter").data());
-    let id = w.unique();
-    w.history.ops.push(Op {
-        id,
-        process: 1,
-        key: COUNTER.into(),
-        call: Call::ReadCounter,
-        invoked_ns: t,
-        completed_ns: t,
-        outcome: Outcome::Ok {
-            reply: Said::Count { count },
-        },
-    });
+    let reply = Said::Count { count };
+    reader.record(w, COUNTER, Call::ReadCounter, t, Outcome::Ok { reply });
 }
