@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
+use baton_server::persist::disk_faults::DiskFault;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -42,6 +43,9 @@ pub struct LocalCluster {
     /// name it to each other), where that is not where it listens: a proxy
     /// in front of it.
     fronts: BTreeMap<u64, String>,
+    /// Whether each member reads a disk fault control file
+    /// ([`LocalCluster::disk_fault`]).
+    disk_faults: bool,
 }
 
 /// How often `baton cluster local` looks for a change of leader.
@@ -74,7 +78,7 @@ impl LocalCluster {
         single: bool,
         exe: Option<PathBuf>,
     ) -> Result<LocalCluster, CliError> {
-        Self::launch_behind(n, dir, extra, single, exe, |_, client, peer| {
+        Self::launch_behind(n, dir, extra, single, exe, false, |_, client, peer| {
             Ok((client.to_owned(), peer.to_owned()))
         })
     }
@@ -83,13 +87,15 @@ impl LocalCluster {
     /// `front` gives for it (its id and the client and peer addresses it
     /// listens on): the client and peer addresses of proxies in front of
     /// it. Members name each other by those, and [`LocalCluster::clients`]
-    /// gives those.
+    /// gives those. With `disk_faults`, each member plays the disk faults
+    /// [`LocalCluster::disk_fault`] sets for it.
     pub fn launch_behind(
         n: u64,
         dir: &Path,
         extra: &[String],
         single: bool,
         exe: Option<PathBuf>,
+        disk_faults: bool,
         mut front: impl FnMut(u64, &str, &str) -> Result<(String, String), CliError>,
     ) -> Result<LocalCluster, CliError> {
         std::fs::create_dir_all(dir)
@@ -116,6 +122,7 @@ impl LocalCluster {
             extra: extra.to_vec(),
             exe,
             fronts,
+            disk_faults,
         };
         for (id, (client, peer)) in listeners {
             cluster.spawn(id, client, peer)?;
@@ -178,7 +185,13 @@ impl LocalCluster {
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["--listen-fd", &client_fd.to_string()])
-            .args(&self.extra)
+            .args(&self.extra);
+        if self.disk_faults {
+            command
+                .arg("--test-disk-faults")
+                .arg(self.disk_fault_file(id));
+        }
+        command
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CliError::msg(e.to_string()))?)
             .stderr(log)
@@ -219,6 +232,32 @@ impl LocalCluster {
             .map(|m| self.fronts.get(&m.id).unwrap_or(&m.client).clone())
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    fn disk_fault_file(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("member-{id}.disk-faults"))
+    }
+
+    /// Sets the disk fault member `id` plays from now on (`None`: a sound
+    /// disk again); the cluster must have been launched with disk faults.
+    pub fn disk_fault(&self, id: u64, fault: Option<DiskFault>) -> Result<(), CliError> {
+        let path = self.disk_fault_file(id);
+        // Written whole, then renamed over the old: the member never reads
+        // half a line.
+        let next = path.with_extension("next");
+        let line = fault.map(DiskFault::line).unwrap_or_default();
+        std::fs::write(&next, line)
+            .and_then(|()| std::fs::rename(&next, &path))
+            .map_err(|e| CliError::msg(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Whether member `id`'s process has ended (by itself: a failed log
+    /// write stops a server).
+    pub fn exited(&mut self, id: u64) -> bool {
+        self.members
+            .get_mut(&id)
+            .and_then(|m| m.child.as_mut())
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// SIGKILL to member `id`, reaped.

@@ -136,6 +136,13 @@ pub struct ServeArgs {
     #[serde(skip)]
     pub(crate) peer_listen_fd: Option<i32>,
 
+    /// For testing only: before each write and sync of its log, read this
+    /// file for a disk fault to play ("slow MS" or "full"; see
+    /// `baton_server::persist::disk_faults`), as `baton chaos` does.
+    #[arg(long, value_name = "FILE", hide = true)]
+    #[serde(skip)]
+    pub(crate) test_disk_faults: Option<PathBuf>,
+
     /// Directory that holds the server's durable state (write-ahead log and
     /// snapshots). It is created if missing and locked, so two servers cannot
     /// share it. On start the server recovers what it holds; sessions then
@@ -322,6 +329,7 @@ pub struct Settings {
     pub(crate) route: Option<String>,
     pub(crate) listen_fd: Option<i32>,
     pub(crate) peer_listen_fd: Option<i32>,
+    pub(crate) test_disk_faults: Option<PathBuf>,
     pub(crate) data_dir: PathBuf,
     pub(crate) fsync: FsyncPolicy,
     pub(crate) snapshot_every: u64,
@@ -412,6 +420,7 @@ fn overlay(base: ServeArgs, top: ServeArgs) -> Result<ServeArgs, CliError> {
     out.join = top.join || base.join;
     out.listen_fd = top.listen_fd.or(base.listen_fd);
     out.peer_listen_fd = top.peer_listen_fd.or(base.peer_listen_fd);
+    out.test_disk_faults = top.test_disk_faults.or(base.test_disk_faults);
     Ok(out)
 }
 
@@ -573,6 +582,7 @@ impl Settings {
             route: s.route.clone(),
             listen_fd: s.listen_fd,
             peer_listen_fd: s.peer_listen_fd,
+            test_disk_faults: s.test_disk_faults.clone(),
             data_dir: s.data_dir.clone().unwrap_or_default(),
             fsync,
             snapshot_every: set(s.snapshot_every),
@@ -661,6 +671,10 @@ pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
 
 pub async fn run(args: Settings) -> CliResult {
     let config = args.server_config();
+    if let Some(file) = &args.test_disk_faults {
+        tracing::warn!(file = %file.display(), "disk faults are injected as this file says (--test-disk-faults, a flag for testing only)");
+        baton_server::persist::disk_faults::arm(file.clone());
+    }
     // Ports are taken (or found taken) before the data directory is
     // touched: a busy port must not leave a new directory behind.
     let metrics = bind_metrics(&args).await?;

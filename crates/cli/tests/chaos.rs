@@ -119,3 +119,43 @@ fn a_short_run_with_links_cut_keeps_every_promise() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A disk that syncs slowly, and one that fills up (a torn write, then the
+/// server stops and is started again): on a single server and a cluster,
+/// every promise kept.
+#[test]
+fn a_short_run_with_slow_and_full_disks_keeps_every_promise() {
+    for (members, seed, nemesis) in [("1", "4", "full-disk"), ("3", "5", "slow-disk,full-disk")] {
+        let dir = scratch(&format!("chaos-disk-{members}"));
+        let summary = chaos(
+            &dir,
+            &[
+                "--members",
+                members,
+                "--seconds",
+                "10",
+                "--seed",
+                seed,
+                "--workloads",
+                "register,counter,queue,fenced",
+                "--nemesis",
+                nemesis,
+            ],
+        );
+        assert_eq!(summary["violations"], 0, "{summary}");
+        assert!(ops(&summary, "increment") > 0, "{summary}");
+        let faults = summary["faults"].as_object().unwrap();
+        for kind in nemesis.split(',') {
+            let kind = kind.replace('-', " ");
+            assert!(faults.keys().any(|k| k.starts_with(&kind)), "{summary}");
+        }
+        // A full disk stopped a server at least once, and it came back.
+        let history = std::fs::read_to_string(dir.join("history.jsonl")).unwrap();
+        assert!(history.contains("full disk: restart member"), "{summary}");
+        let logs: String = (1..=members.parse::<u64>().unwrap())
+            .map(|id| std::fs::read_to_string(dir.join(format!("member-{id}.log"))).unwrap())
+            .collect();
+        assert!(logs.contains("no space left on device"), "{summary}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -29,6 +29,7 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use baton_server::persist::disk_faults;
 use baton_server::persist::record::{self, Frame};
 use baton_server::persist::segment::{self, Kind, LayoutError};
 use baton_server::persist::FsyncPolicy;
@@ -404,9 +405,15 @@ impl Writer {
             self.segments.last_mut().expect("a segment").allocated = upto;
         }
         let file = self.current_file()?;
-        file.write_all_at(batch, at)
-            .map_err(|e| format!("writing the replicated log: {e}"))?;
+        let written = match disk_faults::torn_write(batch.len()) {
+            Some(part) => file
+                .write_all_at(&batch[..part], at)
+                .and_then(|()| Err(disk_faults::no_space())),
+            None => file.write_all_at(batch, at),
+        };
+        written.map_err(|e| format!("writing the replicated log: {e}"))?;
         if sync {
+            disk_faults::before_sync();
             file.sync_data()
                 .map_err(|e| format!("syncing the replicated log: {e}"))?;
         }

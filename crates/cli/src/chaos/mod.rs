@@ -152,6 +152,8 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Nemesis::Slow,
             Nemesis::SlowThenCrash,
             Nemesis::CutClients,
+            Nemesis::SlowDisk,
+            Nemesis::FullDisk,
         ]
     } else {
         args.nemesis.clone()
@@ -196,6 +198,7 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         &extra,
         args.members == 1,
         args.server_binary.clone(),
+        kinds.iter().any(|k| k.needs_disk_faults()),
         |id, client, peer| {
             if behind {
                 Ok((net.front_client(id, client)?, net.front_peer(id, peer)?))

@@ -2,16 +2,20 @@
 //! paused (SIGSTOP, as a long pause or a stopped VM would) and killed
 //! (kill -9, then started again from their data directories), one at a
 //! time or two at once (a cluster without its majority, then with it
-//! again), the leader chosen half the time; and links cut, between members
-//! and between the clients and a member (see [`super::net`]). Two
-//! schedules run at once, so faults overlap.
+//! again), the leader chosen half the time; links cut, between members
+//! and between the clients and a member (see [`super::net`]); and a disk
+//! that syncs slowly or is full (the servers' test-only hook in front of
+//! their logs, `baton_server::persist::disk_faults`). Two schedules run at
+//! once, so faults overlap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+
+use baton_server::persist::disk_faults::DiskFault;
 
 use super::net::{Net, CLIENTS};
 use super::record::{Recorder, Rng};
@@ -65,6 +69,13 @@ pub enum Nemesis {
     /// 0.3 to 4 s, longer than their sessions may last: they time out and
     /// look for another member while it goes on.
     CutClients,
+    /// Slow one member's disk (the leader's half the time) for 1 to 5 s:
+    /// each sync of its log half to eight heartbeats late.
+    SlowDisk,
+    /// Fill one member's disk (the leader's half the time) for 0.3 to 3 s:
+    /// its next log write puts half its bytes down and fails, which stops
+    /// it; once there is room again it is started again and recovers.
+    FullDisk,
 }
 
 impl Nemesis {
@@ -94,6 +105,11 @@ impl Nemesis {
         )
     }
 
+    /// Whether it needs the members to play disk faults.
+    pub fn needs_disk_faults(self) -> bool {
+        matches!(self, Nemesis::SlowDisk | Nemesis::FullDisk)
+    }
+
     fn acts_on_members(self) -> bool {
         self != Nemesis::ClientPause
     }
@@ -115,6 +131,8 @@ pub struct Target {
     /// How often the members' leader heartbeats (and so how long it waits
     /// for each call to a follower).
     heartbeat: Duration,
+    /// The members whose disk plays a fault now.
+    faulty_disks: BTreeSet<u64>,
 }
 
 impl Target {
@@ -129,6 +147,19 @@ impl Target {
             state,
             net,
             heartbeat,
+            faulty_disks: BTreeSet::new(),
+        }
+    }
+
+    /// Sets the disk fault member `id` plays (`None`: none).
+    fn disk_fault(&mut self, id: u64, fault: Option<DiskFault>, recorder: &Recorder) {
+        if let Err(e) = self.cluster.disk_fault(id, fault) {
+            recorder.fault(format!("the disk fault of member {id} was not set: {e}"));
+        }
+        if fault.is_some() {
+            self.faulty_disks.insert(id);
+        } else {
+            self.faulty_disks.remove(&id);
         }
     }
 
@@ -157,6 +188,10 @@ impl Target {
         if self.net.any_fault() {
             self.net.heal_all();
             recorder.fault("heal: every link");
+        }
+        for id in std::mem::take(&mut self.faulty_disks) {
+            self.disk_fault(id, None, recorder);
+            recorder.fault(format!("heal: the disk of member {id}"));
         }
         let ids: Vec<u64> = self.state.keys().copied().collect();
         for id in ids {
@@ -210,6 +245,10 @@ pub async fn schedule(
             }
             Nemesis::SlowThenCrash => {
                 slow_then_crash(&target, &recorder, &mut rng, until).await;
+                continue;
+            }
+            Nemesis::SlowDisk | Nemesis::FullDisk => {
+                disk(&target, kind, &recorder, &mut rng, until).await;
                 continue;
             }
             _ => {}
@@ -271,9 +310,71 @@ pub async fn schedule(
             | Nemesis::OneWay
             | Nemesis::Slow
             | Nemesis::SlowThenCrash
-            | Nemesis::CutClients => {}
+            | Nemesis::CutClients
+            | Nemesis::SlowDisk
+            | Nemesis::FullDisk => {}
         }
     }
+}
+
+/// [`Nemesis::SlowDisk`] or [`Nemesis::FullDisk`] on one member whose disk
+/// is sound.
+async fn disk(
+    target: &Arc<Mutex<Target>>,
+    kind: Nemesis,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let chosen = choose(target, 1, rng).await;
+    let Some(&(id, role)) = chosen.first() else {
+        return;
+    };
+    let hold = if kind == Nemesis::SlowDisk {
+        rng.between(Duration::from_secs(1), Duration::from_secs(5))
+    } else {
+        rng.between(Duration::from_millis(300), Duration::from_millis(3000))
+    };
+    {
+        let mut t = target.lock().await;
+        if t.faulty_disks.contains(&id) || t.state.get(&id) != Some(&State::Running) {
+            return;
+        }
+        if kind == Nemesis::SlowDisk {
+            let late = rng.between(t.heartbeat / 2, t.heartbeat * 8);
+            t.disk_fault(id, Some(DiskFault::Slow(late)), recorder);
+            recorder.fault(format!(
+                "slow disk on member {id}{role}: each sync {} ms late, for {} ms",
+                late.as_millis(),
+                hold.as_millis()
+            ));
+        } else {
+            t.disk_fault(id, Some(DiskFault::Full), recorder);
+            // It stops at its next write: counted as down until it is
+            // started again.
+            t.state.insert(id, State::Down);
+            recorder.fault(format!(
+                "full disk on member {id}{role} for {} ms",
+                hold.as_millis()
+            ));
+        }
+    }
+    tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+    let mut t = target.lock().await;
+    if !t.faulty_disks.contains(&id) {
+        return; // healed meanwhile
+    }
+    t.disk_fault(id, None, recorder);
+    if kind == Nemesis::SlowDisk {
+        recorder.fault(format!("the disk of member {id} is fast again"));
+        return;
+    }
+    let ended = t.cluster.exited(id);
+    recorder.fault(format!(
+        "the disk of member {id} has room again (its process {})",
+        if ended { "had ended" } else { "had not ended" }
+    ));
+    restart_down(&mut t, &[id], recorder, "full disk").await;
 }
 
 /// [`Nemesis::Partition`], [`Nemesis::OneWay`], [`Nemesis::Slow`] or

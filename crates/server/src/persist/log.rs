@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use super::record;
 use super::segment::{self, LayoutError};
-use super::{snapshot, sync_dir, DurableMark, FsyncPolicy, PersistError};
+use super::{disk_faults, snapshot, sync_dir, DurableMark, FsyncPolicy, PersistError};
 use crate::state::{Proposal, StateMachine};
 use crate::stats::Stats;
 
@@ -620,14 +620,21 @@ impl Segment {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<usize, PersistError> {
-        self.file
-            .write_all(bytes)
+        let written = match disk_faults::torn_write(bytes.len()) {
+            Some(part) => self
+                .file
+                .write_all(&bytes[..part])
+                .and_then(|()| Err(disk_faults::no_space())),
+            None => self.file.write_all(bytes),
+        };
+        written
             .map(|()| bytes.len())
             .map_err(|e| PersistError::io(&self.path, "writing the log", e))
     }
 
     fn sync(&mut self, stats: &Stats) -> Result<(), PersistError> {
         Stats::add(&stats.syncs, 1);
+        disk_faults::before_sync();
         self.file
             .sync_data()
             .map_err(|e| PersistError::io(&self.path, "syncing the log", e))

@@ -14,6 +14,7 @@
 //! - `snapshot-<revision>.snap`: snapshots (see [`snapshot`]);
 //! - `LOCK`: held by the running server.
 
+pub mod disk_faults;
 mod log;
 pub mod record;
 pub mod restore;

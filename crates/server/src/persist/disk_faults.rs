@@ -1,0 +1,122 @@
+//! A fault hook in front of the logs' writes and syncs, for testing only
+//! (`baton serve --test-disk-faults FILE`, which `baton chaos` sets): a
+//! slow disk and a full one, switched on and off while the server runs.
+//!
+//! Unarmed (the default) it costs one load of a set-once cell per write.
+//! Armed, every write and sync of the write-ahead log (a single server's
+//! and a member's replicated one) first reads the control file, whose one
+//! line says what the disk does now:
+//!
+//! - empty, or no file: nothing;
+//! - `slow MS`: every sync takes MS milliseconds longer (a disk whose
+//!   flushes stall, as a throttled or overloaded one does);
+//! - `full`: a write puts half its bytes in the file, then fails with "no
+//!   space left on device" (a torn last write, as a full disk leaves).
+//!
+//! The server meets an injected fault exactly as a real one: a failed
+//! write stops it, and nothing after it is acknowledged.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static CONTROL: OnceLock<PathBuf> = OnceLock::new();
+
+/// What the disk does now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskFault {
+    /// Every sync this much late.
+    Slow(Duration),
+    /// Writes fail half done.
+    Full,
+}
+
+impl DiskFault {
+    /// The control file's line for this fault.
+    pub fn line(self) -> String {
+        match self {
+            DiskFault::Slow(d) => format!("slow {}", d.as_millis()),
+            DiskFault::Full => "full".into(),
+        }
+    }
+
+    /// Reads a control file's text: `None` for no fault (an empty text),
+    /// an error naming what is wrong for a text it does not know.
+    pub fn parse(text: &str) -> Result<Option<DiskFault>, String> {
+        let mut words = text.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (None, _, _) => Ok(None),
+            (Some("full"), None, _) => Ok(Some(DiskFault::Full)),
+            (Some("slow"), Some(ms), None) => ms
+                .parse::<u64>()
+                .map(|ms| Some(DiskFault::Slow(Duration::from_millis(ms))))
+                .map_err(|_| format!("{ms:?} is not a number of milliseconds")),
+            _ => Err(format!(
+                "{:?}: expected \"slow MS\", \"full\" or nothing",
+                text.trim()
+            )),
+        }
+    }
+}
+
+/// Arms the hook: from now on `path` says what the disk does. Only the
+/// first call counts.
+pub fn arm(path: PathBuf) {
+    let _ = CONTROL.set(path);
+}
+
+/// The fault in effect now, if the hook is armed.
+fn now() -> Option<DiskFault> {
+    let path = CONTROL.get()?;
+    let text = std::fs::read_to_string(path).ok()?;
+    match DiskFault::parse(&text) {
+        Ok(fault) => fault,
+        Err(why) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(file = %path.display(), "ignoring the disk fault control file: {why}")
+            });
+            None
+        }
+    }
+}
+
+/// Before a log write of `len` bytes: how many of them to write before
+/// failing with "no space left on device", if the disk is full now.
+pub fn torn_write(len: usize) -> Option<usize> {
+    (now() == Some(DiskFault::Full)).then_some(len / 2)
+}
+
+/// The error a full disk gives.
+pub fn no_space() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        "no space left on device (a disk fault injected for testing)",
+    )
+}
+
+/// Before a log sync: waits as long as a slow disk would.
+pub fn before_sync() {
+    if let Some(DiskFault::Slow(d)) = now() {
+        std::thread::sleep(d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_control_line_is_read_back_and_nonsense_is_refused() {
+        for fault in [DiskFault::Full, DiskFault::Slow(Duration::from_millis(250))] {
+            assert_eq!(DiskFault::parse(&fault.line()), Ok(Some(fault)));
+        }
+        assert_eq!(DiskFault::parse(""), Ok(None));
+        assert_eq!(DiskFault::parse("  \n"), Ok(None));
+        assert!(DiskFault::parse("slow").is_err());
+        assert!(DiskFault::parse("slow fast").is_err());
+        assert!(DiskFault::parse("full now").is_err());
+        assert!(DiskFault::parse("empty").is_err());
+    }
+}
