@@ -116,6 +116,10 @@ pub struct SetArgs {
     /// Fencing token to write with; a stale one is refused.
     #[arg(long, value_name = "TOKEN")]
     fence: Option<u64>,
+    /// Print the node's metadata after the write as one JSON object
+    /// (`path`, `stat`), for a script that needs the new version.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Delete a node (it must have no children, unless -r).
@@ -333,10 +337,16 @@ fn stat_json(s: &Stat) -> serde_json::Value {
 pub async fn set(server: &str, args: SetArgs) -> CliResult {
     let data = read_data(args.data, args.file).await?;
     with_session(server, async |client| {
-        match args.fence {
+        let stat = match args.fence {
             Some(token) => client.set_data_fenced(&args.path, data, token).await?,
             None => client.set_data(&args.path, data, args.version).await?,
         };
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "path": args.path, "stat": stat_json(&stat) })
+            );
+        }
         Ok(ExitCode::SUCCESS)
     })
     .await

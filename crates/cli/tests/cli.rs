@@ -36,6 +36,21 @@ fn client_commands_create_read_change_and_remove_nodes() {
 }
 
 #[test]
+fn set_prints_the_new_version_with_json_and_a_stale_fence_is_refused() {
+    let s = Served::start();
+    s.ok(&["create", "/res", "v0"]);
+    let out: serde_json::Value =
+        serde_json::from_str(&s.ok(&["set", "--json", "--fence", "7", "/res", "v1"])).unwrap();
+    assert_eq!(out["path"], "/res");
+    assert_eq!(out["stat"]["version"], 1);
+    let err = s.fails(&["set", "--json", "--fence", "6", "/res", "v2"]);
+    assert!(err.contains("stale fencing token"), "{err}");
+    assert_eq!(s.ok(&["get", "/res"]), "v1");
+    // Without --json, nothing on stdout.
+    assert_eq!(s.ok(&["set", "--fence", "7", "/res", "v3"]), "");
+}
+
+#[test]
 fn failures_name_what_was_wrong_in_one_line() {
     let s = Served::start();
     let err = s.fails(&["get", "relative/path"]);
