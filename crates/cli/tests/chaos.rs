@@ -159,3 +159,83 @@ fn a_short_run_with_slow_and_full_disks_keeps_every_promise() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Whether libfaketime is here for the client-clock fault; `.ci/run`
+/// installs it and sets BATON_TEST_FAKETIME, which makes it required.
+fn faketime_here() -> bool {
+    let here = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .any(|arch| {
+            std::path::Path::new(&format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1")).is_file()
+        });
+    if !here {
+        assert!(
+            std::env::var_os("BATON_TEST_FAKETIME").is_none(),
+            "BATON_TEST_FAKETIME is set, but libfaketime is not installed"
+        );
+        eprintln!("skipping: no libfaketime here (apt-get install faketime; .ci/run does)");
+    }
+    here
+}
+
+/// `baton lock` holders (processes of their own, as users run them) whose
+/// clocks jump back past their session timeout and forward, while their
+/// links to the server are cut now and then: the fence refuses every late
+/// write, and tokens only grow.
+#[test]
+fn a_short_run_with_client_clocks_jumping_keeps_every_promise() {
+    if !faketime_here() {
+        return;
+    }
+    let dir = scratch("chaos-clock");
+    let summary = chaos(
+        &dir,
+        &[
+            "--seconds",
+            "12",
+            "--seed",
+            "6",
+            "--workloads",
+            "supervised",
+            "--nemesis",
+            "client-clock,cut-clients",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert!(ops(&summary, "fenced-write") > 0, "{summary}");
+    let faults = summary["faults"].as_object().unwrap();
+    assert!(
+        faults["client clocks jump"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    let history = std::fs::read_to_string(dir.join("history.jsonl")).unwrap();
+    assert!(history.contains("client clocks jump back"), "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Asked for by name without libfaketime, the clock fault is refused with
+/// what to install; among the defaults it would be left out with a warning.
+#[test]
+fn the_clock_fault_without_libfaketime_says_what_to_install() {
+    let dir = scratch("chaos-no-faketime");
+    let out = baton()
+        .env("BATON_LIBFAKETIME", dir.join("no-such-library.so"))
+        .args([
+            "chaos",
+            "--seconds",
+            "1",
+            "--nemesis",
+            "client-clock",
+            "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("apt-get install faketime") && err.contains("BATON_LIBFAKETIME"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,6 +4,7 @@
 mod nemesis;
 mod net;
 mod record;
+mod supervised;
 mod timeline;
 mod workloads;
 
@@ -133,11 +134,12 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Workload::Queue,
             Workload::Election,
             Workload::Ephemeral,
+            Workload::Supervised,
         ]
     } else {
         args.workloads.clone()
     };
-    let kinds = if args.no_faults {
+    let mut kinds = if args.no_faults {
         Vec::new()
     } else if args.nemesis.is_empty() {
         vec![
@@ -154,10 +156,31 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Nemesis::CutClients,
             Nemesis::SlowDisk,
             Nemesis::FullDisk,
+            Nemesis::ClientClock,
         ]
     } else {
         args.nemesis.clone()
     };
+    // The clients' clocks jump through libfaketime: asked for by name, it
+    // must be there; among the defaults, it is left out with a warning.
+    let clock = if kinds.contains(&Nemesis::ClientClock) {
+        match supervised::ClientClock::find(&dir) {
+            Ok(clock) => Some(clock),
+            Err(why) if args.nemesis.is_empty() => {
+                eprintln!("baton chaos: warning: leaving the client-clock fault out: {why}");
+                kinds.retain(|k| *k != Nemesis::ClientClock);
+                None
+            }
+            Err(why) => return Err(CliError::msg(why)),
+        }
+    } else {
+        None
+    };
+    if clock.is_some() && !workloads.contains(&Workload::Supervised) {
+        eprintln!(
+            "baton chaos: warning: client-clock jumps only the clocks of the supervised workload, which is not running"
+        );
+    }
     // Lease holders' sessions: short, but past a failover on a cluster.
     let lease_session = if args.members > 1 {
         Duration::from_millis((4 * args.election_timeout + 500).max(1000))
@@ -229,6 +252,7 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         &workloads,
         &kinds,
         lease_session,
+        clock,
     )
     .await;
     let target =
@@ -247,6 +271,7 @@ async fn run_on(
     workloads: &[Workload],
     kinds: &[Nemesis],
     lease_session: Duration,
+    clock: Option<supervised::ClientClock>,
 ) -> CliResult {
     let history_path = dir.join("history.jsonl");
     let recorder = Recorder::new(&history_path)
@@ -289,6 +314,9 @@ async fn run_on(
                         workloads::election(ctx, process, rng)
                     }));
                 }
+                Workload::Supervised => {
+                    work.spawn(supervised::supervised(ctx, process, rng, clock.clone()));
+                }
                 Workload::Ephemeral => {}
             }
         }
@@ -312,6 +340,15 @@ async fn run_on(
             kinds.to_vec(),
             recorder.clone(),
             rng.fork(1_000_000 + n),
+            until,
+        ));
+    }
+    if let Some(clock) = clock {
+        faults.spawn(supervised::jump_clocks(
+            clock,
+            lease_session,
+            recorder.clone(),
+            rng.fork(1_000_002),
             until,
         ));
     }
@@ -409,6 +446,31 @@ async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload])
             }
         }
     }
+    // The fenced resources, read as registers: an accepted write that was
+    // lost would show.
+    for (workload, key) in [
+        (Workload::Fenced, workloads::FENCED),
+        (Workload::Supervised, supervised::RESOURCE),
+    ] {
+        if !workloads.contains(&workload) {
+            continue;
+        }
+        let t = recorder.now();
+        if let Ok((data, stat)) = record::within(client.get_data(key)).await {
+            recorder.op(
+                process,
+                key,
+                Call::Read,
+                t,
+                Outcome::Ok {
+                    reply: Reply::Value {
+                        value: workloads::value_of(&data),
+                        version: stat.version,
+                    },
+                },
+            );
+        }
+    }
     if workloads.contains(&Workload::Counter) {
         let t = recorder.now();
         if let Ok((data, _)) = record::within(client.get_data(workloads::COUNTER)).await {
@@ -468,7 +530,11 @@ fn report(
             .next()
             .unwrap_or(&f.what)
             .to_string();
-        let kind = if kind.starts_with("client ") {
+        let kind = if kind.starts_with("client clocks jump") {
+            "client clocks jump".to_string()
+        } else if kind.starts_with("client clocks") {
+            "client clocks true again".to_string()
+        } else if kind.starts_with("client ") {
             "client pause".to_string()
         } else {
             kind

@@ -72,6 +72,10 @@ pub enum Nemesis {
     /// Slow one member's disk (the leader's half the time) for 1 to 5 s:
     /// each sync of its log half to eight heartbeats late.
     SlowDisk,
+    /// The clocks of the supervised workload's processes (`baton lock`, its
+    /// command, `baton set`) jump back by half a session timeout to three
+    /// of them, or forward by 1 to 60 s, for 0.5 to 4 s (libfaketime).
+    ClientClock,
     /// Fill one member's disk (the leader's half the time) for 0.3 to 3 s:
     /// its next log write puts half its bytes down and fails, which stops
     /// it; once there is room again it is started again and recovers.
@@ -111,7 +115,7 @@ impl Nemesis {
     }
 
     fn acts_on_members(self) -> bool {
-        self != Nemesis::ClientPause
+        !matches!(self, Nemesis::ClientPause | Nemesis::ClientClock)
     }
 }
 
@@ -312,6 +316,7 @@ pub async fn schedule(
             | Nemesis::SlowThenCrash
             | Nemesis::CutClients
             | Nemesis::SlowDisk
+            | Nemesis::ClientClock
             | Nemesis::FullDisk => {}
         }
     }

@@ -35,6 +35,10 @@ pub enum Workload {
     /// Sessions holding ephemeral nodes, closed or let expire: each node
     /// gone once, and only after its session ended.
     Ephemeral,
+    /// `baton lock` processes around a command that writes a resource with
+    /// `baton set --fence` (their clocks jumping, with client-clock):
+    /// checked for fencing and for tokens that only grow.
+    Supervised,
 }
 
 /// Where the workers work, and until when.
@@ -87,9 +91,16 @@ pub async fn set_up(servers: &str) -> baton_client::Result<()> {
         FENCED,
         LEADER_RESOURCE,
         BALLAST,
+        super::supervised::RESOURCE,
     ] {
         let data = if path.starts_with("/chaos/reg/")
-            || [COUNTER, FENCED, LEADER_RESOURCE].contains(&path)
+            || [
+                COUNTER,
+                FENCED,
+                LEADER_RESOURCE,
+                super::supervised::RESOURCE,
+            ]
+            .contains(&path)
         {
             "0"
         } else {
