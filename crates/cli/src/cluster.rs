@@ -532,6 +532,13 @@ async fn status(servers: &str, args: StatusArgs) -> CliResult {
 }
 
 async fn change(servers: &str, change: Change) -> CliResult {
+    println!("{}", change_membership(servers, change).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks the leader (found from any of `servers`) to make `change`, and
+/// waits until it is made: what the leader says of it.
+pub async fn change_membership(servers: &str, change: Change) -> Result<String, CliError> {
     let leader = leader_view(servers).await?;
     let cluster = &leader["cluster"];
     let leader_id = cluster["leader"].as_u64();
@@ -546,16 +553,19 @@ async fn change(servers: &str, change: Change) -> CliResult {
         })?
         .to_owned();
     let peer_tls = crate::peer_tls()?;
-    let done = baton_cluster::network::ask_change(
-        &peer,
-        change,
-        Duration::from_secs(120),
-        peer_tls.as_ref(),
-    )
-    .await
-    .map_err(CliError::msg)?;
-    println!("{done}");
-    Ok(ExitCode::SUCCESS)
+    baton_cluster::network::ask_change(&peer, change, Duration::from_secs(120), peer_tls.as_ref())
+        .await
+        .map_err(CliError::msg)
+}
+
+/// The ids of the members (voters and learners) the leader lists, found
+/// from any of `servers`.
+pub async fn member_ids(servers: &str) -> Result<Vec<u64>, CliError> {
+    let leader = leader_view(servers).await?;
+    Ok(leader["cluster"]["members"]
+        .as_array()
+        .map(|ms| ms.iter().filter_map(|m| m["id"].as_u64()).collect())
+        .unwrap_or_default())
 }
 
 #[cfg(test)]

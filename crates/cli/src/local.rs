@@ -43,6 +43,8 @@ pub struct LocalCluster {
     /// name it to each other), where that is not where it listens: a proxy
     /// in front of it.
     fronts: BTreeMap<u64, String>,
+    /// The same for each member's peer address.
+    peer_fronts: BTreeMap<u64, String>,
     /// Whether each member reads a disk fault control file
     /// ([`LocalCluster::disk_fault`]).
     disk_faults: bool,
@@ -106,10 +108,12 @@ impl LocalCluster {
         }
         let mut peers = Vec::new();
         let mut fronts = BTreeMap::new();
+        let mut peer_fronts = BTreeMap::new();
         for (id, (client, peer)) in &listeners {
             let (client, peer) = front(*id, &local_addr(client)?, &local_addr(peer)?)?;
             peers.push(format!("{id}={peer}/{client}"));
             fronts.insert(*id, client);
+            peer_fronts.insert(*id, peer);
         }
         let mut cluster = LocalCluster {
             members: BTreeMap::new(),
@@ -122,19 +126,24 @@ impl LocalCluster {
             extra: extra.to_vec(),
             exe,
             fronts,
+            peer_fronts,
             disk_faults,
         };
         for (id, (client, peer)) in listeners {
-            cluster.spawn(id, client, peer)?;
+            cluster.spawn(id, client, peer, false)?;
         }
         Ok(cluster)
     }
 
+    /// Starts member `id` on the listeners given; with `join`, to be added
+    /// to the running cluster (`--join`) rather than as one of its first
+    /// members.
     fn spawn(
         &mut self,
         id: u64,
         client: std::net::TcpListener,
         peer: std::net::TcpListener,
+        join: bool,
     ) -> Result<(), CliError> {
         let exe = match &self.exe {
             Some(exe) => exe.clone(),
@@ -176,7 +185,11 @@ impl LocalCluster {
         let (client_fd, peer_fd) = (client.as_raw_fd(), peer.as_raw_fd());
         let mut command = Command::new(&exe);
         command.arg("serve");
-        if !self.peers.is_empty() {
+        if join {
+            command
+                .args(["--node-id", &id.to_string(), "--join"])
+                .args(["--peer-listen-fd", &peer_fd.to_string()]);
+        } else if !self.peers.is_empty() {
             command
                 .args(["--node-id", &id.to_string(), "--peers", &self.peers])
                 .args(["--peer-listen-fd", &peer_fd.to_string()]);
@@ -269,11 +282,38 @@ impl LocalCluster {
 
     /// Starts member `id` again on its ports, from its data directory.
     pub async fn restart(&mut self, id: u64) -> Result<(), CliError> {
+        self.start_again(id, false).await
+    }
+
+    /// Starts member `id` again on its ports with an empty data directory,
+    /// to be added to the cluster again (it must have been removed): see
+    /// [`LocalCluster::member`] for its addresses.
+    pub async fn rejoin(&mut self, id: u64) -> Result<(), CliError> {
+        self.start_again(id, true).await
+    }
+
+    /// Member `id`'s peer and client addresses as the others name them.
+    pub fn member(&self, id: u64) -> baton_cluster::Member {
+        let m = &self.members[&id];
+        baton_cluster::Member {
+            peer: self.peer_fronts.get(&id).unwrap_or(&m.peer).clone(),
+            client: self.fronts.get(&id).unwrap_or(&m.client).clone(),
+        }
+    }
+
+    async fn start_again(&mut self, id: u64, join: bool) -> Result<(), CliError> {
         let (client, peer) = {
             let m = &self.members[&id];
             (m.client.clone(), m.peer.clone())
         };
         self.kill9(id).await;
+        if join {
+            let data = self.dir.join(format!("member-{id}"));
+            if data.exists() {
+                std::fs::remove_dir_all(&data)
+                    .map_err(|e| CliError::msg(format!("cannot wipe {}: {e}", data.display())))?;
+            }
+        }
         // The ports are free again once the member is gone; a moment may
         // pass before the kernel lets go of them.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -286,7 +326,7 @@ impl LocalCluster {
                 _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         };
-        self.spawn(id, client, peer)
+        self.spawn(id, client, peer, join)
     }
 
     /// The id of the member that leads now, if one answers that it does.

@@ -77,13 +77,13 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
     );
     assert_eq!(summary["violations"], 0, "{summary}");
     assert!(ops(&summary, "fenced-write") > 0, "{summary}");
+    // Faults of several kinds were injected (the default is all of them).
     let faults = summary["faults"].as_object().unwrap();
-    assert!(
-        faults
-            .keys()
-            .any(|k| k.starts_with("pause") || k.starts_with("kill")),
-        "{summary}"
-    );
+    let injected = faults
+        .keys()
+        .filter(|k| !k.starts_with("run ") && !k.starts_with("member "))
+        .count();
+    assert!(injected >= 3, "{summary}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -236,6 +236,40 @@ fn the_clock_fault_without_libfaketime_says_what_to_install() {
     assert!(
         err.contains("apt-get install faketime") && err.contains("BATON_LIBFAKETIME"),
         "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Pins the defect this fault found: a member removed, wiped and added
+/// again under its old id caught up from the oldest entries first, reached
+/// a membership of its past that named it the only voter, elected itself
+/// at once and led with half the state (acknowledged increments lost, in
+/// every such run of 12 s). A member being added now stands for election
+/// only once the leader has told it which membership added it, and it has
+/// applied that one.
+#[test]
+fn a_member_removed_and_added_again_never_leads_from_a_membership_of_its_past() {
+    let dir = scratch("chaos-membership");
+    let summary = chaos(
+        &dir,
+        &[
+            "--members",
+            "3",
+            "--seconds",
+            "12",
+            "--seed",
+            "9",
+            "--workloads",
+            "counter,register",
+            "--nemesis",
+            "membership",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    let history = std::fs::read_to_string(dir.join("history.jsonl")).unwrap();
+    assert!(
+        history.matches("added again").count() >= 3,
+        "too few members added again: {summary}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

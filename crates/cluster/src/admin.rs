@@ -239,7 +239,8 @@ fn even_warning(voters: usize) -> String {
 /// # Errors
 /// What went wrong, for the operator: this member does not lead (with the
 /// leader's peer address), or the change failed.
-pub async fn change(raft: &Raft, change: Change) -> Result<String, String> {
+pub async fn change(answering: &network::Answering, change: Change) -> Result<String, String> {
+    let raft = &answering.raft;
     let m = raft.metrics().borrow().clone();
     if m.state != ServerState::Leader {
         let leader = m.current_leader.and_then(|l| {
@@ -258,9 +259,31 @@ pub async fn change(raft: &Raft, change: Change) -> Result<String, String> {
     let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
     match change {
         Change::Add { id, member } => {
-            raft.add_learner(id, member.clone(), true)
+            let added = raft
+                .add_learner(id, member.clone(), true)
                 .await
                 .map_err(|e| format!("adding member {id} as a learner: {e}"))?;
+            // It has caught up to the membership that added it: it is told
+            // where that is before it votes (see `joining`).
+            let addr = answering.routes.get(&id).unwrap_or(&member.peer);
+            let mut told = Err(String::new());
+            for _ in 0..5 {
+                told = network::tell_added(
+                    addr,
+                    id,
+                    added.log_id.index,
+                    Duration::from_secs(2),
+                    answering.tls.as_ref(),
+                )
+                .await;
+                if told.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            told.map_err(|e| {
+                format!("member {id} caught up as a learner, but could not be told it was added ({e}); it stays a learner: run the same add again")
+            })?;
             let mut next = voters;
             next.insert(id);
             let count = next.len();

@@ -34,8 +34,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::network::{MemberStatus, PeerTls, StatusLink};
-use crate::types::{NodeId, Raft};
+use crate::network::{Answering, MemberStatus, StatusLink};
+use crate::types::NodeId;
 
 /// The latest answer of each member asked, and when it came.
 type Answers = Arc<Mutex<BTreeMap<NodeId, (Instant, MemberStatus)>>>;
@@ -45,23 +45,28 @@ type Answers = Arc<Mutex<BTreeMap<NodeId, (Instant, MemberStatus)>>>;
 /// when it comes).
 const ASK_LIMIT: Duration = Duration::from_secs(2);
 
-/// Watches this member's reach and membership until `stop`; sends on
+/// Watches member `id`'s reach and membership until `stop`; sends on
 /// `removed`, with why, once the member learns it is no longer a member.
 pub(crate) async fn run(
-    raft: Raft,
+    member: Answering,
     id: NodeId,
-    routes: BTreeMap<NodeId, String>,
-    tls: Option<PeerTls>,
     election_timeout: Duration,
     removed: watch::Sender<Option<String>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Answering {
+        raft,
+        tls,
+        routes,
+        mut joining,
+    } = member;
     let every = election_timeout / 2;
     let fresh = election_timeout * 2;
     let answers: Answers = Arc::default();
     // Askers by member, with the peer address each asks.
     let mut askers: BTreeMap<NodeId, (String, tokio::task::JoinHandle<()>)> = BTreeMap::new();
-    let mut allowed = true;
+    // Elections start off for a member being added (see `joining`).
+    let mut allowed = joining.is_none();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -90,6 +95,19 @@ pub(crate) async fn run(
                 let task = tokio::spawn(ask(link, *n, every, answers.clone()));
                 askers.insert(*n, (node.peer.clone(), task));
             }
+        }
+        if let Some(j) = &joining {
+            if !j.added() {
+                // Not a member yet, whatever an old membership in its log
+                // says: it neither stands nor takes itself for removed.
+                continue;
+            }
+            if let Err(e) = j.finish() {
+                warn!("{e}; this member stays out of elections until it is started again");
+                continue;
+            }
+            info!("this member has been added to the cluster: it stands for election as any other");
+            joining = None;
         }
         if m.state == ServerState::Leader {
             continue;

@@ -12,6 +12,7 @@
 
 pub mod admin;
 mod campaign;
+pub mod joining;
 pub mod log_store;
 pub mod member;
 pub mod network;

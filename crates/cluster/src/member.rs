@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::{info, warn};
 
 use crate::admin::Status;
+use crate::joining::Joining;
 use crate::log_store::LogStore;
 use crate::network::{self, Network};
 use crate::state_machine::StateMachineStore;
@@ -137,12 +138,18 @@ impl ClusterMember {
         let data_dir =
             DataDir::open(&config.data_dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let raft_dir = config.data_dir.join("raft");
+        // No membership stored and none given: a member being added.
+        let fresh = config.initial.is_none()
+            && crate::log_store::stored_members(&raft_dir)
+                .map_err(MemberError::Storage)?
+                .is_none();
+        let joining = Joining::open(&raft_dir, config.id, fresh).map_err(MemberError::Storage)?;
         let log = LogStore::open(&raft_dir, config.fsync).map_err(MemberError::Storage)?;
         let mut server_config = config.server.clone();
         server_config.data_dir = None;
         let (server, applier) = Server::member(clients, server_config)?;
-        let sm =
-            StateMachineStore::open(&raft_dir, applier.clone()).map_err(MemberError::Storage)?;
+        let sm = StateMachineStore::open(&raft_dir, applier.clone(), joining.clone())
+            .map_err(MemberError::Storage)?;
         let election = config.election_timeout.as_millis() as u64;
         let raft_config = openraft::Config {
             cluster_name: "baton".into(),
@@ -153,6 +160,9 @@ impl ClusterMember {
             max_payload_entries: 64,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every),
             max_in_snapshot_log_to_keep: config.snapshot_every,
+            // Off until the cluster has added a member being added (see
+            // `joining`); then the campaign turns it on.
+            enable_elect: joining.is_none(),
             ..Default::default()
         };
         let raft_config = Arc::new(
@@ -165,20 +175,19 @@ impl ClusterMember {
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(network::serve(
-            peers,
-            raft.clone(),
-            stopped.clone(),
-            config.peer_tls.clone(),
-        ));
+        let answering = network::Answering {
+            raft: raft.clone(),
+            tls: config.peer_tls.clone(),
+            routes: config.routes.clone(),
+            joining,
+        };
+        tokio::spawn(network::serve(peers, answering.clone(), stopped.clone()));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
         let proposals = start_proposer(raft.clone(), stopped.clone());
         let (removal, removed) = watch::channel(None);
         tokio::spawn(crate::campaign::run(
-            raft.clone(),
+            answering,
             config.id,
-            config.routes.clone(),
-            config.peer_tls.clone(),
             config.election_timeout,
             removal,
             stopped.clone(),

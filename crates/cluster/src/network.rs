@@ -54,7 +54,7 @@ use tracing::{debug, info, warn};
 use crate::types::{Member, NodeId, Raft, TypeConfig};
 
 const MAGIC: [u8; 8] = *b"BATNPEER";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 const MAX_FRAME: usize = 256 << 20;
@@ -91,6 +91,12 @@ enum Request {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Status,
     Change(crate::admin::Change),
+    /// From the leader to a member being added: the membership at this
+    /// log index added member `id` (see `joining`).
+    Added {
+        id: NodeId,
+        at: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -100,6 +106,7 @@ enum Response {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Status(MemberStatus),
     Changed(Result<String, String>),
+    Added(Result<(), String>),
 }
 
 /// Which request a call makes, and so which answer it takes.
@@ -110,6 +117,7 @@ enum Kind {
     Snapshot,
     Status,
     Change,
+    Added,
 }
 
 impl Request {
@@ -120,6 +128,7 @@ impl Request {
             Request::Snapshot(_) => Kind::Snapshot,
             Request::Status => Kind::Status,
             Request::Change(_) => Kind::Change,
+            Request::Added { .. } => Kind::Added,
         }
     }
 }
@@ -132,6 +141,7 @@ impl Response {
             Response::Snapshot(_) => Kind::Snapshot,
             Response::Status(_) => Kind::Status,
             Response::Changed(_) => Kind::Change,
+            Response::Added(_) => Kind::Added,
         }
     }
 }
@@ -761,13 +771,48 @@ pub async fn ask_change(
     }
 }
 
+/// Tells member `id`, at peer address `addr`, that the membership at log
+/// index `at` added it (see `joining`).
+///
+/// # Errors
+/// It could not be reached, or did not take it.
+pub async fn tell_added(
+    addr: &str,
+    id: NodeId,
+    at: u64,
+    limit: Duration,
+    tls: Option<&PeerTls>,
+) -> Result<(), String> {
+    let mut peer = Peer {
+        from: 0,
+        target: id,
+        addr: addr.to_owned(),
+        name: addr.to_owned(),
+        conn: None,
+        idle: None,
+        failures: None,
+        tls: tls.cloned(),
+    };
+    match peer.call(&Request::Added { id, at }, limit).await {
+        Ok(Response::Added(r)) => r,
+        Ok(_) => unreachable!("exchange_on checks the kind"),
+        Err(e) => Err(e.0),
+    }
+}
+
+/// What a member's peer listener answers with.
+#[derive(Clone)]
+pub struct Answering {
+    pub raft: Raft,
+    pub tls: Option<PeerTls>,
+    /// Where to reach members whose advertised address is not the way.
+    pub routes: BTreeMap<NodeId, String>,
+    /// While this member is being added.
+    pub joining: Option<Arc<crate::joining::Joining>>,
+}
+
 /// Answers other members on `listener` until `stop` is set.
-pub async fn serve(
-    listener: TcpListener,
-    raft: Raft,
-    mut stop: watch::Receiver<bool>,
-    tls: Option<PeerTls>,
-) {
+pub async fn serve(listener: TcpListener, answering: Answering, mut stop: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -779,9 +824,8 @@ pub async fn serve(
                 tokio::spawn(answer(
                     stream,
                     peer.to_string(),
-                    raft.clone(),
+                    answering.clone(),
                     stop.clone(),
-                    tls.clone(),
                 ));
             }
             Err(e) => {
@@ -792,15 +836,19 @@ pub async fn serve(
     }
 }
 
+fn raft_id(raft: &Raft) -> NodeId {
+    raft.metrics().borrow().id
+}
+
 /// Answers one member's connection.
 async fn answer(
     stream: TcpStream,
     peer: String,
-    raft: Raft,
+    answering: Answering,
     mut stop: watch::Receiver<bool>,
-    tls: Option<PeerTls>,
 ) {
-    let io: Box<dyn PeerIo> = match tls {
+    let raft = &answering.raft;
+    let io: Box<dyn PeerIo> = match &answering.tls {
         None => Box::new(stream),
         Some(tls) => {
             let shake = tls.acceptor.accept(stream);
@@ -850,8 +898,16 @@ async fn answer(
             Request::Append(r) => Response::Append(raft.append_entries(r).await),
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
             Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
-            Request::Status => Response::Status(MemberStatus::of(&raft)),
-            Request::Change(change) => Response::Changed(crate::admin::change(&raft, change).await),
+            Request::Status => Response::Status(MemberStatus::of(raft)),
+            Request::Change(change) => {
+                Response::Changed(crate::admin::change(&answering, change).await)
+            }
+            Request::Added { id, at } => Response::Added(match &answering.joining {
+                Some(joining) => joining.told(id, at),
+                // Already in: a word repeated by a leader that retried.
+                None if id == raft_id(raft) => Ok(()),
+                None => Err(format!("this is member {}, not member {id}", raft_id(raft))),
+            }),
         };
         let mut bytes = match encode_call(&response) {
             Ok(b) => b,

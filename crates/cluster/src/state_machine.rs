@@ -29,6 +29,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
 use tracing::info;
 
+use crate::joining::Joining;
 use crate::types::{
     Applied, Change, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
     TypeConfig,
@@ -42,6 +43,8 @@ pub struct StateMachineStore {
 
 struct Inner {
     applier: Applier,
+    /// Told of every membership applied, while the member is being added.
+    joining: Option<Arc<Joining>>,
     path: PathBuf,
     /// The log position of the state, and the membership as of it. Held
     /// while an entry is applied, so a snapshot's copy and its metadata
@@ -74,11 +77,16 @@ impl StateMachineStore {
     ///
     /// # Errors
     /// A snapshot file that cannot be read or is damaged.
-    pub fn open(dir: &Path, applier: Applier) -> Result<StateMachineStore, String> {
+    pub fn open(
+        dir: &Path,
+        applier: Applier,
+        joining: Option<Arc<Joining>>,
+    ) -> Result<StateMachineStore, String> {
         let path = dir.join("snapshot");
         let store = StateMachineStore {
             inner: Arc::new(Inner {
                 applier,
+                joining,
                 path: path.clone(),
                 applied: Mutex::new(Position::default()),
                 current: Mutex::new(None),
@@ -120,6 +128,9 @@ impl StateMachineStore {
         self.inner.applier.install(sm);
         applied.last = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        if let Some(j) = &self.inner.joining {
+            j.applied(meta.last_membership.log_id().map(|l| l.index));
+        }
         Ok(meta)
     }
 }
@@ -280,6 +291,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let revision = match entry.payload {
                 EntryPayload::Normal(Change(proposals)) => self.inner.applier.apply(&proposals),
                 EntryPayload::Membership(membership) => {
+                    if let Some(j) = &self.inner.joining {
+                        j.applied(Some(entry.log_id.index));
+                    }
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     self.inner.applier.revision()
                 }

@@ -32,7 +32,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, Scratch> for Builder 
         let log = LogStore::open(&dir, FsyncPolicy::Always).expect("open the log");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (_server, applier) = Server::member(listener, Config::default()).unwrap();
-        let sm = StateMachineStore::open(&dir, applier).expect("open the state machine");
+        let sm = StateMachineStore::open(&dir, applier, None).expect("open the state machine");
         Ok((Scratch(dir), log, sm))
     }
 }

@@ -157,6 +157,7 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             Nemesis::SlowDisk,
             Nemesis::FullDisk,
             Nemesis::ClientClock,
+            Nemesis::Membership,
         ]
     } else {
         args.nemesis.clone()

@@ -72,6 +72,10 @@ pub enum Nemesis {
     /// Slow one member's disk (the leader's half the time) for 1 to 5 s:
     /// each sync of its log half to eight heartbeats late.
     SlowDisk,
+    /// Remove one member (the leader half the time) from the cluster under
+    /// load; 0.5 to 3 s later wipe its data directory, start it empty and
+    /// add it again (a learner that catches up, then a voter).
+    Membership,
     /// The clocks of the supervised workload's processes (`baton lock`, its
     /// command, `baton set`) jump back by half a session timeout to three
     /// of them, or forward by 1 to 60 s, for 0.5 to 4 s (libfaketime).
@@ -94,6 +98,7 @@ impl Nemesis {
                 | Nemesis::OneWay
                 | Nemesis::Slow
                 | Nemesis::SlowThenCrash
+                | Nemesis::Membership
         )
     }
 
@@ -124,6 +129,8 @@ enum State {
     Running,
     Paused,
     Down,
+    /// Out of the cluster's membership, to be added again.
+    Removed,
 }
 
 /// The servers under test, the state each is in, and the network in
@@ -176,6 +183,16 @@ impl Target {
             .collect()
     }
 
+    /// The members' own client addresses, comma-separated: the membership
+    /// is changed there, around the network's faults.
+    fn real_clients(&self) -> String {
+        self.addrs()
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     fn signal(&self, id: u64, sig: i32) {
         let pid = self.cluster.members[&id].pid;
         if pid > 0 {
@@ -208,6 +225,12 @@ impl Target {
                     Ok(()) => recorder.fault(format!("heal: restart member {id}")),
                     Err(e) => recorder.fault(format!("heal: member {id} did not restart: {e}")),
                 },
+                State::Removed => {
+                    let servers = self.real_clients();
+                    if rejoin(self, id, recorder, "heal").await {
+                        add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                    }
+                }
                 State::Running => {}
             }
             self.state.insert(id, State::Running);
@@ -253,6 +276,10 @@ pub async fn schedule(
             }
             Nemesis::SlowDisk | Nemesis::FullDisk => {
                 disk(&target, kind, &recorder, &mut rng, until).await;
+                continue;
+            }
+            Nemesis::Membership => {
+                membership(&target, &recorder, &mut rng).await;
                 continue;
             }
             _ => {}
@@ -317,6 +344,7 @@ pub async fn schedule(
             | Nemesis::CutClients
             | Nemesis::SlowDisk
             | Nemesis::ClientClock
+            | Nemesis::Membership
             | Nemesis::FullDisk => {}
         }
     }
@@ -714,6 +742,98 @@ async fn slow_then_crash(
         "slow then crash",
     )
     .await;
+}
+
+/// [`Nemesis::Membership`]: one member out of the cluster and in again.
+async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut Rng) {
+    let chosen = choose(target, 1, rng).await;
+    let Some(&(id, role)) = chosen.first() else {
+        return;
+    };
+    let servers = {
+        let mut t = target.lock().await;
+        if t.state.get(&id) != Some(&State::Running) {
+            return;
+        }
+        // Left alone by the other faults meanwhile.
+        t.state.insert(id, State::Removed);
+        t.real_clients()
+    };
+    recorder.fault(format!("remove member {id}{role} from the cluster"));
+    let removed =
+        crate::cluster::change_membership(&servers, baton_cluster::admin::Change::Remove { id })
+            .await;
+    if let Err(e) = removed {
+        // Perhaps made all the same: only a member the leader no longer
+        // lists may have its data wiped.
+        let listed = crate::cluster::member_ids(&servers).await;
+        if listed.as_ref().map_or(true, |ids| ids.contains(&id)) {
+            recorder.fault(format!("member {id} was not removed: {e}"));
+            let mut t = target.lock().await;
+            if t.state.get(&id) == Some(&State::Removed) {
+                t.state.insert(id, State::Running);
+            }
+            return;
+        }
+    }
+    recorder.fault(format!("member {id} removed"));
+    tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(3000))).await;
+    let member = {
+        let mut t = target.lock().await;
+        if t.state.get(&id) != Some(&State::Removed)
+            || !rejoin(&mut t, id, recorder, "membership").await
+        {
+            return;
+        }
+        t.cluster.member(id)
+    };
+    if add_again(&servers, member, id, recorder, "membership").await {
+        let mut t = target.lock().await;
+        if t.state.get(&id) == Some(&State::Removed) {
+            t.state.insert(id, State::Running);
+        }
+    }
+}
+
+/// Starts removed member `id` empty, to be added again; whether it started.
+async fn rejoin(t: &mut Target, id: u64, recorder: &Recorder, fault: &str) -> bool {
+    match t.cluster.rejoin(id).await {
+        Ok(()) => {
+            recorder.fault(format!("{fault}: start member {id} again, empty"));
+            true
+        }
+        Err(e) => {
+            recorder.fault(format!("{fault}: member {id} did not start: {e}"));
+            false
+        }
+    }
+}
+
+/// Adds member `id` to the cluster again (a few tries); whether it was.
+async fn add_again(
+    servers: &str,
+    member: baton_cluster::Member,
+    id: u64,
+    recorder: &Recorder,
+    fault: &str,
+) -> bool {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let change = baton_cluster::admin::Change::Add {
+            id,
+            member: member.clone(),
+        };
+        match crate::cluster::change_membership(servers, change).await {
+            Ok(_) => {
+                recorder.fault(format!("{fault}: member {id} added again"));
+                return true;
+            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    recorder.fault(format!("{fault}: member {id} was not added again: {last}"));
+    false
 }
 
 /// Starts again each of `ids` that is still down, noting it in the history

@@ -1433,3 +1433,112 @@ async fn a_member_added_to_a_busy_cluster_catches_up_and_stays() {
     assert!(!log.contains("no longer a member"), "{log}");
     client.close().await;
 }
+
+/// The way back for a removed member that the docs give (wipe it, start it
+/// with --join, `baton cluster add` it under its old id) after the cluster
+/// went through a membership naming it the only voter: it does not lead
+/// while it catches up through that membership, and no write is lost.
+/// (`crates/cli/tests/chaos.rs` pins the defect this once had, which needs
+/// the load of a chaos run to show.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {
+    const ENTRIES: usize = 1000;
+    let mut cluster = Cluster::start(3, &[]).await;
+    let sole = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let others = cluster.others(sole);
+    let change = |servers: &str, verb: &str, id: u64, addrs: Option<(&str, &str)>| {
+        let id = id.to_string();
+        let mut args = vec!["--server", servers, "cluster", verb, "--node-id", &id];
+        if let Some((peer, client)) = addrs {
+            args.extend(["--peer-addr", peer, "--client-addr", client]);
+        }
+        let (code, out, err) = run_baton(&args);
+        assert_eq!(code, Some(0), "cluster {verb} {id}: {err}");
+        out
+    };
+    let leader_client = cluster.members[&sole].client.clone();
+    // The cluster shrinks to `sole` alone, which then takes many entries:
+    // a membership naming it the only voter, deep in the log.
+    for id in &others {
+        change(&leader_client, "remove", *id, None);
+    }
+    // Entries enough that catching up from them takes many batches.
+    let client = connect(&leader_client, SESSION).await;
+    client
+        .create("/n", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    for i in 0..ENTRIES {
+        client
+            .create(&format!("/n/{i}"), "x", CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    client.close().await;
+    let rejoin = |cluster: &mut Cluster, id: u64| {
+        cluster.kill9(id);
+        std::fs::remove_dir_all(&cluster.members[&id].dir).unwrap();
+        cluster.restart(id, true);
+        (
+            cluster.members[&id].peer.clone(),
+            cluster.members[&id].client.clone(),
+        )
+    };
+    // The other two come back, empty, under their old ids.
+    for id in others.clone() {
+        let (peer, client) = rejoin(&mut cluster, id);
+        change(&leader_client, "add", id, Some((&peer, &client)));
+    }
+    // Then `sole` leaves, and comes back empty too, while the others lead.
+    change(&leader_client, "remove", sole, None);
+    let servers = cluster.clients_but(sole);
+    let new_leader = cluster.wait_leader(&[sole], Duration::from_secs(10)).await;
+    let (peer, client_addr) = rejoin(&mut cluster, sole);
+    let watching = {
+        let addr = client_addr.clone();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let task = tokio::spawn(async move {
+            let mut led = false;
+            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+                led |= role_of(&addr).await.as_deref() == Some("leader");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            led
+        });
+        (done, task)
+    };
+    let added = tokio::task::spawn_blocking({
+        let servers = servers.clone();
+        let (peer, client_addr) = (peer.clone(), client_addr.clone());
+        move || {
+            run_baton(&[
+                "--server",
+                &servers,
+                "cluster",
+                "add",
+                "--node-id",
+                &sole.to_string(),
+                "--peer-addr",
+                &peer,
+                "--client-addr",
+                &client_addr,
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    watching.0.store(true, std::sync::atomic::Ordering::Release);
+    let led_while_joining = watching.1.await.unwrap();
+    assert_eq!(added.0, Some(0), "add: {}\n{}", added.2, cluster.logs());
+    assert!(
+        !led_while_joining,
+        "member {sole} led before it was added again (member {new_leader} led); logs:\n{}",
+        cluster.logs()
+    );
+    // Nothing was lost, whoever leads now.
+    let client = connect(&cluster.clients(), SESSION).await;
+    let (children, _) = client.get_children("/n").await.unwrap();
+    assert_eq!(children.len(), ENTRIES, "{}", cluster.logs());
+    client.close().await;
+}
