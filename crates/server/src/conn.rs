@@ -105,13 +105,14 @@ impl ReadGate {
 /// for the changes its session proposed before it to be applied, and for a
 /// read barrier begun after it arrived (so that it sees every change
 /// committed before it, and this server has proven it still leads).
-/// Requests are counted in bytes of the connection's stream.
+/// Requests are counted in bytes of the connection's stream from its first
+/// byte, the handshake included: where a request starts is what was
+/// received less what is still buffered, so that the count of what a
+/// barrier covers and the place of a request are one and the same.
 #[derive(Default)]
 struct ReadGate {
-    /// Bytes read from the socket.
+    /// Bytes read from the socket (their plaintext, with TLS).
     received: u64,
-    /// Bytes of the requests handled.
-    consumed: u64,
     /// Requests that end at or before this byte are covered by a barrier.
     covered: u64,
     /// A barrier under way, and the byte it covers up to once complete.
@@ -654,9 +655,6 @@ impl Conn {
                 Err(FrameError::Plaintext) => unreachable!("only the first frame is checked"),
             };
             Stats::add(&self.shared.stats.bytes_in, frame.len() as u64 + 4);
-            if let Some(gate) = &mut self.gate {
-                gate.consumed += frame.len() as u64 + 4;
-            }
             let started = std::time::Instant::now();
             let flow = match RequestFrame::decode(frame) {
                 Ok(request) => {
@@ -720,7 +718,8 @@ impl Conn {
         if outbox.changes_in_flight() > 0 {
             return false; // woken once they are applied
         }
-        if gate.consumed + 4 + len <= gate.covered {
+        let start = gate.received - buffered.len() as u64;
+        if start + 4 + len <= gate.covered {
             return true;
         }
         if gate.barrier.is_none() && !gate.not_leading {
