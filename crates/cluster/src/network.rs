@@ -754,20 +754,31 @@ pub async fn ask_change(
     limit: Duration,
     tls: Option<&PeerTls>,
 ) -> Result<String, String> {
-    let mut peer = Peer {
-        from: 0,
-        target: 0,
-        addr: addr.to_owned(),
-        name: addr.to_owned(),
-        conn: None,
-        idle: None,
-        failures: None,
-        tls: tls.cloned(),
-    };
-    match peer.call(&Request::Change(change), limit).await {
+    match Peer::once(addr, 0, tls)
+        .call(&Request::Change(change), limit)
+        .await
+    {
         Ok(Response::Changed(r)) => r,
         Ok(_) => unreachable!("exchange_on checks the kind"),
         Err(e) => Err(e.0),
+    }
+}
+
+impl Peer {
+    /// A peer for one call from outside the membership (an operator's
+    /// tool, or the leader's word to a member being added) to `target` at
+    /// `addr`.
+    fn once(addr: &str, target: NodeId, tls: Option<&PeerTls>) -> Peer {
+        Peer {
+            from: 0,
+            target,
+            addr: addr.to_owned(),
+            name: addr.to_owned(),
+            conn: None,
+            idle: None,
+            failures: None,
+            tls: tls.cloned(),
+        }
     }
 }
 
@@ -783,17 +794,10 @@ pub async fn tell_added(
     limit: Duration,
     tls: Option<&PeerTls>,
 ) -> Result<(), String> {
-    let mut peer = Peer {
-        from: 0,
-        target: id,
-        addr: addr.to_owned(),
-        name: addr.to_owned(),
-        conn: None,
-        idle: None,
-        failures: None,
-        tls: tls.cloned(),
-    };
-    match peer.call(&Request::Added { id, at }, limit).await {
+    match Peer::once(addr, id, tls)
+        .call(&Request::Added { id, at }, limit)
+        .await
+    {
         Ok(Response::Added(r)) => r,
         Ok(_) => unreachable!("exchange_on checks the kind"),
         Err(e) => Err(e.0),

@@ -427,35 +427,19 @@ async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload])
     };
     let process = 1;
     use baton_chaos::history::{Call, Outcome, Reply};
+    // The registers, and the fenced resources read as registers: an
+    // accepted write that was lost would show.
+    let mut registers: Vec<&str> = Vec::new();
     if workloads.contains(&Workload::Register) {
-        for key in workloads::REGISTERS {
-            let t = recorder.now();
-            if let Ok((data, stat)) = record::within(client.get_data(key)).await {
-                let value = workloads::value_of(&data);
-                recorder.op(
-                    process,
-                    key,
-                    Call::Read,
-                    t,
-                    Outcome::Ok {
-                        reply: Reply::Value {
-                            value,
-                            version: stat.version,
-                        },
-                    },
-                );
-            }
-        }
+        registers.extend(workloads::REGISTERS);
     }
-    // The fenced resources, read as registers: an accepted write that was
-    // lost would show.
-    for (workload, key) in [
-        (Workload::Fenced, workloads::FENCED),
-        (Workload::Supervised, supervised::RESOURCE),
-    ] {
-        if !workloads.contains(&workload) {
-            continue;
-        }
+    if workloads.contains(&Workload::Fenced) {
+        registers.push(workloads::FENCED);
+    }
+    if workloads.contains(&Workload::Supervised) {
+        registers.push(supervised::RESOURCE);
+    }
+    for key in registers {
         let t = recorder.now();
         if let Ok((data, stat)) = record::within(client.get_data(key)).await {
             recorder.op(
