@@ -129,6 +129,9 @@ enum State {
     Running,
     Paused,
     Down,
+    /// Down because starting it again failed: the next step of a schedule,
+    /// or the heal, tries again.
+    Stranded,
     /// Out of the cluster's membership, to be added again.
     Removed,
 }
@@ -221,10 +224,14 @@ impl Target {
                     self.signal(id, libc::SIGCONT);
                     recorder.fault(format!("heal: resume member {id}"));
                 }
-                State::Down => match self.cluster.restart(id).await {
-                    Ok(()) => recorder.fault(format!("heal: restart member {id}")),
-                    Err(e) => recorder.fault(format!("heal: member {id} did not restart: {e}")),
-                },
+                State::Down | State::Stranded => {
+                    for _ in 0..HEAL_RESTARTS {
+                        if restart(self, id, recorder, "heal").await {
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 State::Removed => {
                     let servers = self.real_clients();
                     if rejoin(self, id, recorder, "heal").await {
@@ -234,6 +241,19 @@ impl Target {
                 State::Running => {}
             }
             self.state.insert(id, State::Running);
+        }
+    }
+
+    /// Starts again each member whose restart failed earlier.
+    async fn restart_stranded(&mut self, recorder: &Recorder) {
+        let stranded: Vec<u64> = self
+            .state
+            .iter()
+            .filter(|(_, s)| **s == State::Stranded)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stranded {
+            restart(self, id, recorder, "again").await;
         }
     }
 }
@@ -260,6 +280,7 @@ pub async fn schedule(
             return;
         }
         tokio::time::sleep(wait).await;
+        target.lock().await.restart_stranded(&recorder).await;
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
         match kind {
             Nemesis::LagThenCrash => {
@@ -324,16 +345,8 @@ pub async fn schedule(
                     }
                 }
                 tokio::time::sleep(down.min(until.saturating_duration_since(Instant::now()))).await;
-                let mut t = target.lock().await;
-                for (id, _) in &chosen {
-                    if t.state[id] == State::Down {
-                        match t.cluster.restart(*id).await {
-                            Ok(()) => recorder.fault(format!("restart member {id}")),
-                            Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
-                        }
-                        t.state.insert(*id, State::Running);
-                    }
-                }
+                let ids: Vec<u64> = chosen.iter().map(|(id, _)| *id).collect();
+                restart_down(&mut *target.lock().await, &ids, &recorder, "kill").await;
             }
             Nemesis::ClientPause
             | Nemesis::LagThenCrash
@@ -841,11 +854,27 @@ async fn add_again(
 async fn restart_down(t: &mut Target, ids: &[u64], recorder: &Recorder, fault: &str) {
     for &id in ids {
         if t.state.get(&id) == Some(&State::Down) {
-            match t.cluster.restart(id).await {
-                Ok(()) => recorder.fault(format!("{fault}: restart member {id}")),
-                Err(e) => recorder.fault(format!("member {id} did not restart: {e}")),
-            }
+            restart(t, id, recorder, fault).await;
+        }
+    }
+}
+
+/// How many times the heal tries to start a member that is down.
+const HEAL_RESTARTS: usize = 3;
+
+/// Starts member `id` again, noting it in the history as a step of
+/// `fault`: running if it started, stranded (to be tried again) if not.
+async fn restart(t: &mut Target, id: u64, recorder: &Recorder, fault: &str) -> bool {
+    match t.cluster.restart(id).await {
+        Ok(()) => {
+            recorder.fault(format!("{fault}: restart member {id}"));
             t.state.insert(id, State::Running);
+            true
+        }
+        Err(e) => {
+            recorder.fault(format!("{fault}: member {id} did not restart: {e}"));
+            t.state.insert(id, State::Stranded);
+            false
         }
     }
 }

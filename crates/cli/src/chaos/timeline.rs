@@ -71,8 +71,8 @@ pub fn html(history: &History, findings: &[Finding], title: &str) -> String {
         let colour = if fault.what.contains("leads") {
             "#2a6"
         } else if fault.what.starts_with("heal")
-            || fault.what.starts_with("resume")
-            || fault.what.starts_with("restart")
+            || fault.what.contains("resume member")
+            || fault.what.contains("restart member")
         {
             "#68a"
         } else {
