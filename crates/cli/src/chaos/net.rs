@@ -16,6 +16,7 @@
 //! client port comes from a client.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +70,27 @@ fn pairs<'a>(a: &'a [u64], b: &'a [u64]) -> impl Iterator<Item = (u64, u64)> + '
 pub struct Net {
     links: watch::Sender<Links>,
     proxies: std::sync::Mutex<JoinSet<()>>,
+    live: Live,
+}
+
+/// How many connections the proxies hold now.
+#[derive(Clone, Default)]
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    /// One more, until the guard is dropped.
+    fn count(&self) -> LiveGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        LiveGuard(self.0.clone())
+    }
+}
+
+struct LiveGuard(Arc<AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Net {
@@ -76,6 +98,7 @@ impl Net {
         Arc::new(Net {
             links: watch::Sender::new(Links::default()),
             proxies: std::sync::Mutex::new(JoinSet::new()),
+            live: Live::default(),
         })
     }
 
@@ -100,7 +123,7 @@ impl Net {
             .to_string();
         let (real, links) = (real.to_owned(), self.links.subscribe());
         let mut proxies = self.proxies.lock().expect("not poisoned");
-        proxies.spawn(accept(listener, id, real, peer, links));
+        proxies.spawn(accept(listener, id, real, peer, links, self.live.clone()));
         Ok(addr)
     }
 
@@ -144,6 +167,13 @@ impl Net {
         self.links.send_modify(|links| *links = Links::default());
     }
 
+    /// How many connections the proxies hold now, set up or waiting for
+    /// a cut to heal.
+    #[cfg(test)]
+    fn connections(&self) -> usize {
+        self.live.0.load(Ordering::Relaxed)
+    }
+
     /// Whether any link is cut or slow now.
     pub fn any_fault(&self) -> bool {
         let links = self.links.borrow();
@@ -167,13 +197,21 @@ async fn accept(
     real: String,
     peer: bool,
     links: watch::Receiver<Links>,
+    live: Live,
 ) {
     let mut forwarding = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((inbound, _)) = accepted else { continue };
-                forwarding.spawn(forward(inbound, id, real.clone(), peer, links.clone()));
+                forwarding.spawn(forward(
+                    inbound,
+                    id,
+                    real.clone(),
+                    peer,
+                    links.clone(),
+                    live.clone(),
+                ));
             }
             Some(_) = forwarding.join_next(), if !forwarding.is_empty() => {}
         }
@@ -191,7 +229,9 @@ async fn forward(
     real: String,
     peer: bool,
     mut links: watch::Receiver<Links>,
+    live: Live,
 ) {
+    let _live = live.count();
     let _ = inbound.set_nodelay(true);
     // The dialer's first bytes, already read, go on ahead of the rest.
     let (from, first) = if peer {
@@ -203,8 +243,15 @@ async fn forward(
         (CLIENTS, Vec::new())
     };
     // A connection needs both ways: through a link cut either way, it
-    // waits for the cut to heal.
-    if !open(&mut links, |l| l.blocks_either(from, id)).await {
+    // waits for the cut to heal. Its dialer may give up meanwhile, as one
+    // whose connection is never set up does: then it is dropped, having
+    // reached nobody (and holds no descriptor until the heal).
+    let mut first = first;
+    if !set_up(&mut inbound, &mut first, &mut links, |l| {
+        l.blocks_either(from, id)
+    })
+    .await
+    {
         return;
     }
     let Ok(mut outbound) = TcpStream::connect(&real).await else {
@@ -242,6 +289,38 @@ async fn greeting(inbound: &mut TcpStream) -> Option<(u64, Vec<u8>)> {
         _ => OUTSIDE,
     };
     Some((if from == CLIENTS { OUTSIDE } else { from }, first))
+}
+
+/// Most bytes a connection not yet set up takes from its dialer before
+/// the link heals.
+const MAX_EARLY: usize = 64 * 1024;
+
+/// Waits until `blocked` says no, taking into `first` what the dialer
+/// sends meanwhile (up to [`MAX_EARLY`] bytes); false once the run is over
+/// or if the dialer closed its end first.
+async fn set_up(
+    inbound: &mut TcpStream,
+    first: &mut Vec<u8>,
+    links: &mut watch::Receiver<Links>,
+    blocked: impl Fn(&Links) -> bool,
+) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        if !blocked(&links.borrow_and_update()) {
+            return true;
+        }
+        tokio::select! {
+            changed = links.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+            }
+            read = inbound.read(&mut buf), if first.len() < MAX_EARLY => match read {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => first.extend_from_slice(&buf[..n]),
+            },
+        }
+    }
 }
 
 /// Waits until `blocked` says no; false once the run is over.
@@ -460,6 +539,47 @@ mod tests {
         assert!(!net.any_fault());
         let mut conn = read.reunite(write).unwrap();
         assert!(echoes(&mut conn, b"prompt").await);
+    }
+
+    /// A connection opened through a cut link and given up by its client
+    /// before the heal is dropped at once, reaching nobody: clients that
+    /// keep dialing through a long cut do not pile up descriptors.
+    #[tokio::test]
+    async fn a_connection_given_up_during_a_cut_is_dropped_at_once() {
+        let net = Net::new();
+        let real = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = net
+            .front_client(2, &real.local_addr().unwrap().to_string())
+            .unwrap();
+        net.cut(&[CLIENTS], &[2]);
+        let mut kept = TcpStream::connect(&front).await.unwrap();
+        kept.write_all(b"kept").await.unwrap();
+        for _ in 0..20 {
+            let mut given_up = TcpStream::connect(&front).await.unwrap();
+            given_up.write_all(b"hello").await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while net.connections() != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{} connections held",
+                net.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        net.heal_all();
+        let (mut member, _) = tokio::time::timeout(Duration::from_secs(5), real.accept())
+            .await
+            .expect("the connection kept open, after the heal")
+            .unwrap();
+        let mut got = [0u8; 4];
+        member.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"kept");
+        let none = tokio::time::timeout(Duration::from_millis(300), real.accept());
+        assert!(
+            none.await.is_err(),
+            "a connection given up reached the member"
+        );
     }
 
     /// A link cut one way still carries the other way on a connection
