@@ -56,7 +56,38 @@ fn a_short_run_against_a_single_server_keeps_every_promise_and_leaves_its_histor
     // listed; no violation is.
     assert!(page.contains("<svg") && page.contains("<h2>Findings</h2>"));
     assert!(!page.contains("<b>Violation</b>"), "{page}");
+
+    // `--check` decides the same from the file alone.
+    let history_path = dir.join("history.jsonl");
+    let again = check_again(&history_path);
+    assert!(again.status.success(), "{again:?}");
+    let checked: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    for field in ["seed", "members", "seconds", "operations", "violations"] {
+        assert_eq!(
+            checked[field], summary[field],
+            "{field}: {checked} {summary}"
+        );
+    }
+    // A read of a value nobody wrote, put in the file, is found.
+    let text = std::fs::read_to_string(&history_path).unwrap();
+    let read = r#""reply":{"type":"value","value":"#;
+    let at = text.find(read).expect("a read in the history") + read.len();
+    let digits = text[at..].bytes().take_while(u8::is_ascii_digit).count();
+    let forged = format!("{}987654321{}", &text[..at], &text[at + digits..]);
+    std::fs::write(&history_path, forged).unwrap();
+    let forged = check_again(&history_path);
+    assert_eq!(forged.status.code(), Some(1), "{forged:?}");
+    let checked: serde_json::Value = serde_json::from_slice(&forged.stdout).unwrap();
+    assert_eq!(checked["violations"], 1, "{checked}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn check_again(history: &std::path::Path) -> std::process::Output {
+    baton()
+        .args(["chaos", "--json", "--check"])
+        .arg(history)
+        .output()
+        .unwrap()
 }
 
 #[test]

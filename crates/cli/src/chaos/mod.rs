@@ -80,6 +80,76 @@ pub struct ChaosArgs {
     /// checkers.
     #[arg(long, value_name = "PATH")]
     server_binary: Option<PathBuf>,
+
+    /// Check the history an earlier run wrote (its history.jsonl) instead
+    /// of running: the same checkers, summary and exit status; the
+    /// timeline is written again beside the history.
+    #[arg(long, value_name = "HISTORY", conflicts_with_all = ["members", "seconds", "workloads", "nemesis", "no_faults", "seed", "dir", "election_timeout", "server_binary"])]
+    check: Option<PathBuf>,
+}
+
+/// What a summary says of the run it is about.
+struct RunInfo {
+    seed: u64,
+    members: u64,
+    seconds: u64,
+    json: bool,
+}
+
+impl RunInfo {
+    /// The line a run's history begins with.
+    fn begins(&self) -> String {
+        format!(
+            "run begins: seed {}, {} member(s), {} s",
+            self.seed, self.members, self.seconds
+        )
+    }
+
+    /// Read back from a history's first line ([`RunInfo::begins`]).
+    fn of(history: &baton_chaos::History, json: bool) -> Option<RunInfo> {
+        let line = history
+            .faults
+            .iter()
+            .find_map(|f| f.what.strip_prefix("run begins: seed "))?;
+        let mut words = line.split([',', ' ']).filter(|w| !w.is_empty());
+        let seed = words.next()?.parse().ok()?;
+        let members = words.next()?.parse().ok()?;
+        let seconds = words.nth(1)?.parse().ok()?;
+        Some(RunInfo {
+            seed,
+            members,
+            seconds,
+            json,
+        })
+    }
+}
+
+/// `--check`: the checkers over a history already written.
+fn check_again(path: &std::path::Path, json: bool) -> CliResult {
+    let file = std::fs::File::open(path)
+        .map_err(|e| CliError::msg(format!("cannot open {}: {e}", path.display())))?;
+    let history = baton_chaos::History::read(std::io::BufReader::new(file))
+        .map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
+    let info = RunInfo::of(&history, json).ok_or_else(|| {
+        CliError::msg(format!(
+            "{}: no \"run begins\" line: not a history baton chaos wrote",
+            path.display()
+        ))
+    })?;
+    let findings = baton_chaos::check(&history);
+    let timeline_path = path.with_file_name("timeline.html");
+    let title = format!(
+        "baton chaos, seed {}, {} member(s), {} s",
+        info.seed, info.members, info.seconds
+    );
+    std::fs::write(&timeline_path, timeline::html(&history, &findings, &title))
+        .map_err(|e| CliError::msg(format!("cannot write {}: {e}", timeline_path.display())))?;
+    report(&info, &history, &findings, path, &timeline_path);
+    Ok(if baton_chaos::violated(&findings) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `--members`: 1, 3 or 5.
@@ -115,6 +185,9 @@ pub async fn run(args: ChaosArgs) -> CliResult {
 }
 
 async fn run_all(args: ChaosArgs) -> CliResult {
+    if let Some(path) = &args.check {
+        return check_again(path, args.json);
+    }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -289,7 +362,13 @@ async fn run_on(
         client_pauses: kinds.contains(&Nemesis::ClientPause),
         lease_session,
     };
-    recorder.fault(format!("run begins: seed {seed}"));
+    let info = RunInfo {
+        seed,
+        members: args.members,
+        seconds: args.seconds,
+        json: args.json,
+    };
+    recorder.fault(info.begins());
     let mut work = tokio::task::JoinSet::new();
     for (w, workload) in workloads.iter().enumerate() {
         for i in 0..WORKERS {
@@ -379,14 +458,7 @@ async fn run_on(
         args.members, args.seconds
     );
     let _ = std::fs::write(&timeline_path, timeline::html(&history, &findings, &title));
-    report(
-        args,
-        seed,
-        &history,
-        &findings,
-        &history_path,
-        &timeline_path,
-    );
+    report(&info, &history, &findings, &history_path, &timeline_path);
     Ok(if baton_chaos::violated(&findings) {
         ExitCode::FAILURE
     } else {
@@ -483,8 +555,7 @@ async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload])
 }
 
 fn report(
-    args: &ChaosArgs,
-    seed: u64,
+    info: &RunInfo,
     history: &baton_chaos::History,
     findings: &[Finding],
     history_path: &std::path::Path,
@@ -515,7 +586,9 @@ fn report(
             .next()
             .unwrap_or(&f.what)
             .to_string();
-        let kind = if kind.starts_with("client clocks jump") {
+        let kind = if kind.starts_with("run begins") {
+            "run begins".to_string()
+        } else if kind.starts_with("client clocks jump") {
             "client clocks jump".to_string()
         } else if kind.starts_with("client clocks") {
             "client clocks true again".to_string()
@@ -530,11 +603,17 @@ fn report(
         .iter()
         .filter(|f| f.verdict == Verdict::Violation)
         .count();
-    if args.json {
+    let RunInfo {
+        seed,
+        members,
+        seconds,
+        json,
+    } = *info;
+    if json {
         let out = serde_json::json!({
             "seed": seed,
-            "members": args.members,
-            "seconds": args.seconds,
+            "members": members,
+            "seconds": seconds,
             "operations": by_kind.iter().map(|(k, (ok, fail, unknown))| (k.clone(), serde_json::json!({"ok": ok, "fail": fail, "unknown": unknown}))).collect::<serde_json::Map<_, _>>(),
             "faults": faults,
             "violations": violations,
@@ -545,10 +624,7 @@ fn report(
         println!("{out}");
         return;
     }
-    println!(
-        "baton chaos: seed {seed}, {} member(s), {} s",
-        args.members, args.seconds
-    );
+    println!("baton chaos: seed {seed}, {members} member(s), {seconds} s");
     println!(
         "{:<16} {:>9} {:>9} {:>9}",
         "operation", "ok", "failed", "unknown"
