@@ -259,6 +259,9 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
     let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
     match change {
         Change::Add { id, member } => {
+            // Added again after its removal, it starts from the log it has
+            // now: what it held before does not count (see `network`).
+            answering.held.forget(id);
             let added = raft
                 .add_learner(id, member.clone(), true)
                 .await

@@ -59,6 +59,7 @@ pub(crate) async fn run(
         tls,
         routes,
         mut joining,
+        ..
     } = member;
     let every = election_timeout / 2;
     let fresh = election_timeout * 2;

@@ -110,6 +110,9 @@ pub struct ClusterMember {
     stop: watch::Sender<bool>,
     /// Why the member is no longer a member, once it learns it.
     removed: watch::Receiver<Option<String>>,
+    /// Why it must not take part as it is, once a leader finds its log
+    /// went back.
+    gone_back: watch::Receiver<Option<String>>,
     _data_dir: DataDir,
 }
 
@@ -171,15 +174,19 @@ impl ClusterMember {
                 .map_err(|e| MemberError::Raft(e.to_string()))?,
         );
         let network = Network::new(config.id, config.routes.clone(), config.peer_tls.clone());
+        let held = network.held();
         let raft = Raft::new(config.id, raft_config, network, log, sm)
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
+        let (went_back, gone_back) = watch::channel(None);
         let answering = network::Answering {
             raft: raft.clone(),
             tls: config.peer_tls.clone(),
             routes: config.routes.clone(),
             joining,
+            went_back: Arc::new(went_back),
+            held,
         };
         tokio::spawn(network::serve(peers, answering.clone(), stopped.clone()));
         let barriers = Barriers::start(raft.clone(), stopped.clone());
@@ -228,6 +235,7 @@ impl ClusterMember {
             raft,
             stop,
             removed,
+            gone_back,
             _data_dir: data_dir,
         })
     }
@@ -251,24 +259,26 @@ impl ClusterMember {
     /// replicated log. A replicated log that stops on its own (its storage
     /// failed) stops the member too, and so does learning that it was
     /// removed from the cluster (it logs why, and returns `Ok`: there is
-    /// nothing to start again).
+    /// nothing to start again), or that its log went back (see
+    /// [`network`](crate::network)).
     ///
     /// # Errors
-    /// As [`Server::run`], or [`ServerError::ReplicationStopped`].
+    /// As [`Server::run`], [`ServerError::ReplicationStopped`], or
+    /// [`ServerError::Unfit`] for a log that went back.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
         let ClusterMember {
             server,
             raft,
             stop,
-            mut removed,
+            removed,
+            gone_back,
             _data_dir,
         } = self;
-        let was_removed = async {
-            while removed.borrow_and_update().is_none() {
-                if removed.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
+        let was_removed = set(removed);
+        let unfit = Mutex::new(None);
+        let went_back = async {
+            let why = set(gone_back).await;
+            *unfit.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
         };
         let failed = Mutex::new(None);
         let stopped_alone = async {
@@ -289,7 +299,8 @@ impl ClusterMember {
                 tokio::select! {
                     () = shutdown => {}
                     () = stopped_alone => {}
-                    () = was_removed => {}
+                    _ = was_removed => {}
+                    () = went_back => {}
                 }
             })
             .await;
@@ -298,9 +309,25 @@ impl ClusterMember {
             warn!("stopping the replicated log: {e}");
         }
         result?;
+        if let Some(why) = unfit.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(ServerError::Unfit(why));
+        }
         match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
             Some(why) => Err(ServerError::ReplicationStopped(why)),
             None => Ok(()),
+        }
+    }
+}
+
+/// The text `watched` is set to, once it is (never, if its sender goes
+/// without setting it).
+async fn set(mut watched: watch::Receiver<Option<String>>) -> String {
+    loop {
+        if let Some(why) = watched.borrow_and_update().clone() {
+            return why;
+        }
+        if watched.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }

@@ -4,7 +4,7 @@
 //! # Format
 //! ```text
 //! every frame: length u32 (big-endian), then that many bytes of bincode
-//! a connection opens with Hello { magic "BATNPEER", version 2, from: id }
+//! a connection opens with Hello { magic "BATNPEER", version 4, from: id }
 //! then the dialing member sends requests and the other answers each, in
 //! order, on the same connection; after the Hello every frame is
 //!   call id u64 (big-endian), then the bincode of a request or an answer
@@ -16,6 +16,11 @@
 //!   Status                         -> Status(MemberStatus)
 //!   Change(add or remove a member) -> Changed(Result<message, error>)
 //!                                     (asked of the leader, by an operator)
+//!   Added { id, at }               -> Added(Result<(), error>)
+//!                                     (the leader to a member being added)
+//!   WentBack { held }              -> WentBack(Result<(), error>)
+//!                                     (the leader to a member whose log lost
+//!                                     entries it had acknowledged)
 //! ```
 //! A member dials another when it first needs to and again after any
 //! failure; connections of short-lived clients are kept for the next ones.
@@ -29,6 +34,20 @@
 //! and an answer whose id or kind is not the one asked for ends the
 //! connection. One answer read in place of another would make the leader
 //! count a member as holding entries it never stored.
+//!
+//! # A member whose data went back
+//! A leader remembers, for the time it leads, how far each member said it
+//! holds the log. A member that then answers that it lacks an entry at or
+//! below that point has lost entries it stored and acknowledged: it was
+//! started from an old copy of its data directory (a file-system backup
+//! put back, a disk snapshot). Its acknowledgements may be part of a
+//! majority that committed entries only the leader still holds, so the
+//! leader does not count on it: it tells the member, which stops with the
+//! procedure to follow (remove it, wipe it, add it again), and it keeps
+//! the member unreachable meanwhile rather than hand the answer to the
+//! consensus engine (which would stop the leader itself: a member of a
+//! 3-member cluster put back from a copy then took its leader down, and
+//! with it the only copy of entries the cluster had acknowledged).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,10 +70,10 @@ use tokio::sync::watch;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
 
-use crate::types::{Member, NodeId, Raft, TypeConfig};
+use crate::types::{LogId, Member, NodeId, Raft, TypeConfig, Vote};
 
 const MAGIC: [u8; 8] = *b"BATNPEER";
-const VERSION: u16 = 3;
+const VERSION: u16 = 4;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 const MAX_FRAME: usize = 256 << 20;
@@ -97,6 +116,11 @@ enum Request {
         id: NodeId,
         at: u64,
     },
+    /// From the leader to a member that said it holds the log up to `held`
+    /// and now lacks an entry at or below it.
+    WentBack {
+        held: LogId,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -107,6 +131,7 @@ enum Response {
     Status(MemberStatus),
     Changed(Result<String, String>),
     Added(Result<(), String>),
+    WentBack(Result<(), String>),
 }
 
 /// Which request a call makes, and so which answer it takes.
@@ -118,6 +143,7 @@ enum Kind {
     Status,
     Change,
     Added,
+    WentBack,
 }
 
 impl Request {
@@ -129,6 +155,7 @@ impl Request {
             Request::Status => Kind::Status,
             Request::Change(_) => Kind::Change,
             Request::Added { .. } => Kind::Added,
+            Request::WentBack { .. } => Kind::WentBack,
         }
     }
 }
@@ -142,6 +169,7 @@ impl Response {
             Response::Status(_) => Kind::Status,
             Response::Changed(_) => Kind::Change,
             Response::Added(_) => Kind::Added,
+            Response::WentBack(_) => Kind::WentBack,
         }
     }
 }
@@ -264,6 +292,7 @@ pub struct Network {
     routes: Arc<BTreeMap<NodeId, String>>,
     idle: Idle,
     tls: Option<PeerTls>,
+    held: Held,
 }
 
 impl Network {
@@ -273,7 +302,53 @@ impl Network {
             routes: Arc::new(routes),
             idle: Idle::default(),
             tls,
+            held: Held::default(),
         }
+    }
+
+    /// How far each member said it holds the log, as this member's clients
+    /// record it.
+    pub fn held(&self) -> Held {
+        self.held.clone()
+    }
+}
+
+/// How far each member said it holds the log, in answers to this member's
+/// appends while it led with one vote (a new vote starts afresh): shared by
+/// every client openraft makes, however often it makes them.
+#[derive(Clone, Default)]
+pub struct Held(Arc<std::sync::Mutex<BTreeMap<NodeId, (Vote, LogId)>>>);
+
+impl Held {
+    /// Forgets what member `id` held: it is being added (again), with a log
+    /// of its own from now on.
+    pub fn forget(&self, id: NodeId) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    /// Member `target` said, answering an append sent with `vote`, that it
+    /// holds the log up to `upto`.
+    fn record(&self, target: NodeId, vote: Vote, upto: LogId) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match held.get_mut(&target) {
+            Some((v, at)) if *v == vote => {
+                if upto.index > at.index {
+                    *at = upto;
+                }
+            }
+            _ => {
+                held.insert(target, (vote, upto));
+            }
+        }
+    }
+
+    /// How far member `target` said it holds the log, to appends sent with
+    /// `vote`.
+    fn of(&self, target: NodeId, vote: &Vote) -> Option<LogId> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(&target)
+            .filter(|(v, _)| v == vote)
+            .map(|(_, at)| *at)
     }
 }
 
@@ -400,6 +475,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             idle: Some(self.idle.clone()),
             failures: Some(0),
             tls: self.tls.clone(),
+            held: Some(self.held.clone()),
         }
     }
 }
@@ -423,6 +499,9 @@ pub struct Peer {
     failures: Option<u32>,
     /// Mutual TLS with the other members, if they use it.
     tls: Option<PeerTls>,
+    /// How far each member said it holds the log (the replicated log's own
+    /// clients only).
+    held: Option<Held>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -586,6 +665,45 @@ impl Peer {
         }
     }
 
+    /// The member said, answering an append sent with `vote`, that it holds
+    /// the log up to `upto`.
+    fn holds(&self, vote: Vote, upto: Option<LogId>) {
+        if let (Some(held), Some(upto)) = (&self.held, upto) {
+            held.record(self.target, vote, upto);
+        }
+    }
+
+    /// Whether the member, answering that it lacks the entry at `prev`,
+    /// lost entries it said it held in answers to appends sent with
+    /// `vote`: how far it said it held them, if so.
+    fn went_back(&self, vote: &Vote, prev: Option<LogId>) -> Option<LogId> {
+        let held = self.held.as_ref()?.of(self.target, vote)?;
+        (prev?.index <= held.index).then_some(held)
+    }
+
+    /// Tells the member that its log lost entries it held up to `held`;
+    /// what the leader makes of the member meanwhile (unreachable).
+    async fn tell_went_back(&mut self, held: LogId, option: RPCOption) -> Failed {
+        tracing::error!(
+            member = self.target,
+            "member {} lacks entries it said it held up to {held}: its data went back (started from an old copy?); it is told to stop, and counted on for nothing",
+            self.target
+        );
+        let told = match self
+            .call(&Request::WentBack { held }, option.hard_ttl())
+            .await
+        {
+            Ok(Response::WentBack(Ok(()))) => "told to stop".to_string(),
+            Ok(Response::WentBack(Err(e))) => format!("it disagrees: {e}"),
+            Ok(_) => unreachable!("exchange_on checks the kind"),
+            Err(e) => format!("it was not told: {e}"),
+        };
+        Failed(format!(
+            "member {} lost entries it held up to {held} ({told})",
+            self.target
+        ))
+    }
+
     fn unreachable<E: std::error::Error>(&self, e: Failed) -> RPCError<NodeId, Member, E> {
         debug!(target = self.target, "peer call failed: {e}");
         RPCError::Unreachable(Unreachable::new(&e))
@@ -601,26 +719,48 @@ impl RaftNetwork<TypeConfig> for Peer {
         // Entries that do not fit in one frame go in several calls: this one
         // sends those that fit and reports the rest unsent (openraft sends
         // them next). One entry always fits (see MAX_MEMBER_DATA).
-        let mut partial = None;
         let request = Request::Append(rpc);
         let mut bytes = encode_call(&request)
             .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
         let Request::Append(mut rpc) = request else {
             unreachable!("made above")
         };
-        if bytes.len() > MAX_FRAME && rpc.entries.len() > 1 {
+        let split = bytes.len() > MAX_FRAME && rpc.entries.len() > 1;
+        if split {
             let keep = entries_that_fit(&rpc.entries, MAX_FRAME - 64 * 1024);
             rpc.entries.truncate(keep);
-            partial = rpc.entries.last().map(|e| e.log_id);
+        }
+        let (vote, prev) = (rpc.vote, rpc.prev_log_id);
+        // How far the member holds the log if it takes the call.
+        let upto = rpc.entries.last().map(|e| e.log_id).or(prev);
+        if split {
             bytes = encode_call(&Request::Append(rpc))
                 .map_err(|e| RPCError::Network(NetworkError::new(&Failed(e.to_string()))))?;
         }
-        match self
+        let answer = self
             .call_bytes(Kind::Append, bytes, option.hard_ttl())
-            .await
-        {
-            Ok(Response::Append(Ok(AppendEntriesResponse::Success))) if partial.is_some() => {
-                Ok(AppendEntriesResponse::PartialSuccess(partial))
+            .await;
+        match answer {
+            Ok(Response::Append(Ok(AppendEntriesResponse::Success))) => {
+                self.holds(vote, upto);
+                Ok(if split {
+                    AppendEntriesResponse::PartialSuccess(upto)
+                } else {
+                    AppendEntriesResponse::Success
+                })
+            }
+            Ok(Response::Append(Ok(AppendEntriesResponse::PartialSuccess(upto)))) => {
+                self.holds(vote, upto);
+                Ok(AppendEntriesResponse::PartialSuccess(upto))
+            }
+            Ok(Response::Append(Ok(AppendEntriesResponse::Conflict))) => {
+                match self.went_back(&vote, prev) {
+                    Some(held) => {
+                        let failed = self.tell_went_back(held, option).await;
+                        Err(self.unreachable(failed))
+                    }
+                    None => Ok(AppendEntriesResponse::Conflict),
+                }
             }
             Ok(Response::Append(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
             Ok(_) => unreachable!("exchange_on checks the kind"),
@@ -636,7 +776,15 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
     > {
+        // The last chunk taken: the member holds the log up to the snapshot.
+        let whole = rpc.done.then_some((rpc.vote, rpc.meta.last_log_id));
         match self.call(&Request::Snapshot(rpc), option.hard_ttl()).await {
+            Ok(Response::Snapshot(Ok(r))) => {
+                if let Some((vote, upto)) = whole {
+                    self.holds(vote, upto);
+                }
+                Ok(r)
+            }
             Ok(Response::Snapshot(r)) => r.map_err(|e| RemoteError::new(self.target, e).into()),
             Ok(_) => unreachable!("exchange_on checks the kind"),
             Err(e) => Err(self.unreachable(e)),
@@ -722,6 +870,7 @@ impl StatusLink {
                 idle: None,
                 failures: None,
                 tls: tls.cloned(),
+                held: None,
             },
         }
     }
@@ -778,6 +927,7 @@ impl Peer {
             idle: None,
             failures: None,
             tls: tls.cloned(),
+            held: None,
         }
     }
 }
@@ -813,6 +963,32 @@ pub struct Answering {
     pub routes: BTreeMap<NodeId, String>,
     /// While this member is being added.
     pub joining: Option<Arc<crate::joining::Joining>>,
+    /// Set, with what to do, once a leader finds this member's log went
+    /// back: the member stops.
+    pub went_back: Arc<watch::Sender<Option<String>>>,
+    /// How far each member said it holds the log, while this one leads.
+    pub held: Held,
+}
+
+/// The leader says this member held the log up to `held` and now lacks
+/// entries at or below it: if its log indeed ends before `held`, it stops.
+fn went_back(answering: &Answering, held: LogId) -> Result<(), String> {
+    let last = answering.raft.metrics().borrow().last_log_index;
+    if last.is_some_and(|last| last >= held.index) {
+        return Err(format!(
+            "this member's log holds index {} (it ends at {})",
+            held.index,
+            last.unwrap_or_default()
+        ));
+    }
+    let id = raft_id(&answering.raft);
+    let why = format!(
+        "this member's data went back: it had told the leader it held the log up to {held}, and its log now ends at {}. It was started from an old copy of its data directory (a backup or a disk snapshot put back), and entries the cluster acknowledged may rest on what it lost. It must not take part again as it is: remove it (baton cluster remove {id}), empty its data directory, start it with --join and add it again (baton cluster add {id} ...); see docs/operations.md",
+        last.map_or("nothing".to_string(), |l| format!("index {l}"))
+    );
+    tracing::error!("{why}");
+    answering.went_back.send_replace(Some(why));
+    Ok(())
 }
 
 /// Answers other members on `listener` until `stop` is set.
@@ -906,6 +1082,7 @@ async fn answer(
             Request::Change(change) => {
                 Response::Changed(crate::admin::change(&answering, change).await)
             }
+            Request::WentBack { held } => Response::WentBack(went_back(&answering, held)),
             Request::Added { id, at } => Response::Added(match &answering.joining {
                 Some(joining) => joining.told(id, at),
                 // Already in: a word repeated by a leader that retried.
@@ -1027,6 +1204,24 @@ mod tests {
 
     fn log_id(index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// What a member held counts only for appends sent with the same vote,
+    /// never goes back, and is forgotten when the member is added again.
+    #[test]
+    fn how_far_a_member_held_the_log_counts_within_one_leadership() {
+        let held = Held::default();
+        let (term1, term2) = (Vote::new_committed(1, 1), Vote::new_committed(2, 1));
+        held.record(2, term1, log_id(10));
+        held.record(2, term1, log_id(7));
+        assert_eq!(held.of(2, &term1), Some(log_id(10)));
+        assert_eq!(held.of(3, &term1), None);
+        assert_eq!(held.of(2, &term2), None);
+        held.record(2, term2, log_id(4));
+        assert_eq!(held.of(2, &term2), Some(log_id(4)));
+        assert_eq!(held.of(2, &term1), None);
+        held.forget(2);
+        assert_eq!(held.of(2, &term2), None);
     }
 
     /// A stand-in member that answers its `n`th request (from 1, over all

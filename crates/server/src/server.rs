@@ -84,6 +84,10 @@ pub enum ServerError {
     Io(#[from] io::Error),
     #[error("the replicated log stopped ({0}); this member stopped serving: restart it, and it catches up from the others")]
     ReplicationStopped(String),
+    /// The member must not take part as it is (the text says why and what
+    /// to do); starting it again the same way would not help.
+    #[error("{0}")]
+    Unfit(String),
 }
 
 /// A Baton server bound to a listener, ready to [`run`](Server::run).

@@ -100,6 +100,13 @@ impl MemberProc {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// The member's exit status, once it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
