@@ -301,6 +301,11 @@ impl LocalCluster {
         }
     }
 
+    /// Member `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("member-{id}"))
+    }
+
     async fn start_again(&mut self, id: u64, join: bool) -> Result<(), CliError> {
         let (client, peer) = {
             let m = &self.members[&id];
@@ -308,7 +313,7 @@ impl LocalCluster {
         };
         self.kill9(id).await;
         if join {
-            let data = self.dir.join(format!("member-{id}"));
+            let data = self.data_dir(id);
             if data.exists() {
                 std::fs::remove_dir_all(&data)
                     .map_err(|e| CliError::msg(format!("cannot wipe {}: {e}", data.display())))?;

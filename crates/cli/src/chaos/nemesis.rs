@@ -84,6 +84,16 @@ pub enum Nemesis {
     /// its next log write puts half its bytes down and fails, which stops
     /// it; once there is room again it is started again and recovers.
     FullDisk,
+    /// Start one follower from an old copy of its own data directory, as
+    /// when a file-system backup is put back: it is killed, its directory
+    /// copied and it is started again; 1 to 8 s of writes later it is
+    /// killed again and started from the copy. The leader must find that
+    /// its log went back and stop it; it is then removed, emptied and added
+    /// again, as docs/operations.md says. One at a time, with every member
+    /// running; not among the defaults (see docs/reliability.md: with the
+    /// leader moving meanwhile, or the leader's own data put back, writes
+    /// may be lost, as in any Raft cluster).
+    StaleCopy,
 }
 
 impl Nemesis {
@@ -99,6 +109,7 @@ impl Nemesis {
                 | Nemesis::Slow
                 | Nemesis::SlowThenCrash
                 | Nemesis::Membership
+                | Nemesis::StaleCopy
         )
     }
 
@@ -147,6 +158,8 @@ pub struct Target {
     heartbeat: Duration,
     /// The members whose disk plays a fault now.
     faulty_disks: BTreeSet<u64>,
+    /// Whether a member is being started from an old copy of its data now.
+    copying: bool,
 }
 
 impl Target {
@@ -162,6 +175,7 @@ impl Target {
             net,
             heartbeat,
             faulty_disks: BTreeSet::new(),
+            copying: false,
         }
     }
 
@@ -303,6 +317,10 @@ pub async fn schedule(
                 membership(&target, &recorder, &mut rng).await;
                 continue;
             }
+            Nemesis::StaleCopy => {
+                stale_copy(&target, &recorder, &mut rng, until).await;
+                continue;
+            }
             _ => {}
         }
         let count = if kind.needs_cluster() { 2 } else { 1 };
@@ -358,6 +376,7 @@ pub async fn schedule(
             | Nemesis::SlowDisk
             | Nemesis::ClientClock
             | Nemesis::Membership
+            | Nemesis::StaleCopy
             | Nemesis::FullDisk => {}
         }
     }
@@ -763,6 +782,20 @@ async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut 
     let Some(&(id, role)) = chosen.first() else {
         return;
     };
+    let out = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
+    out_and_in(target, id, role, out, recorder, "membership").await;
+}
+
+/// Removes member `id` from the cluster, and `out` later starts it empty
+/// and adds it again, noting each step in the history as one of `fault`.
+async fn out_and_in(
+    target: &Arc<Mutex<Target>>,
+    id: u64,
+    role: &str,
+    out: Duration,
+    recorder: &Recorder,
+    fault: &str,
+) {
     let servers = {
         let mut t = target.lock().await;
         if t.state.get(&id) != Some(&State::Running) {
@@ -772,7 +805,9 @@ async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut 
         t.state.insert(id, State::Removed);
         t.real_clients()
     };
-    recorder.fault(format!("remove member {id}{role} from the cluster"));
+    recorder.fault(format!(
+        "{fault}: remove member {id}{role} from the cluster"
+    ));
     let removed =
         crate::cluster::change_membership(&servers, baton_cluster::admin::Change::Remove { id })
             .await;
@@ -781,7 +816,7 @@ async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut 
         // lists may have its data wiped.
         let listed = crate::cluster::member_ids(&servers).await;
         if listed.as_ref().map_or(true, |ids| ids.contains(&id)) {
-            recorder.fault(format!("member {id} was not removed: {e}"));
+            recorder.fault(format!("{fault}: member {id} was not removed: {e}"));
             let mut t = target.lock().await;
             if t.state.get(&id) == Some(&State::Removed) {
                 t.state.insert(id, State::Running);
@@ -789,23 +824,143 @@ async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut 
             return;
         }
     }
-    recorder.fault(format!("member {id} removed"));
-    tokio::time::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(3000))).await;
+    recorder.fault(format!("{fault}: member {id} removed"));
+    tokio::time::sleep(out).await;
     let member = {
         let mut t = target.lock().await;
-        if t.state.get(&id) != Some(&State::Removed)
-            || !rejoin(&mut t, id, recorder, "membership").await
-        {
+        if t.state.get(&id) != Some(&State::Removed) || !rejoin(&mut t, id, recorder, fault).await {
             return;
         }
         t.cluster.member(id)
     };
-    if add_again(&servers, member, id, recorder, "membership").await {
+    if add_again(&servers, member, id, recorder, fault).await {
         let mut t = target.lock().await;
         if t.state.get(&id) == Some(&State::Removed) {
             t.state.insert(id, State::Running);
         }
     }
+}
+
+/// [`Nemesis::StaleCopy`]: one member started from an old copy of its
+/// data directory.
+async fn stale_copy(
+    target: &Arc<Mutex<Target>>,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let addrs = target.lock().await.addrs();
+    let Some(leader) = leader_among(&addrs).await else {
+        return;
+    };
+    let id = {
+        let mut t = target.lock().await;
+        if t.copying || t.state.values().any(|s| *s != State::Running) {
+            return;
+        }
+        let followers: Vec<u64> = t.state.keys().copied().filter(|id| *id != leader).collect();
+        if followers.is_empty() {
+            return;
+        }
+        t.copying = true;
+        followers[rng.below(followers.len() as u64) as usize]
+    };
+    put_back_a_copy(target, id, recorder, rng, until).await;
+    target.lock().await.copying = false;
+}
+
+/// [`stale_copy`] of follower `id`.
+async fn put_back_a_copy(
+    target: &Arc<Mutex<Target>>,
+    id: u64,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    until: Instant,
+) {
+    let (data, copy) = {
+        let mut t = target.lock().await;
+        if t.state.get(&id) != Some(&State::Running) {
+            return;
+        }
+        let data = t.cluster.data_dir(id);
+        let copy = data.with_extension("old");
+        t.cluster.kill9(id).await;
+        t.state.insert(id, State::Down);
+        let _ = std::fs::remove_dir_all(&copy);
+        if let Err(e) = copy_tree(&data, &copy) {
+            recorder.fault(format!("stale copy: member {id} not copied: {e}"));
+            restart(&mut t, id, recorder, "stale copy").await;
+            return;
+        }
+        recorder.fault(format!(
+            "stale copy: kill -9 member {id} (a follower), copy its data directory"
+        ));
+        restart(&mut t, id, recorder, "stale copy").await;
+        (data, copy)
+    };
+    let hold = rng.between(Duration::from_secs(1), Duration::from_secs(8));
+    tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+    let mut t = target.lock().await;
+    if t.state.get(&id) != Some(&State::Running) {
+        let _ = std::fs::remove_dir_all(&copy);
+        return;
+    }
+    t.cluster.kill9(id).await;
+    t.state.insert(id, State::Down);
+    let put_back = std::fs::remove_dir_all(&data).and_then(|()| std::fs::rename(&copy, &data));
+    match put_back {
+        Ok(()) => recorder.fault(format!(
+            "stale copy: kill -9 member {id}, put back its data directory of {} ms before",
+            hold.as_millis()
+        )),
+        Err(e) => recorder.fault(format!("stale copy: member {id} not put back: {e}")),
+    }
+    if !restart(&mut t, id, recorder, "stale copy").await {
+        return;
+    }
+    drop(t);
+    // A leader that had its acknowledgements finds its log went back and
+    // tells it, and it stops. (A leader elected since it was copied does
+    // not know what it acknowledged: it catches up as any member behind.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        {
+            let mut t = target.lock().await;
+            if t.state.get(&id) != Some(&State::Running) {
+                return; // under another fault now
+            }
+            if t.cluster.exited(id) {
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            recorder.fault(format!(
+                "stale copy: member {id} runs on (no leader knew how far it had held the log)"
+            ));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    recorder.fault(format!(
+        "stale copy: member {id} stopped, its log behind what it had acknowledged"
+    ));
+    // What the operator does then.
+    out_and_in(target, id, "", Duration::ZERO, recorder, "stale copy").await;
+}
+
+/// Copies directory `from` to `to` (made), with everything under it.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 /// Starts removed member `id` empty, to be added again; whether it started.
