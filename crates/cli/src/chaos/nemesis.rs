@@ -567,20 +567,8 @@ async fn lag_then_crash(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let addrs = target.lock().await.addrs();
-    let Some(leader) = leader_among(&addrs).await else {
+    let Some((leader, followers)) = leader_and_followers(target).await else {
         return;
-    };
-    let followers: Vec<u64> = {
-        let t = target.lock().await;
-        if t.state.get(&leader) != Some(&State::Running) {
-            return;
-        }
-        t.state
-            .iter()
-            .filter(|(id, s)| **id != leader && **s == State::Running)
-            .map(|(id, _)| *id)
-            .collect()
     };
     if followers.len() < 2 || Instant::now() + Duration::from_secs(4) > until {
         return;
@@ -620,9 +608,12 @@ async fn lag_then_crash(
     );
     // Large appends meanwhile: four writes of 900 KiB at once, so that a
     // batch of entries takes more than a heartbeat to go out.
-    let servers = addrs
-        .iter()
-        .map(|(_, a)| a.as_str())
+    let servers = target
+        .lock()
+        .await
+        .addrs()
+        .into_iter()
+        .map(|(_, a)| a)
         .collect::<Vec<_>>()
         .join(",");
     let ballast = tokio::spawn(async move {
@@ -696,22 +687,15 @@ async fn slow_then_crash(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let addrs = target.lock().await.addrs();
-    let Some(leader) = leader_among(&addrs).await else {
+    let Some((leader, followers)) = leader_and_followers(target).await else {
         return;
     };
-    let (net, heartbeat, followers) = {
+    let (net, heartbeat) = {
         let t = target.lock().await;
-        if t.state.get(&leader) != Some(&State::Running) || t.net.any_fault() {
+        if t.net.any_fault() {
             return;
         }
-        let followers: Vec<u64> = t
-            .state
-            .iter()
-            .filter(|(id, s)| **id != leader && **s == State::Running)
-            .map(|(id, _)| *id)
-            .collect();
-        (t.net.clone(), t.heartbeat, followers)
+        (t.net.clone(), t.heartbeat)
     };
     if followers.len() < 2 || Instant::now() + Duration::from_secs(6) > until {
         return;
@@ -849,17 +833,12 @@ async fn stale_copy(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let addrs = target.lock().await.addrs();
-    let Some(leader) = leader_among(&addrs).await else {
+    let Some((_, followers)) = leader_and_followers(target).await else {
         return;
     };
     let id = {
         let mut t = target.lock().await;
-        if t.copying || t.state.values().any(|s| *s != State::Running) {
-            return;
-        }
-        let followers: Vec<u64> = t.state.keys().copied().filter(|id| *id != leader).collect();
-        if followers.is_empty() {
+        if t.copying || followers.is_empty() || t.state.values().any(|s| *s != State::Running) {
             return;
         }
         t.copying = true;
@@ -1064,6 +1043,24 @@ async fn choose(
         chosen.push((running.remove(i), ""));
     }
     chosen
+}
+
+/// The member that says it leads and the running members that follow it;
+/// `None` if no member says it leads, or the leader is under a fault.
+async fn leader_and_followers(target: &Arc<Mutex<Target>>) -> Option<(u64, Vec<u64>)> {
+    let addrs = target.lock().await.addrs();
+    let leader = leader_among(&addrs).await?;
+    let t = target.lock().await;
+    if t.state.get(&leader) != Some(&State::Running) {
+        return None;
+    }
+    let followers = t
+        .state
+        .iter()
+        .filter(|(id, s)| **id != leader && **s == State::Running)
+        .map(|(id, _)| *id)
+        .collect();
+    Some((leader, followers))
 }
 
 /// The member that says it leads (or the single server), asking each
