@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use baton_server::persist::disk_faults;
 use baton_server::persist::record::{self, Frame};
 use baton_server::persist::snapshot;
 use baton_server::Applier;
@@ -231,7 +232,12 @@ fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
+    if let Some(kept) = disk_faults::torn_write(bytes.len()) {
+        file.write_all(&bytes[..kept])?;
+        return Err(disk_faults::no_space());
+    }
     file.write_all(bytes)?;
+    disk_faults::before_sync();
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;

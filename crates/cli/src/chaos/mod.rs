@@ -174,6 +174,13 @@ fn seconds(text: &str) -> Result<u64, String> {
 /// Workers per workload.
 const WORKERS: u64 = 4;
 
+/// A member's snapshot interval in a run, in log entries (a few seconds of
+/// the workloads).
+const SNAPSHOT_ENTRIES: u64 = 2_000;
+
+/// A single server's snapshot interval in a run, in bytes of log.
+const SNAPSHOT_BYTES: u64 = 1 << 20;
+
 pub async fn run(args: ChaosArgs) -> CliResult {
     match run_all(args).await {
         Ok(code) => Ok(code),
@@ -262,7 +269,9 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         Duration::from_millis(1000)
     };
     // Sessions as short as the lease holders' (and a cluster's failover
-    // under them, with an election timeout short enough to fit).
+    // under them, with an election timeout short enough to fit); snapshots
+    // often, so that they are taken, sent to members behind and read back
+    // under the faults too.
     let extra: Vec<String> = if args.members > 1 {
         vec![
             "--min-session-timeout".into(),
@@ -270,9 +279,16 @@ async fn run_all(args: ChaosArgs) -> CliResult {
             (4 * args.election_timeout + 500).max(1000).to_string(),
             "--election-timeout".into(),
             args.election_timeout.to_string(),
+            "--snapshot-entries".into(),
+            SNAPSHOT_ENTRIES.to_string(),
         ]
     } else {
-        vec!["--min-session-timeout".into(), "1000".into()]
+        vec![
+            "--min-session-timeout".into(),
+            "1000".into(),
+            "--snapshot-every".into(),
+            SNAPSHOT_BYTES.to_string(),
+        ]
     };
     eprintln!(
         "baton chaos: seed {seed}; {} for {} s; workloads {:?}; faults {:?}; files in {}",

@@ -4,8 +4,8 @@
 //!
 //! Unarmed (the default) it costs one load of a set-once cell per write.
 //! Armed, every write and sync of the write-ahead log (a single server's
-//! and a member's replicated one) first reads the control file, whose one
-//! line says what the disk does now:
+//! and a member's replicated one) and of a snapshot first reads the control
+//! file, whose one line says what the disk does now:
 //!
 //! - empty, or no file: nothing;
 //! - `slow MS`: every sync takes MS milliseconds longer (a disk whose
@@ -13,8 +13,10 @@
 //! - `full`: a write puts half its bytes in the file, then fails with "no
 //!   space left on device" (a torn last write, as a full disk leaves).
 //!
-//! The server meets an injected fault exactly as a real one: a failed
-//! write stops it, and nothing after it is acknowledged.
+//! The server meets an injected fault exactly as a real one: a failed log
+//! write stops it, and nothing after it is acknowledged; a failed snapshot
+//! leaves the log as it was (a single server goes on and tries again
+//! later; a member's consensus engine stops it, to be started again).
 
 use std::io;
 use std::path::PathBuf;
@@ -82,8 +84,9 @@ fn now() -> Option<DiskFault> {
     }
 }
 
-/// Before a log write of `len` bytes: how many of them to write before
-/// failing with "no space left on device", if the disk is full now.
+/// Before a write of `len` bytes (of a log or a snapshot): how many of
+/// them to write before failing with "no space left on device", if the
+/// disk is full now.
 pub fn torn_write(len: usize) -> Option<usize> {
     (now() == Some(DiskFault::Full)).then_some(len / 2)
 }
@@ -96,7 +99,8 @@ pub fn no_space() -> io::Error {
     )
 }
 
-/// Before a log sync: waits as long as a slow disk would.
+/// Before a sync (of a log or a snapshot): waits as long as a slow disk
+/// would.
 pub fn before_sync() {
     if let Some(DiskFault::Slow(d)) = now() {
         std::thread::sleep(d);

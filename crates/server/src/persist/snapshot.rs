@@ -67,6 +67,12 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<Path
     let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp_path).map_err(io)?);
     encode(sm, &mut out).map_err(io)?;
     let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+    let written = file.metadata().map_err(io)?.len();
+    if let Some(kept) = super::disk_faults::torn_write(written as usize) {
+        file.set_len(kept as u64).map_err(io)?;
+        return Err(io(super::disk_faults::no_space()));
+    }
+    super::disk_faults::before_sync();
     Stats::add(&stats.syncs, 1);
     file.sync_all().map_err(io)?;
     drop(file);
