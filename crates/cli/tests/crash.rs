@@ -1356,6 +1356,66 @@ async fn fill(
     None
 }
 
+/// Pins: a server whose log write failed while replies were waiting for
+/// their batch to be durable stopped only after its connections' grace to
+/// flush (5 s, then up to 10 s for them all): they waited for a durable
+/// mark that would never move. Now the mark stops with the log, what waits
+/// for it is dropped unsent, and the server exits at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_log_fails_with_replies_waiting_exits_at_once() {
+    let scratch = Scratch::new("fail-with-replies-waiting");
+    let data = scratch.data();
+    let addr = free_addr();
+    let control = scratch.file("disk-faults");
+    std::fs::write(&control, "").unwrap();
+    let cmd = serve_command(
+        &addr,
+        &data,
+        &["--test-disk-faults", control.to_str().unwrap()],
+    );
+    let mut server = ServeProc::start(cmd, &addr, &scratch.file("server.log"));
+    server.wait_listening("start with disk faults").await;
+    let setup = connect(&addr).await;
+    setup
+        .create("/full", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    setup.close().await;
+    // Each sync a second late: the writers' replies wait for their batch.
+    std::fs::write(&control, "slow 1000").unwrap();
+    let acked: Arc<Mutex<BTreeMap<String, Bytes>>> = Arc::default();
+    let unknown: Arc<Mutex<BTreeMap<String, Bytes>>> = Arc::default();
+    let mut writers = Vec::new();
+    for i in 0..4 {
+        let client = connect(&addr).await;
+        writers.push(tokio::spawn(fill(
+            client,
+            i,
+            acked.clone(),
+            unknown.clone(),
+        )));
+    }
+    // A batch is being synced; the next one fails half written.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&control, "full").unwrap();
+    let limit = Duration::from_secs(20);
+    let status = wait_exit(&mut server.child, limit).unwrap_or_else(|| {
+        panic!(
+            "still running {limit:?} after the disk filled; its log ends:\n{}",
+            server.log_tail()
+        )
+    });
+    assert!(!status.success(), "{}", server.log_tail());
+    let log = read_log(&server.log);
+    assert!(log.contains("the log can no longer be written"), "{log}");
+    assert!(log.contains("all connections closed"), "{log}");
+    // No connection waited out its grace for replies never to be durable.
+    assert!(!log.contains("closing without flushing"), "{log}");
+    for writer in writers {
+        writer.abort();
+    }
+}
+
 /// Checks that the server at `addr` holds every acknowledged write and
 /// nothing that was never written.
 async fn check_full(

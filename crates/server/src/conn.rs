@@ -490,6 +490,11 @@ impl Conn {
                     match outbox.drain_into(self.wbuf.get(), WRITE_BUDGET, mark.get()) {
                         Drained::Waiting(revision) => {
                             if !mark.wake_at(revision, outbox) {
+                                if mark.stopped() {
+                                    // Never durable, never sent: the server
+                                    // stops, and closes this connection.
+                                    break;
+                                }
                                 continue; // durable meanwhile
                             }
                             held = true;
@@ -591,6 +596,10 @@ impl Conn {
                         mark.hurry();
                         if mark.wake_at(revision, outbox) {
                             poll_fn(|cx| outbox.poll_woken(cx)).await;
+                        } else if mark.stopped() {
+                            // The log failed: what is left is never durable,
+                            // and is not sent.
+                            return Ok(());
                         }
                     }
                     Drained::Idle | Drained::More => {}
@@ -617,7 +626,8 @@ impl Conn {
             }
             poll_fn(|cx| outbox.poll_woken(cx)).await;
         }
-        true
+        // Not registered: durable, or never (the log failed).
+        mark.get() >= revision
     }
 
     /// True while the client has more output waiting than it should: then

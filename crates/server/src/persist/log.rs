@@ -589,6 +589,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn fail(shared: &WalShared, e: PersistError) {
     shared.broken.store(true, Ordering::Release);
     error!("{e}; stopping the server");
+    shared.mark.stop();
     shared.failed.send_replace(Some(e.to_string()));
 }
 

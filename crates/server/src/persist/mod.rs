@@ -110,6 +110,8 @@ pub(crate) fn sync_dir(dir: &Path, stats: &Stats) -> Result<(), PersistError> {
 pub(crate) struct DurableMark {
     revision: AtomicU64,
     waiters: Mutex<Vec<Arc<Outbox>>>,
+    /// The log failed: the mark never moves again (set under `waiters`).
+    stopped: std::sync::atomic::AtomicBool,
     /// When the mark last moved, in ns since `born` (for the stats).
     moved_ns: AtomicU64,
     born: std::time::Instant,
@@ -124,6 +126,7 @@ impl DurableMark {
         DurableMark {
             revision: AtomicU64::new(revision),
             waiters: Mutex::new(Vec::new()),
+            stopped: std::sync::atomic::AtomicBool::new(false),
             moved_ns: AtomicU64::new(0),
             born: std::time::Instant::now(),
             flusher: std::sync::OnceLock::new(),
@@ -155,22 +158,42 @@ impl DurableMark {
     }
 
     /// Has `outbox` woken when the mark moves, if it has not reached
-    /// `revision` yet. Returns false (registering nothing) if it has: then no
-    /// wake-up will come for it.
+    /// `revision` yet. Returns false (registering nothing) if it has, or if
+    /// the mark has stopped for good ([`Self::stop`]): then no wake-up will
+    /// come for it.
     pub(crate) fn wake_at(&self, revision: u64, outbox: &Arc<Outbox>) -> bool {
         if self.get() >= revision {
             return false;
         }
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        // Checked again under the lock that `advance` takes after moving the
-        // mark: a wake-up cannot fall between the check and the registration.
-        if self.get() >= revision {
+        // Checked again under the lock that `advance` and `stop` take: a
+        // wake-up cannot fall between the check and the registration.
+        if self.get() >= revision || self.stopped() {
             return false;
         }
         if outbox.set_awaiting_durability() {
             waiters.push(outbox.clone());
         }
         true
+    }
+
+    /// The log failed: the mark never moves again. Every waiting
+    /// connection is woken, to find that what it waits for will never be
+    /// durable (and so never sent).
+    pub(crate) fn stop(&self) {
+        let waiters = {
+            let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.stopped.store(true, Ordering::Release);
+            std::mem::take(&mut *waiters)
+        };
+        for outbox in waiters {
+            outbox.durability_reached();
+        }
+    }
+
+    /// Whether the mark has stopped for good.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// Moves the mark to `revision` and wakes every waiting connection.
