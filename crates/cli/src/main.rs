@@ -246,7 +246,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(&server, args).await,
             Command::Leader(args) => elect::leader(&server, args).await,
             Command::Bench(cmd) => bench::run(explicit_server, cmd).await,
-            Command::Chaos(args) => chaos::run(args).await,
+            Command::Chaos(args) => chaos::run(explicit_server, args).await,
             Command::Cluster(cmd) => cluster::run(&server, cmd).await,
             Command::Snapshot(cmd) => backup::run(&server, cmd).await,
         }

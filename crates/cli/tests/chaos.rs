@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{baton, scratch};
+use common::{baton, scratch, Served};
 
 fn chaos(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let out = baton()
@@ -336,6 +336,56 @@ fn a_follower_put_back_from_an_old_copy_is_stopped_and_nothing_is_lost() {
             && history.contains("stale copy: member")
             && history.contains("added again"),
         "no member was found with its data gone back, and added again: {summary}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Pointed at a server it did not start (`--server`), it runs the workloads
+/// there with only its own clients' faults, refuses faults that need the
+/// server's process, and will not write over an earlier run's nodes.
+#[test]
+fn pointed_at_a_running_server_it_injects_only_its_clients_faults() {
+    let served = Served::start();
+    let dir = scratch("chaos-pointed");
+    let refused = served.run(&["chaos", "--seconds", "3", "--nemesis", "kill,client-pause"]);
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("only client-pause and client-clock") && said.contains("kill"),
+        "{said}"
+    );
+    let out = served.run(&[
+        "chaos",
+        "--json",
+        "--seconds",
+        "6",
+        "--seed",
+        "8",
+        "--workloads",
+        "register,fenced,counter,ephemeral",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert_eq!(summary["members"], 1, "{summary}");
+    assert!(ops(&summary, "fenced-write") > 0, "{summary}");
+    let faults = summary["faults"].as_object().unwrap();
+    assert!(faults.contains_key("client pause"), "{summary}");
+    assert!(
+        !faults
+            .keys()
+            .any(|k| k.contains("kill") || k.contains("leads")),
+        "{summary}"
+    );
+    // Its nodes are there now: a second run says so rather than mix in.
+    let again = served.run(&["chaos", "--seconds", "3", "--no-faults"]);
+    assert_eq!(again.status.code(), Some(3), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("/chaos absent"),
+        "{again:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

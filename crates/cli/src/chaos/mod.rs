@@ -25,8 +25,10 @@ use workloads::{Ctx, Workload};
 /// Try Baton's promises under faults, and check them from the history.
 ///
 /// Starts its own single server (or, with --members 3 or 5, a local
-/// cluster), runs workloads against it while faults are injected, heals
-/// everything, and checks the history of every operation: registers
+/// cluster; or, with --server, uses servers already running, injecting
+/// only faults of its own clients), runs workloads against it while faults
+/// are injected, heals everything, and checks the history of every
+/// operation: registers
 /// linearizable, fenced writes never going back, tokens distinct and
 /// growing, no acknowledged increment or queue item lost or doubled,
 /// ephemeral nodes gone only after their session ended. Prints a summary,
@@ -181,8 +183,8 @@ const SNAPSHOT_ENTRIES: u64 = 2_000;
 /// A single server's snapshot interval in a run, in bytes of log.
 const SNAPSHOT_BYTES: u64 = 1 << 20;
 
-pub async fn run(args: ChaosArgs) -> CliResult {
-    match run_all(args).await {
+pub async fn run(server: Option<String>, args: ChaosArgs) -> CliResult {
+    match run_all(server, args).await {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("baton: {e}");
@@ -191,9 +193,31 @@ pub async fn run(args: ChaosArgs) -> CliResult {
     }
 }
 
-async fn run_all(args: ChaosArgs) -> CliResult {
+async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
     if let Some(path) = &args.check {
         return check_again(path, args.json);
+    }
+    if let Some(servers) = &server {
+        if args.members != 1 || args.server_binary.is_some() {
+            return Err(CliError::msg(
+                "--members and --server-binary are for the servers baton chaos starts; with --server (or BATON_SERVER) it uses those named",
+            ));
+        }
+        let theirs: Vec<String> = args
+            .nemesis
+            .iter()
+            .filter(|k| k.acts_on_members())
+            .map(|k| {
+                clap::ValueEnum::to_possible_value(k)
+                    .map_or_else(|| format!("{k:?}"), |v| v.get_name().to_owned())
+            })
+            .collect();
+        if !theirs.is_empty() {
+            return Err(CliError::msg(format!(
+                "with --server {servers} (servers this run did not start) only client-pause and client-clock can be injected; {} need(s) the servers' own processes: leave --server out to let baton chaos start its own",
+                theirs.join(", ")
+            )));
+        }
     }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -221,6 +245,8 @@ async fn run_all(args: ChaosArgs) -> CliResult {
     };
     let mut kinds = if args.no_faults {
         Vec::new()
+    } else if args.nemesis.is_empty() && server.is_some() {
+        vec![Nemesis::ClientPause, Nemesis::ClientClock]
     } else if args.nemesis.is_empty() {
         vec![
             Nemesis::Pause,
@@ -261,6 +287,29 @@ async fn run_all(args: ChaosArgs) -> CliResult {
         eprintln!(
             "baton chaos: warning: client-clock jumps only the clocks of the supervised workload, which is not running"
         );
+    }
+    if let Some(servers) = server {
+        // Not this run's servers: its own clients' faults only, and the
+        // sessions as short as the servers grant.
+        eprintln!(
+            "baton chaos: seed {seed}; servers {servers} for {} s; workloads {workloads:?}; faults {kinds:?}; files in {}",
+            args.seconds,
+            dir.display()
+        );
+        let members = servers.split(',').filter(|a| !a.trim().is_empty()).count() as u64;
+        return run_on(
+            &args,
+            seed,
+            members,
+            &dir,
+            &servers,
+            None,
+            &workloads,
+            &kinds,
+            Duration::from_millis(1000),
+            clock,
+        )
+        .await;
     }
     // Lease holders' sessions: short, but past a failover on a cluster.
     let lease_session = if args.members > 1 {
@@ -336,9 +385,10 @@ async fn run_all(args: ChaosArgs) -> CliResult {
     let result = run_on(
         &args,
         seed,
+        args.members,
         &dir,
         &servers,
-        &target,
+        Some(&target),
         &workloads,
         &kinds,
         lease_session,
@@ -355,9 +405,10 @@ async fn run_all(args: ChaosArgs) -> CliResult {
 async fn run_on(
     args: &ChaosArgs,
     seed: u64,
+    members: u64,
     dir: &std::path::Path,
     servers: &str,
-    target: &Arc<tokio::sync::Mutex<Target>>,
+    target: Option<&Arc<tokio::sync::Mutex<Target>>>,
     workloads: &[Workload],
     kinds: &[Nemesis],
     lease_session: Duration,
@@ -366,9 +417,15 @@ async fn run_on(
     let history_path = dir.join("history.jsonl");
     let recorder = Recorder::new(&history_path)
         .map_err(|e| CliError::msg(format!("cannot write {}: {e}", history_path.display())))?;
-    workloads::set_up(servers)
-        .await
-        .map_err(|e| CliError::msg(format!("setting the workloads' nodes up: {e}")))?;
+    workloads::set_up(servers).await.map_err(|e| {
+        CliError::msg(match e {
+            baton_client::Error::NodeExists(_) => format!(
+                "setting the workloads' nodes up: {e}: the workloads need {} absent (an earlier run's? remove it first)",
+                workloads::ROOT
+            ),
+            e => format!("setting the workloads' nodes up: {e}"),
+        })
+    })?;
     let rng = Rng::new(seed);
     let until = Instant::now() + Duration::from_secs(args.seconds);
     let ctx = Ctx {
@@ -380,7 +437,7 @@ async fn run_on(
     };
     let info = RunInfo {
         seed,
-        members: args.members,
+        members,
         seconds: args.seconds,
         json: args.json,
     };
@@ -431,6 +488,7 @@ async fn run_on(
     }
     let mut faults = tokio::task::JoinSet::new();
     for n in 0..2 {
+        let Some(target) = target else { break };
         faults.spawn(nemesis::schedule(
             target.clone(),
             kinds.to_vec(),
@@ -448,14 +506,18 @@ async fn run_on(
             until,
         ));
     }
-    faults.spawn(nemesis::follow_leader(
-        target.clone(),
-        recorder.clone(),
-        until,
-    ));
+    if let Some(target) = target {
+        faults.spawn(nemesis::follow_leader(
+            target.clone(),
+            recorder.clone(),
+            until,
+        ));
+    }
     progress(&recorder, until, args.json).await;
     while faults.join_next().await.is_some() {}
-    target.lock().await.heal(&recorder).await;
+    if let Some(target) = target {
+        target.lock().await.heal(&recorder).await;
+    }
     recorder.fault("run ends: faults healed; workers finishing");
     // Workers finish their operation in hand (each bounded by its limit).
     let finishing = tokio::time::timeout(Duration::from_secs(60), async {

@@ -130,7 +130,9 @@ impl Nemesis {
         matches!(self, Nemesis::SlowDisk | Nemesis::FullDisk)
     }
 
-    fn acts_on_members(self) -> bool {
+    /// Whether it acts on the servers' processes, disks or links (not only
+    /// on this run's own clients).
+    pub fn acts_on_members(self) -> bool {
         !matches!(self, Nemesis::ClientPause | Nemesis::ClientClock)
     }
 }

@@ -75,10 +75,13 @@ pub const EPHEMERALS: &str = "/chaos/ephemeral";
 pub const BALLAST: &str = "/chaos/ballast";
 
 /// Makes the nodes the workloads use, at value 0 (version 0).
+/// Where every workload's nodes are.
+pub const ROOT: &str = "/chaos";
+
 pub async fn set_up(servers: &str) -> baton_client::Result<()> {
     let client = connect(servers, Duration::from_secs(10), Duration::from_secs(10)).await?;
     for path in [
-        "/chaos",
+        ROOT,
         "/chaos/reg",
         "/chaos/locks",
         QUEUE,
