@@ -265,7 +265,16 @@ async fn forward(
     let (out_read, out_write) = outbound.into_split();
     let there = pump(in_read, out_write, from, id, links.clone());
     let back = pump(out_read, in_write, id, from, links);
-    tokio::join!(there, back);
+    tokio::pin!(there, back);
+    // Neither Baton's clients nor its members half-close: a dialer that
+    // closed is gone. Once what it sent has gone through (after the heal,
+    // on a cut link) the connection ends, and a member that does not
+    // answer (paused, say) does not keep it, and two descriptors, open
+    // until it does; it reads what came and the end of it all the same.
+    tokio::select! {
+        () = &mut there => {}
+        () = &mut back => there.await,
+    }
 }
 
 /// Reads a member's greeting from `inbound`: the id it names (or
@@ -580,6 +589,46 @@ mod tests {
             none.await.is_err(),
             "a connection given up reached the member"
         );
+    }
+
+    /// A dialer that closes its connection to a member that does not answer
+    /// (paused) does not leave the proxy holding it until the member does:
+    /// the member still gets what was sent, and the end.
+    #[tokio::test]
+    async fn a_connection_its_dialer_closed_ends_though_the_member_is_silent() {
+        let net = Net::new();
+        let real = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = net
+            .front_client(2, &real.local_addr().unwrap().to_string())
+            .unwrap();
+        for _ in 0..20 {
+            let mut dialer = TcpStream::connect(&front).await.unwrap();
+            dialer.write_all(b"hello").await.unwrap();
+        }
+        // The member takes the connections and reads nothing yet.
+        let mut silent = Vec::new();
+        for _ in 0..20 {
+            let (member, _) = tokio::time::timeout(Duration::from_secs(5), real.accept())
+                .await
+                .expect("each connection reaches the member")
+                .unwrap();
+            silent.push(member);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while net.connections() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} connections held",
+                net.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // What was sent, and then the end, are there for it.
+        for mut member in silent {
+            let mut got = Vec::new();
+            member.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"hello");
+        }
     }
 
     /// A link cut one way still carries the other way on a connection
