@@ -621,13 +621,8 @@ async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload])
             );
         }
     }
-    if workloads.contains(&Workload::Queue) {
-        // Bounded: every item the producers made, and a few more tries.
-        for _ in 0..100_000 {
-            if workloads::take_one(&client, recorder, process).await == Some(false) {
-                break;
-            }
-        }
+    if workloads.contains(&Workload::Queue) && !workloads::drain(&client, recorder, 10).await {
+        recorder.fault("final reads: the queue was not found empty");
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
 }

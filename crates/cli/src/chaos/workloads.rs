@@ -358,6 +358,49 @@ pub async fn take_one(client: &Client, rec: &Recorder, process: u64) -> Option<b
     Some(true)
 }
 
+/// Takers at once when the queue is drained at the end of a run.
+const DRAINERS: usize = 16;
+
+/// Takes every item left on the queue, [`DRAINERS`] at a time (processes
+/// `first` on, one each), listing it again until a listing finds it empty
+/// (recorded as a look at an empty queue, which is what the queue checker
+/// needs to count everything not taken as lost); at most 100 listings.
+/// Returns whether it found the queue empty.
+pub async fn drain(client: &Client, rec: &Recorder, first: u64) -> bool {
+    for _ in 0..100 {
+        let t = rec.now();
+        let Ok((mut names, _)) = within(client.get_children(QUEUE)).await else {
+            return false;
+        };
+        if names.is_empty() {
+            let reply = Reply::Empty;
+            rec.op(first, QUEUE, Call::Dequeue, t, Outcome::Ok { reply });
+            return true;
+        }
+        names.sort();
+        let takers = (0..DRAINERS).map(|k| {
+            let mine: Vec<&String> = names.iter().skip(k).step_by(DRAINERS).collect();
+            async move {
+                for name in mine {
+                    let path = format!("{QUEUE}/{name}");
+                    let Ok((data, _)) = within(client.get_data(&path)).await else {
+                        continue;
+                    };
+                    let item = value_of(&data);
+                    let t = rec.now();
+                    let outcome = match within(client.delete(&path, None)).await {
+                        Ok(()) => Outcome::Ok { reply: Reply::Done },
+                        Err(o) => o,
+                    };
+                    rec.op(first + k as u64, QUEUE, Call::Take { item }, t, outcome);
+                }
+            }
+        });
+        futures::future::join_all(takers).await;
+    }
+    false
+}
+
 /// Runs `work` on a thread and runtime of its own, so that a pause of it
 /// stops its client entirely; returns when it is done.
 pub async fn on_own_thread<F, Fut>(work: F)
