@@ -130,6 +130,9 @@ fn serve_command_with(addr: &str, data: &Path, fsync: &str, extra: &[&str]) -> C
     cmd
 }
 
+/// What a server's log says once it listens (at info level).
+const SERVING: &str = "baton_server::server: serving addr=";
+
 /// A log file's text without terminal colour codes.
 fn read_log(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -177,6 +180,9 @@ struct ServeProc {
     child: Child,
     addr: String,
     log: PathBuf,
+    /// How many times the log said a server was serving before this one
+    /// started (several starts may share one log).
+    served_before: usize,
 }
 
 impl ServeProc {
@@ -186,16 +192,20 @@ impl ServeProc {
             .append(true)
             .open(log)
             .unwrap();
+        let served_before = read_log(log).matches(SERVING).count();
         let child = cmd.stderr(file).spawn().expect("start baton serve");
         ServeProc {
             child,
             addr: addr.to_owned(),
             log: log.to_owned(),
+            served_before,
         }
     }
 
     /// Waits until the server accepts connections; fails if it exits first.
-    /// `when` says which start this is, for the failure message.
+    /// `when` says which start this is, for the failure message. It must
+    /// have said it serves, too: a port taken meanwhile by another test's
+    /// server would take the connection.
     async fn wait_listening(&mut self, when: &str) {
         let limit = Duration::from_secs(20);
         let deadline = Instant::now() + limit;
@@ -207,7 +217,9 @@ impl ServeProc {
                     self.log_tail()
                 );
             }
-            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+            if read_log(&self.log).matches(SERVING).count() > self.served_before
+                && tokio::net::TcpStream::connect(&self.addr).await.is_ok()
+            {
                 return;
             }
             assert!(
@@ -1571,6 +1583,8 @@ async fn a_full_disk_stops_the_server_and_corrupts_nothing() {
     // Without the limit, the log recovers cleanly and holds every
     // acknowledged write.
     let second_log = scratch.file("recovered.log");
+    // A new port: another test's server may have taken the old one.
+    let addr = free_addr();
     let mut server = ServeProc::start(serve_command(&addr, &data, &[]), &addr, &second_log);
     server.wait_listening("restart without the limit").await;
     let (c, landed) = check_full(&addr, &acked, &unknown).await;
@@ -1593,6 +1607,7 @@ async fn a_full_disk_stops_the_server_and_corrupts_nothing() {
     drop(server);
 
     let third_log = scratch.file("again.log");
+    let addr = free_addr();
     let mut server = ServeProc::start(serve_command(&addr, &data, &[]), &addr, &third_log);
     server
         .wait_listening("second restart without the limit")
@@ -1700,6 +1715,8 @@ async fn after_a_failed_append_under_fsync_never_nothing_later_is_acknowledged()
     );
     drop(server);
 
+    // A new port: another test's server may have taken the old one.
+    let addr = free_addr();
     let mut server = ServeProc::start(
         serve_command(&addr, &data, &[]),
         &addr,
