@@ -147,6 +147,9 @@ enum State {
     Stranded,
     /// Out of the cluster's membership, to be added again.
     Removed,
+    /// Removed and started empty, but not added again (no leader answered
+    /// in time): the next step of a schedule, or the heal, tries again.
+    Unadded,
 }
 
 /// The servers under test, the state each is in, and the network in
@@ -254,22 +257,35 @@ impl Target {
                         add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
                     }
                 }
+                State::Unadded => {
+                    let servers = self.real_clients();
+                    add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                }
                 State::Running => {}
             }
             self.state.insert(id, State::Running);
         }
     }
 
-    /// Starts again each member whose restart failed earlier.
-    async fn restart_stranded(&mut self, recorder: &Recorder) {
-        let stranded: Vec<u64> = self
+    /// Starts again each member whose restart failed earlier, and adds
+    /// again each whose adding failed.
+    async fn retry_failed(&mut self, recorder: &Recorder) {
+        let failed: Vec<(u64, State)> = self
             .state
             .iter()
-            .filter(|(_, s)| **s == State::Stranded)
-            .map(|(id, _)| *id)
+            .filter(|(_, s)| matches!(s, State::Stranded | State::Unadded))
+            .map(|(id, s)| (*id, *s))
             .collect();
-        for id in stranded {
-            restart(self, id, recorder, "again").await;
+        for (id, state) in failed {
+            if state == State::Stranded {
+                restart(self, id, recorder, "again").await;
+                continue;
+            }
+            // Once per step: the other faults wait meanwhile.
+            let (servers, member) = (self.real_clients(), self.cluster.member(id));
+            if add_again_tries(&servers, member, id, recorder, "again", 1).await {
+                self.state.insert(id, State::Running);
+            }
         }
     }
 }
@@ -296,7 +312,7 @@ pub async fn schedule(
             return;
         }
         tokio::time::sleep(wait).await;
-        target.lock().await.restart_stranded(&recorder).await;
+        target.lock().await.retry_failed(&recorder).await;
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
         match kind {
             Nemesis::LagThenCrash => {
@@ -819,11 +835,17 @@ async fn out_and_in(
         }
         t.cluster.member(id)
     };
-    if add_again(&servers, member, id, recorder, fault).await {
-        let mut t = target.lock().await;
-        if t.state.get(&id) == Some(&State::Removed) {
-            t.state.insert(id, State::Running);
-        }
+    let added = add_again(&servers, member, id, recorder, fault).await;
+    let mut t = target.lock().await;
+    if t.state.get(&id) == Some(&State::Removed) {
+        t.state.insert(
+            id,
+            if added {
+                State::Running
+            } else {
+                State::Unadded
+            },
+        );
     }
 }
 
@@ -966,8 +988,20 @@ async fn add_again(
     recorder: &Recorder,
     fault: &str,
 ) -> bool {
+    add_again_tries(servers, member, id, recorder, fault, 5).await
+}
+
+/// [`add_again`], with at most `tries` tries.
+async fn add_again_tries(
+    servers: &str,
+    member: baton_cluster::Member,
+    id: u64,
+    recorder: &Recorder,
+    fault: &str,
+    tries: usize,
+) -> bool {
     let mut last = String::new();
-    for _ in 0..5 {
+    for _ in 0..tries {
         let change = baton_cluster::admin::Change::Add {
             id,
             member: member.clone(),
