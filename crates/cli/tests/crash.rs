@@ -1334,6 +1334,32 @@ const FILE_LIMIT: u64 = 200 * 1024;
 
 /// Writes distinct nodes until a write fails; records what was acknowledged
 /// and what is of unknown outcome. Returns an unexpected error, if any.
+/// Writes acknowledged and of unknown outcome, path to data.
+type Written = Arc<Mutex<BTreeMap<String, Bytes>>>;
+
+/// `n` clients of the server at `addr`, each running [`fill`] on a task.
+async fn fillers(
+    addr: &str,
+    n: usize,
+) -> (
+    Written,
+    Written,
+    Vec<tokio::task::JoinHandle<Option<String>>>,
+) {
+    let (acked, unknown): (Written, Written) = Default::default();
+    let mut writers = Vec::new();
+    for i in 0..n {
+        let client = connect(addr).await;
+        writers.push(tokio::spawn(fill(
+            client,
+            i,
+            acked.clone(),
+            unknown.clone(),
+        )));
+    }
+    (acked, unknown, writers)
+}
+
 async fn fill(
     client: Client,
     i: usize,
@@ -1395,20 +1421,14 @@ async fn a_server_whose_log_fails_with_replies_waiting_exits_at_once() {
     setup.close().await;
     // Each sync a second late: the writers' replies wait for their batch.
     std::fs::write(&control, "slow 1000").unwrap();
-    let acked: Arc<Mutex<BTreeMap<String, Bytes>>> = Arc::default();
-    let unknown: Arc<Mutex<BTreeMap<String, Bytes>>> = Arc::default();
-    let mut writers = Vec::new();
-    for i in 0..4 {
-        let client = connect(&addr).await;
-        writers.push(tokio::spawn(fill(
-            client,
-            i,
-            acked.clone(),
-            unknown.clone(),
-        )));
+    let (acked, _, writers) = fillers(&addr, 4).await;
+    // Once a slow batch has been acknowledged the writers' next ones wait
+    // behind a sync; the one after fails half written.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "nothing acknowledged in 20 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // A batch is being synced; the next one fails half written.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     std::fs::write(&control, "full").unwrap();
     let limit = Duration::from_secs(20);
     let status = wait_exit(&mut server.child, limit).unwrap_or_else(|| {
@@ -1500,18 +1520,7 @@ async fn a_full_disk_stops_the_server_and_corrupts_nothing() {
         .unwrap();
     setup.close().await;
 
-    let acked = Arc::new(Mutex::new(BTreeMap::new()));
-    let unknown = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut writers = Vec::new();
-    for i in 0..3 {
-        let client = connect(&addr).await;
-        writers.push(tokio::spawn(fill(
-            client,
-            i,
-            acked.clone(),
-            unknown.clone(),
-        )));
-    }
+    let (acked, unknown, writers) = fillers(&addr, 3).await;
 
     // The server must stop by itself once the log cannot grow.
     let limit = Duration::from_secs(30);

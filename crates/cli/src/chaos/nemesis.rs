@@ -266,25 +266,35 @@ impl Target {
             self.state.insert(id, State::Running);
         }
     }
+}
 
-    /// Starts again each member whose restart failed earlier, and adds
-    /// again each whose adding failed.
-    async fn retry_failed(&mut self, recorder: &Recorder) {
-        let failed: Vec<(u64, State)> = self
+/// Starts again each member whose restart failed earlier, and adds again
+/// each whose adding failed (once each; not holding the servers meanwhile,
+/// since a membership change may take long).
+async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
+    let unadded: Vec<(u64, String, baton_cluster::Member)> = {
+        let mut t = target.lock().await;
+        let stranded: Vec<u64> = t
             .state
             .iter()
-            .filter(|(_, s)| matches!(s, State::Stranded | State::Unadded))
-            .map(|(id, s)| (*id, *s))
+            .filter(|(_, s)| **s == State::Stranded)
+            .map(|(id, _)| *id)
             .collect();
-        for (id, state) in failed {
-            if state == State::Stranded {
-                restart(self, id, recorder, "again").await;
-                continue;
-            }
-            // Once per step: the other faults wait meanwhile.
-            let (servers, member) = (self.real_clients(), self.cluster.member(id));
-            if add_again_tries(&servers, member, id, recorder, "again", 1).await {
-                self.state.insert(id, State::Running);
+        for id in stranded {
+            restart(&mut t, id, recorder, "again").await;
+        }
+        let servers = t.real_clients();
+        t.state
+            .iter()
+            .filter(|(_, s)| **s == State::Unadded)
+            .map(|(id, _)| (*id, servers.clone(), t.cluster.member(*id)))
+            .collect()
+    };
+    for (id, servers, member) in unadded {
+        if add_again_tries(&servers, member, id, recorder, "again", 1).await {
+            let mut t = target.lock().await;
+            if t.state.get(&id) == Some(&State::Unadded) {
+                t.state.insert(id, State::Running);
             }
         }
     }
@@ -312,7 +322,7 @@ pub async fn schedule(
             return;
         }
         tokio::time::sleep(wait).await;
-        target.lock().await.retry_failed(&recorder).await;
+        retry_failed(&target, &recorder).await;
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
         match kind {
             Nemesis::LagThenCrash => {
@@ -889,8 +899,16 @@ async fn put_back_a_copy(
         let copy = data.with_extension("old");
         t.cluster.kill9(id).await;
         t.state.insert(id, State::Down);
-        let _ = std::fs::remove_dir_all(&copy);
-        if let Err(e) = copy_tree(&data, &copy) {
+        let copied = {
+            let (data, copy) = (data.clone(), copy.clone());
+            tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(&copy);
+                copy_tree(&data, &copy)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        if let Err(e) = copied {
             recorder.fault(format!("stale copy: member {id} not copied: {e}"));
             restart(&mut t, id, recorder, "stale copy").await;
             return;
