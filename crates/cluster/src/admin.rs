@@ -26,6 +26,9 @@ use crate::types::{Member, NodeId, Raft};
 const REFRESH: Duration = Duration::from_millis(500);
 /// How long the leader waits for another member's status.
 const ASK: Duration = Duration::from_millis(300);
+/// How long an add waits for the learner to hold the membership that added
+/// it (below the 120 s `baton cluster add` waits for the answer).
+const CATCH_UP: Duration = Duration::from_secs(100);
 
 /// A change of membership, asked of the leader.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +242,40 @@ fn even_warning(voters: usize) -> String {
 /// # Errors
 /// What went wrong, for the operator: this member does not lead (with the
 /// leader's peer address), or the change failed.
+/// Waits until learner `id` holds the log up to index `at` (as the
+/// leader knows from its replies), while this member leads, for at most
+/// [`CATCH_UP`].
+async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
+    let holds = |m: &crate::types::Metrics| -> Option<u64> {
+        m.replication
+            .as_ref()?
+            .get(&id)?
+            .as_ref()
+            .map(|log_id| log_id.index)
+    };
+    let waited = raft
+        .wait(Some(CATCH_UP))
+        .metrics(
+            |m| m.state != ServerState::Leader || holds(m).is_some_and(|i| i >= at),
+            "the learner holds the membership that added it",
+        )
+        .await;
+    let m = raft.metrics().borrow().clone();
+    if m.state != ServerState::Leader {
+        return Err(format!(
+            "member {id} was added as a learner, but this member stopped leading before the learner caught up; it stays a learner: run the same add again"
+        ));
+    }
+    match waited {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!(
+            "member {id} was added as a learner but has not caught up within {} s (it holds the log up to {}, the membership that added it is at index {at}); it stays a learner: see that it runs and is in reach, then run the same add again",
+            CATCH_UP.as_secs(),
+            holds(&m).map_or("no entry".to_string(), |i| format!("index {i}")),
+        )),
+    }
+}
+
 pub async fn change(answering: &network::Answering, change: Change) -> Result<String, String> {
     let raft = &answering.raft;
     let m = raft.metrics().borrow().clone();
@@ -266,6 +303,15 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
                 .add_learner(id, member.clone(), true)
                 .await
                 .map_err(|e| format!("adding member {id} as a learner: {e}"))?;
+            // openraft's blocking add returns once the learner is within
+            // `replication_lag_threshold` (5,000) entries of the leader's
+            // log, which a learner that holds nothing yet may well be. It
+            // must hold the membership that added it before it is told
+            // where that is and before it votes (see `joining`): a voter
+            // that has not caught up is a majority's member that cannot
+            // accept the next entry, and, killed before the membership
+            // naming it reached it, it finds itself in none.
+            caught_up(raft, id, added.log_id.index).await?;
             // It has caught up to the membership that added it: it is told
             // where that is before it votes (see `joining`).
             let addr = answering.routes.get(&id).unwrap_or(&member.peer);

@@ -77,6 +77,15 @@ impl Joining {
         })))
     }
 
+    /// Whether a member whose log is in `dir` was being added when it last
+    /// ran and had not yet learnt that it was: its marker is there. Such a
+    /// member starts joining again, whatever its command line says of a
+    /// first start (`--peers`, no `--join`), and whichever membership its
+    /// log holds so far (one from before it was named, or none).
+    pub fn pending(dir: &Path) -> bool {
+        dir.join(MARKER).exists()
+    }
+
     /// The leader says the membership at log index `at` added member `id`.
     ///
     /// # Errors
@@ -177,7 +186,9 @@ mod tests {
     #[test]
     fn a_restart_halfway_through_the_catch_up_is_still_joining_and_remembers_what_it_was_told() {
         let dir = scratch("restart");
+        assert!(!Joining::pending(&dir));
         let first = Joining::open(&dir, 4, true).unwrap().expect("joining");
+        assert!(Joining::pending(&dir));
         // Started again, now with a membership stored: the marker says it.
         let again = Joining::open(&dir, 4, false)
             .unwrap()
@@ -191,6 +202,8 @@ mod tests {
         assert!(!third.added());
         third.applied(Some(17));
         assert!(third.added());
+        third.finish().unwrap();
+        assert!(!Joining::pending(&dir));
         // A member that never joined is not joining.
         let other = scratch("other");
         assert!(Joining::open(&other, 5, false).unwrap().is_none());

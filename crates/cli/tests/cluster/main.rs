@@ -1662,3 +1662,135 @@ async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {
     assert_eq!(children.len(), ENTRIES, "{}", cluster.logs());
     client.close().await;
 }
+
+/// Pins: a member being added that is killed halfway through its catch-up
+/// (its log holds only memberships from before it was named) starts again
+/// from the command line of a new cluster's first start (`--peers`, no
+/// `--join`: how `baton chaos` and a service manager start it again) as the
+/// member being added that it is, and the add under way completes; and
+/// `baton cluster add` answers only once the new member's own log holds
+/// the membership that added it. Both once failed: the add answered at
+/// once for any log shorter than 5,000 entries, and a member killed before
+/// the membership naming it reached it refused its data directory for
+/// good, leaving the cluster a voter short for every later fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_while_being_added_starts_again_and_the_add_completes() {
+    const ENTRIES: usize = 600;
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let (target, third) = {
+        let others = cluster.others(leader);
+        (others[0], others[1])
+    };
+    let leader_client = cluster.members[&leader].client.clone();
+    let change = |verb: &str, args: &[&str]| {
+        let id = target.to_string();
+        let mut all = vec![
+            "--server",
+            &leader_client,
+            "cluster",
+            verb,
+            "--node-id",
+            &id,
+        ];
+        all.extend_from_slice(args);
+        run_baton(&all)
+    };
+    let (code, _, err) = change("remove", &[]);
+    assert_eq!(code, Some(0), "remove: {err}");
+    // A log long in bytes (about 38 MiB) though short in entries.
+    let client = connect(&leader_client, SESSION).await;
+    let value = vec![b'x'; 64 << 10];
+    for i in 0..ENTRIES {
+        client
+            .create(&format!("/big-{i}"), value.clone(), CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    cluster.kill9(target);
+    std::fs::remove_dir_all(&cluster.members[&target].dir).unwrap();
+    cluster.restart(target, true);
+    let (peer, client_addr) = (
+        cluster.members[&target].peer.clone(),
+        cluster.members[&target].client.clone(),
+    );
+    let raft = cluster.members[&target].dir.join("raft");
+    let add = tokio::task::spawn_blocking({
+        let servers = leader_client.clone();
+        let (peer, client_addr) = (peer.clone(), client_addr.clone());
+        move || {
+            run_baton(&[
+                "--server",
+                &servers,
+                "cluster",
+                "add",
+                "--node-id",
+                &target.to_string(),
+                "--peer-addr",
+                &peer,
+                "--client-addr",
+                &client_addr,
+            ])
+        }
+    });
+    // Halfway through its catch-up: past the membership that removed it,
+    // short of the one that adds it.
+    let held = |raft: &std::path::Path| {
+        let raft = raft.to_owned();
+        tokio::task::spawn_blocking(move || {
+            baton_cluster::log_store::stored_members(&raft).unwrap_or_default()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if held(&raft)
+            .await
+            .unwrap()
+            .is_some_and(|m| !m.contains_key(&target))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member {target} did not get halfway through its catch-up; logs:\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cluster.pause(target);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.stopped(target) {
+        assert!(Instant::now() < deadline, "member {target} did not stop");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let held_then = held(&raft).await.unwrap().expect("a membership");
+    assert!(
+        !held_then.contains_key(&target),
+        "member {target} already holds a membership naming it: {held_then:?}"
+    );
+    cluster.kill9(target);
+    cluster.restart(target, false);
+    let (code, out, err) = add.await.unwrap();
+    assert_eq!(code, Some(0), "add: {err}\n{}", cluster.logs());
+    assert!(out.contains("added"), "{out}");
+    let log = std::fs::read_to_string(&cluster.members[&target].log).unwrap();
+    assert!(
+        log.contains("was being added to the cluster when it stopped"),
+        "{log}"
+    );
+    let held_now = held(&raft).await.unwrap().expect("a membership");
+    assert!(
+        held_now.contains_key(&target),
+        "the add answered before member {target} held the membership that added it: {held_now:?}"
+    );
+    // It votes: without the third member, the leader's majority is it.
+    cluster.kill9(third);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        client.create("/after", "", CreateMode::Persistent),
+    )
+    .await
+    .expect("the leader and the added member are a majority")
+    .unwrap();
+    client.close().await;
+}
