@@ -254,7 +254,7 @@ async fn forward(
     {
         return;
     }
-    let Ok(mut outbound) = TcpStream::connect(&real).await else {
+    let Some(mut outbound) = dial(&mut inbound, &mut first, &real).await else {
         return;
     };
     let _ = outbound.set_nodelay(true);
@@ -313,19 +313,49 @@ async fn set_up(
     links: &mut watch::Receiver<Links>,
     blocked: impl Fn(&Links) -> bool,
 ) -> bool {
+    dialer_waits(inbound, first, open(links, blocked)).await == Some(true)
+}
+
+/// How long the proxy still tries to reach a member for a dialer that
+/// closed its end, having sent something, while the proxy connected: a
+/// member that takes connections is reached at once, and the bytes go
+/// through as over a connection set up at once; one whose queue of
+/// connections not yet taken is full would not have let the dialer
+/// connect at all.
+const QUEUE_FULL: Duration = Duration::from_secs(1);
+
+/// Connects to the member at `real` while the dialer waits, taking into
+/// `first` what it sends meanwhile; `None` if the member cannot be reached
+/// or the dialer is gone. A member whose queue of connections not yet
+/// taken is full (one paused for seconds, with every client and member
+/// dialing it again and again) leaves a connect pending for minutes: the
+/// proxy must not hold the dialer's end, and two descriptors, that long
+/// after the dialer gave up.
+async fn dial(inbound: &mut TcpStream, first: &mut Vec<u8>, real: &str) -> Option<TcpStream> {
+    let connect = TcpStream::connect(real);
+    tokio::pin!(connect);
+    match dialer_waits(inbound, first, &mut connect).await {
+        Some(connected) => connected.ok(),
+        None if !first.is_empty() => tokio::time::timeout(QUEUE_FULL, connect).await.ok()?.ok(),
+        None => None,
+    }
+}
+
+/// Runs `until` while the dialer at `inbound` waits for the connection to
+/// be set up, taking into `first` what it sends meanwhile (up to
+/// [`MAX_EARLY`] bytes); `None` if the dialer closed its end first.
+async fn dialer_waits<T>(
+    inbound: &mut TcpStream,
+    first: &mut Vec<u8>,
+    until: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::pin!(until);
     let mut buf = [0u8; 4096];
     loop {
-        if !blocked(&links.borrow_and_update()) {
-            return true;
-        }
         tokio::select! {
-            changed = links.changed() => {
-                if changed.is_err() {
-                    return false;
-                }
-            }
+            done = &mut until => return Some(done),
             read = inbound.read(&mut buf), if first.len() < MAX_EARLY => match read {
-                Ok(0) | Err(_) => return false,
+                Ok(0) | Err(_) => return None,
                 Ok(n) => first.extend_from_slice(&buf[..n]),
             },
         }
@@ -629,6 +659,47 @@ mod tests {
             member.read_to_end(&mut got).await.unwrap();
             assert_eq!(got, b"hello");
         }
+    }
+
+    /// A dialer that gives up on a member whose queue of connections not
+    /// yet taken is full (a paused member that everyone dials again and
+    /// again) is dropped at once, though the proxy's own connect to the
+    /// member is still pending: in a 3-member run such connects, each
+    /// holding two descriptors, once ran the run's own process out of open
+    /// files within seconds.
+    #[tokio::test]
+    async fn a_dialer_that_gives_up_on_a_member_that_takes_no_connection_is_dropped() {
+        let net = Net::new();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let real = socket.listen(1).unwrap();
+        let addr = real.local_addr().unwrap().to_string();
+        // Fill the member's queue: it takes no connection.
+        let mut queued = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(&addr)).await
+            {
+                Ok(Ok(stream)) => queued.push(stream),
+                Ok(Err(e)) => panic!("connecting to the silent member: {e}"),
+                Err(_) => break,
+            }
+            assert!(queued.len() < 64, "the queue of connections never filled");
+        }
+        let front = net.front_client(2, &addr).unwrap();
+        for _ in 0..20 {
+            let mut dialer = TcpStream::connect(&front).await.unwrap();
+            dialer.write_all(b"hello").await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while net.connections() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} connections held",
+                net.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(real);
     }
 
     /// A link cut one way still carries the other way on a connection
