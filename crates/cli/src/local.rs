@@ -209,14 +209,27 @@ impl LocalCluster {
             .stdout(log.try_clone().map_err(|e| CliError::msg(e.to_string()))?)
             .stderr(log)
             .kill_on_drop(true);
-        // SAFETY: fcntl only changes the flags of the two descriptors this
-        // member is to inherit; nothing is allocated in the child.
+        // A member dies with the process that started it, however that
+        // ends (kill -9, a SIGTERM from a script's timeout), rather than
+        // running on unsupervised: the signal is sent when the thread that
+        // started it ends, and members are started from the runtime's
+        // threads, which last as long as this process.
+        // SAFETY: getpid here; in the forked child, fcntl on the two
+        // descriptors the member is to inherit, prctl and getppid, all
+        // async-signal-safe; nothing is allocated in the child.
+        let parent = unsafe { libc::getpid() };
         unsafe {
             command.pre_exec(move || {
                 for fd in [client_fd, peer_fd] {
                     if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                #[cfg(target_os = "linux")]
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                // This process may have died before the request was made.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });

@@ -881,6 +881,48 @@ fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Pins: the members `baton cluster local` started die with it, however
+/// it ends: killed with kill -9, it once left them running with nobody to
+/// stop them (as `baton chaos`, which starts its servers the same way,
+/// did under a script's timeout).
+#[test]
+fn members_of_a_local_cluster_die_with_it() {
+    use std::process::Stdio;
+    let dir = std::env::temp_dir().join(format!("baton-cluster-local-dies-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut local = common::baton()
+        .args(["cluster", "local", "--members", "3", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(local.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    line_where(&lines, &mut seen, Duration::from_secs(20), |l| {
+        l.starts_with("member ") && l.ends_with(" leads")
+    });
+    let pids: Vec<u32> = seen
+        .iter()
+        .filter(|l| l.starts_with("member ") && l.contains(" client "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 3, "{seen:?}");
+    assert!(pids.iter().all(|p| pid_alive(*p)), "{seen:?}");
+    local.kill().unwrap();
+    local.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| pid_alive(*p)) {
+        assert!(
+            Instant::now() < deadline,
+            "members still running after baton cluster local was killed: {:?}",
+            pids.iter().filter(|p| pid_alive(**p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `baton ARGS` run to its end: (exit code, stdout, stderr).
 fn run_baton(args: &[&str]) -> (Option<i32>, String, String) {
     let out = common::baton().args(args).output().unwrap();
