@@ -1448,6 +1448,102 @@ async fn a_server_whose_log_fails_with_replies_waiting_exits_at_once() {
     }
 }
 
+/// Pins: a snapshot that cannot create its file (a file system out of
+/// inodes: writes into the open log go on) fails on its own: every write
+/// meanwhile is acknowledged, the server goes on serving (the log goes on
+/// in its current segment when a new one cannot be made: that once
+/// stopped the server), and once files can be created a later snapshot is
+/// written; killed then, the server comes back with every acknowledged
+/// write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_cannot_create_its_file_fails_alone_and_the_log_goes_on() {
+    let scratch = Scratch::new("no-new-files");
+    let data = scratch.data();
+    let control = scratch.file("disk-faults");
+    std::fs::write(&control, "").unwrap();
+    let extra = [
+        "--test-disk-faults",
+        control.to_str().unwrap(),
+        "--snapshot-every",
+        "65536",
+    ];
+    let addr = free_addr();
+    let log = scratch.file("server.log");
+    let mut server = ServeProc::start(serve_command(&addr, &data, &extra), &addr, &log);
+    server.wait_listening("start with no new files").await;
+    let client = connect(&addr).await;
+    let mut acked = BTreeMap::new();
+    let value = Bytes::from("z".repeat(4096));
+    let mut write = |i: usize| {
+        let path = format!("/n{i:04}");
+        acked.insert(path.clone(), value.clone());
+        (path, value.clone())
+    };
+    // Its log's segment made, the file system runs out of inodes.
+    std::fs::write(&control, "no-new-files").unwrap();
+    // About 16 snapshots' worth of log, none of which can be written.
+    for i in 0..256 {
+        let (path, data) = write(i);
+        client
+            .create(&path, data, CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    let text = read_log(&log);
+    assert!(
+        text.contains("failed") && text.contains("no space left on device"),
+        "no snapshot failed; the log ends:\n{}",
+        server.log_tail()
+    );
+    assert!(
+        !text.contains("snapshot written"),
+        "a snapshot was written though no file could be created"
+    );
+    // Nor a new log segment: the log went on in the one it had.
+    assert!(
+        text.contains("the log goes on in its current segment"),
+        "{}",
+        server.log_tail()
+    );
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "{}",
+        server.log_tail()
+    );
+    // Files can be created again: a later snapshot is written.
+    std::fs::write(&control, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut i = 256;
+    while !read_log(&log).contains("snapshot written") {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot written once files could be created; the log ends:\n{}",
+            server.log_tail()
+        );
+        let (path, data) = write(i);
+        client
+            .create(&path, data, CreateMode::Persistent)
+            .await
+            .unwrap();
+        i += 1;
+    }
+    client.close().await;
+    server.kill9();
+    let addr = free_addr();
+    let mut again = ServeProc::start(serve_command(&addr, &data, &extra), &addr, &log);
+    again.wait_listening("restart after the snapshots").await;
+    let client = connect(&addr).await;
+    let (children, _) = client.get_children("/").await.unwrap();
+    let present: std::collections::HashSet<String> =
+        children.iter().map(|n| format!("/{n}")).collect();
+    for (path, data) in &acked {
+        assert!(present.contains(path), "{path}: acknowledged, then lost");
+        let (got, _) = client.get_data(path).await.unwrap();
+        assert_eq!(&got[..], &data[..], "{path}");
+    }
+    client.close().await;
+}
+
 /// Checks that the server at `addr` holds every acknowledged write and
 /// nothing that was never written.
 async fn check_full(

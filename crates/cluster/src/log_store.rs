@@ -159,6 +159,7 @@ impl LogStore {
             current: None,
             committed: None,
             broken: None,
+            overfull: false,
         };
         Ok(LogStore {
             inner: Arc::new(Inner {
@@ -331,6 +332,9 @@ struct Writer {
     committed: Option<File>,
     /// Why a write failed, once one has: nothing is appended after it.
     broken: Option<String>,
+    /// Whether the last segment is past its size because its successor
+    /// could not be made (said once, until one is made).
+    overfull: bool,
 }
 
 impl Writer {
@@ -387,7 +391,22 @@ impl Writer {
             .last()
             .is_none_or(|s| s.len >= self.segment_bytes)
         {
-            self.start_segment(first)?;
+            self.close_last()?;
+            match self.start_segment(first) {
+                Ok(()) => self.overfull = false,
+                // Its successor cannot be made (a file system out of
+                // inodes, say), and nothing of it is left: the log goes on
+                // in the last segment, and the next batch tries again. A
+                // segment past its size costs only disk space until a
+                // purge.
+                Err(e) if !self.segments.is_empty() && self.nothing_left_of(first) => {
+                    if !self.overfull {
+                        warn!("{e}: the replicated log goes on in its last segment for now");
+                        self.overfull = true;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         let sync = self.fsync == FsyncPolicy::Always;
         let (at, allocated) = {
@@ -438,10 +457,22 @@ impl Writer {
         Ok(self.current.as_mut().expect("opened above"))
     }
 
-    fn start_segment(&mut self, first: u64) -> Result<(), String> {
-        // The segment being closed loses the zeros past its data (and is
-        // synced) before the next one exists: only the last segment may end
-        // in zeros.
+    /// Whether nothing is left of a segment starting at `first` that could
+    /// not be made (a part of it removed, and the removal synced): one left
+    /// would hold no records where recovery looks for them.
+    fn nothing_left_of(&self, first: u64) -> bool {
+        let path = self.dir.join(segment_name(first));
+        match std::fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.dir).is_ok(),
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
+
+    /// Closes the last segment before the next one is started: it loses
+    /// the zeros past its data and is synced before the next one exists
+    /// (only the last segment may end in zeros). Once the next one could
+    /// not be made, appends to it write zeros ahead again.
+    fn close_last(&mut self) -> Result<(), String> {
         if let Some(seg) = self.segments.last_mut() {
             let file = OpenOptions::new()
                 .write(true)
@@ -456,12 +487,20 @@ impl Writer {
                 .map_err(|e| format!("syncing {}: {e}", seg.path.display()))?;
         }
         self.current = None;
+        Ok(())
+    }
+
+    /// Starts a new last segment, whose first entry is `first`.
+    fn start_segment(&mut self, first: u64) -> Result<(), String> {
         let path = self.dir.join(segment_name(first));
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)
+        let mut file = disk_faults::before_create()
+            .and_then(|()| {
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&path)
+            })
             .map_err(|e| format!("creating {}: {e}", path.display()))?;
         let header = segment::header_of(self.fsync, Kind::Replicated);
         file.write_all(&header)
@@ -518,7 +557,8 @@ impl Writer {
             segment::end_batch(&mut bytes, start);
         }
         let tmp = seg.path.with_extension("seg.tmp");
-        let written = File::create(&tmp)
+        let written = disk_faults::before_create()
+            .and_then(|()| File::create(&tmp))
             .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, &seg.path));
         written.map_err(|e| format!("rewriting {}: {e}", seg.path.display()))?;
@@ -797,7 +837,9 @@ fn read_small<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
 /// it), synced with its directory if `sync`.
 fn write_atomic(dir: &Path, path: &Path, bytes: &[u8], sync: bool) -> Result<(), String> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let mut file = disk_faults::before_create()
+        .and_then(|()| File::create(&tmp))
+        .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
     file.write_all(bytes)
         .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
     if sync {

@@ -231,6 +231,7 @@ pub fn write_snapshot(
 fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
+    disk_faults::before_create()?;
     let mut file = std::fs::File::create(&tmp)?;
     if let Some(kept) = disk_faults::torn_write(bytes.len()) {
         file.write_all(&bytes[..kept])?;

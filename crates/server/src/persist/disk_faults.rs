@@ -4,14 +4,19 @@
 //!
 //! Unarmed (the default) it costs one load of a set-once cell per write.
 //! Armed, every write and sync of the write-ahead log (a single server's
-//! and a member's replicated one) and of a snapshot first reads the control
-//! file, whose one line says what the disk does now:
+//! and a member's replicated one) and of a snapshot, and every creation of
+//! their files, first reads the control file, whose one line says what the
+//! disk does now:
 //!
 //! - empty, or no file: nothing;
 //! - `slow MS`: every sync takes MS milliseconds longer (a disk whose
 //!   flushes stall, as a throttled or overloaded one does);
 //! - `full`: a write puts half its bytes in the file, then fails with "no
-//!   space left on device" (a torn last write, as a full disk leaves).
+//!   space left on device" (a torn last write, as a full disk leaves), and
+//!   so does the creation of a file;
+//! - `no-new-files`: creating a file (a snapshot, a new log segment, a
+//!   replaced vote) fails with "no space left on device", while writes into
+//!   files already open go on (a file system out of inodes).
 //!
 //! The server meets an injected fault exactly as a real one: a failed log
 //! write stops it, and nothing after it is acknowledged; a failed snapshot
@@ -30,8 +35,10 @@ static CONTROL: OnceLock<PathBuf> = OnceLock::new();
 pub enum DiskFault {
     /// Every sync this much late.
     Slow(Duration),
-    /// Writes fail half done.
+    /// Writes fail half done, and files cannot be created.
     Full,
+    /// Files cannot be created; writes into open ones go on.
+    NoNewFiles,
 }
 
 impl DiskFault {
@@ -40,6 +47,7 @@ impl DiskFault {
         match self {
             DiskFault::Slow(d) => format!("slow {}", d.as_millis()),
             DiskFault::Full => "full".into(),
+            DiskFault::NoNewFiles => "no-new-files".into(),
         }
     }
 
@@ -50,12 +58,13 @@ impl DiskFault {
         match (words.next(), words.next(), words.next()) {
             (None, _, _) => Ok(None),
             (Some("full"), None, _) => Ok(Some(DiskFault::Full)),
+            (Some("no-new-files"), None, _) => Ok(Some(DiskFault::NoNewFiles)),
             (Some("slow"), Some(ms), None) => ms
                 .parse::<u64>()
                 .map(|ms| Some(DiskFault::Slow(Duration::from_millis(ms))))
                 .map_err(|_| format!("{ms:?} is not a number of milliseconds")),
             _ => Err(format!(
-                "{:?}: expected \"slow MS\", \"full\" or nothing",
+                "{:?}: expected \"slow MS\", \"full\", \"no-new-files\" or nothing",
                 text.trim()
             )),
         }
@@ -91,6 +100,18 @@ pub fn torn_write(len: usize) -> Option<usize> {
     (now() == Some(DiskFault::Full)).then_some(len / 2)
 }
 
+/// Before a file (of a log or a snapshot) is created: fails as a full
+/// disk, or one out of inodes, does.
+///
+/// # Errors
+/// "No space left on device", if the disk says so now.
+pub fn before_create() -> io::Result<()> {
+    match now() {
+        Some(DiskFault::Full | DiskFault::NoNewFiles) => Err(no_space()),
+        _ => Ok(()),
+    }
+}
+
 /// The error a full disk gives.
 pub fn no_space() -> io::Error {
     io::Error::new(
@@ -113,7 +134,11 @@ mod tests {
 
     #[test]
     fn the_control_line_is_read_back_and_nonsense_is_refused() {
-        for fault in [DiskFault::Full, DiskFault::Slow(Duration::from_millis(250))] {
+        for fault in [
+            DiskFault::Full,
+            DiskFault::NoNewFiles,
+            DiskFault::Slow(Duration::from_millis(250)),
+        ] {
             assert_eq!(DiskFault::parse(&fault.line()), Ok(Some(fault)));
         }
         assert_eq!(DiskFault::parse(""), Ok(None));
@@ -121,6 +146,7 @@ mod tests {
         assert!(DiskFault::parse("slow").is_err());
         assert!(DiskFault::parse("slow fast").is_err());
         assert!(DiskFault::parse("full now").is_err());
+        assert!(DiskFault::parse("no-new-files 3").is_err());
         assert!(DiskFault::parse("empty").is_err());
     }
 }

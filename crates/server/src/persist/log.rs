@@ -603,10 +603,8 @@ impl Segment {
         stats: &Stats,
     ) -> Result<Segment, PersistError> {
         let path = dir.join(segment_name(first_revision));
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)
+        let mut file = disk_faults::before_create()
+            .and_then(|()| OpenOptions::new().create_new(true).append(true).open(&path))
             .map_err(|e| PersistError::io(&path, "creating a log segment", e))?;
         file.write_all(&segment::header(fsync))
             .map_err(|e| PersistError::io(&path, "writing a log segment's header", e))?;
@@ -618,6 +616,37 @@ impl Segment {
             path,
             first_revision,
         })
+    }
+
+    /// [`Segment::create`] for a rotation: `None` if the new segment could
+    /// not be made (a file system out of inodes, say) and nothing of it is
+    /// left; the records then go on in the current segment, which stays
+    /// until a snapshot holds all of them, and the next snapshot rotates
+    /// again. A failed rotation costs only disk space, as a failed snapshot
+    /// does; a part of the new segment that cannot be removed is an error
+    /// (recovery would find a segment without its records).
+    fn rotate_to(
+        dir: &Path,
+        first_revision: u64,
+        fsync: FsyncPolicy,
+        stats: &Stats,
+    ) -> Result<Option<Segment>, PersistError> {
+        let e = match Segment::create(dir, first_revision, fsync, stats) {
+            Ok(segment) => return Ok(Some(segment)),
+            Err(e) => e,
+        };
+        let path = dir.join(segment_name(first_revision));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                if fsync == FsyncPolicy::Always {
+                    sync_dir(dir, stats)?;
+                }
+            }
+            Err(gone) if gone.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return Err(e),
+        }
+        warn!("{e}: the log goes on in its current segment, kept until a snapshot holds all of it");
+        Ok(None)
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<usize, PersistError> {
@@ -713,7 +742,11 @@ fn commit_loop(shared: &WalShared) {
             for (i, part) in [&*before, &*after].into_iter().enumerate() {
                 if i == 1 {
                     let Some((_, first)) = rotate else { break };
-                    *segment = Segment::create(&shared.dir, first, shared.fsync, &shared.stats)?;
+                    if let Some(next) =
+                        Segment::rotate_to(&shared.dir, first, shared.fsync, &shared.stats)?
+                    {
+                        *segment = next;
+                    }
                 }
                 if !part.is_empty() {
                     let started = std::time::Instant::now();

@@ -64,6 +64,7 @@ pub(crate) fn write(dir: &Path, sm: &StateMachine, stats: &Stats) -> Result<Path
     let final_path = dir.join(file_name(revision));
     let tmp_path = dir.join(format!("{}.tmp", file_name(revision)));
     let io = |e| PersistError::io(&tmp_path, "writing a snapshot", e);
+    super::disk_faults::before_create().map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp_path).map_err(io)?);
     encode(sm, &mut out).map_err(io)?;
     let file = out.into_inner().map_err(|e| io(e.into_error()))?;
