@@ -151,12 +151,16 @@ fn a_short_run_with_links_cut_keeps_every_promise() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A disk that syncs slowly, and one that fills up (a torn write, then the
-/// server stops and is started again): on a single server and a cluster,
-/// every promise kept.
+/// A disk that syncs slowly, one that fills up (a torn write, then the
+/// server stops and is started again), and one that can create no file (a
+/// snapshot fails; a member stops and is started again): on a single
+/// server and a cluster, every promise kept.
 #[test]
 fn a_short_run_with_slow_and_full_disks_keeps_every_promise() {
-    for (members, seed, nemesis) in [("1", "4", "full-disk"), ("3", "5", "slow-disk,full-disk")] {
+    for (members, seed, nemesis) in [
+        ("1", "4", "full-disk,no-new-files"),
+        ("3", "5", "slow-disk,full-disk,no-new-files"),
+    ] {
         let dir = scratch(&format!("chaos-disk-{members}"));
         let summary = chaos(
             &dir,

@@ -262,6 +262,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
             Nemesis::CutClients,
             Nemesis::SlowDisk,
             Nemesis::FullDisk,
+            Nemesis::NoNewFiles,
             Nemesis::ClientClock,
             Nemesis::Membership,
         ]

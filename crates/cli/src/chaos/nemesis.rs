@@ -84,6 +84,13 @@ pub enum Nemesis {
     /// its next log write puts half its bytes down and fails, which stops
     /// it; once there is room again it is started again and recovers.
     FullDisk,
+    /// One member's file system (the leader's half the time) can create
+    /// no file for 1 to 5 s, as one out of inodes: its log goes on being
+    /// written, while a snapshot or a new log segment begun meanwhile
+    /// fails (a single server goes on and tries again later; a member's
+    /// consensus engine stops it, and it is started again once files can
+    /// be created).
+    NoNewFiles,
     /// Start one follower from an old copy of its own data directory, as
     /// when a file-system backup is put back: it is killed, its directory
     /// copied and it is started again; 1 to 8 s of writes later it is
@@ -127,7 +134,10 @@ impl Nemesis {
 
     /// Whether it needs the members to play disk faults.
     pub fn needs_disk_faults(self) -> bool {
-        matches!(self, Nemesis::SlowDisk | Nemesis::FullDisk)
+        matches!(
+            self,
+            Nemesis::SlowDisk | Nemesis::FullDisk | Nemesis::NoNewFiles
+        )
     }
 
     /// Whether it acts on the servers' processes, disks or links (not only
@@ -142,8 +152,9 @@ enum State {
     Running,
     Paused,
     Down,
-    /// Down because starting it again failed: the next step of a schedule,
-    /// or the heal, tries again.
+    /// Down because starting it again failed, or ended on its own while
+    /// counted as running: the next step of a schedule, or the heal, starts
+    /// it again.
     Stranded,
     /// Out of the cluster's membership, to be added again.
     Removed,
@@ -163,8 +174,9 @@ pub struct Target {
     heartbeat: Duration,
     /// The members whose disk plays a fault now.
     faulty_disks: BTreeSet<u64>,
-    /// Whether a member is being started from an old copy of its data now.
-    copying: bool,
+    /// The member being started from an old copy of its data now, if any
+    /// (it is to stop on its own, and the fault then handles it).
+    copying: Option<u64>,
 }
 
 impl Target {
@@ -180,7 +192,7 @@ impl Target {
             net,
             heartbeat,
             faulty_disks: BTreeSet::new(),
-            copying: false,
+            copying: None,
         }
     }
 
@@ -227,6 +239,24 @@ impl Target {
 
     /// Every link healed, every member paused resumed and every member
     /// down started again.
+    /// Members counted as running whose process has ended (stopped by a
+    /// file it could not create, say): noted, and stranded, to be started
+    /// again at the next step of a schedule or at the heal.
+    fn ended_on_their_own(&mut self, recorder: &Recorder) {
+        let running: Vec<u64> = self
+            .state
+            .iter()
+            .filter(|(id, s)| **s == State::Running && self.copying != Some(**id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            if self.cluster.exited(id) {
+                recorder.fault(format!("member {id} had ended on its own"));
+                self.state.insert(id, State::Stranded);
+            }
+        }
+    }
+
     pub async fn heal(&mut self, recorder: &Recorder) {
         if self.net.any_fault() {
             self.net.heal_all();
@@ -236,6 +266,7 @@ impl Target {
             self.disk_fault(id, None, recorder);
             recorder.fault(format!("heal: the disk of member {id}"));
         }
+        self.ended_on_their_own(recorder);
         let ids: Vec<u64> = self.state.keys().copied().collect();
         for id in ids {
             match self.state[&id] {
@@ -274,6 +305,7 @@ impl Target {
 async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
     let unadded: Vec<(u64, String, baton_cluster::Member)> = {
         let mut t = target.lock().await;
+        t.ended_on_their_own(recorder);
         let stranded: Vec<u64> = t
             .state
             .iter()
@@ -337,7 +369,7 @@ pub async fn schedule(
                 slow_then_crash(&target, &recorder, &mut rng, until).await;
                 continue;
             }
-            Nemesis::SlowDisk | Nemesis::FullDisk => {
+            Nemesis::SlowDisk | Nemesis::FullDisk | Nemesis::NoNewFiles => {
                 disk(&target, kind, &recorder, &mut rng, until).await;
                 continue;
             }
@@ -405,13 +437,14 @@ pub async fn schedule(
             | Nemesis::ClientClock
             | Nemesis::Membership
             | Nemesis::StaleCopy
-            | Nemesis::FullDisk => {}
+            | Nemesis::FullDisk
+            | Nemesis::NoNewFiles => {}
         }
     }
 }
 
-/// [`Nemesis::SlowDisk`] or [`Nemesis::FullDisk`] on one member whose disk
-/// is sound.
+/// [`Nemesis::SlowDisk`], [`Nemesis::FullDisk`] or [`Nemesis::NoNewFiles`]
+/// on one member whose disk is sound.
 async fn disk(
     target: &Arc<Mutex<Target>>,
     kind: Nemesis,
@@ -423,10 +456,10 @@ async fn disk(
     let Some(&(id, role)) = chosen.first() else {
         return;
     };
-    let hold = if kind == Nemesis::SlowDisk {
-        rng.between(Duration::from_secs(1), Duration::from_secs(5))
-    } else {
+    let hold = if kind == Nemesis::FullDisk {
         rng.between(Duration::from_millis(300), Duration::from_millis(3000))
+    } else {
+        rng.between(Duration::from_secs(1), Duration::from_secs(5))
     };
     {
         let mut t = target.lock().await;
@@ -439,6 +472,12 @@ async fn disk(
             recorder.fault(format!(
                 "slow disk on member {id}{role}: each sync {} ms late, for {} ms",
                 late.as_millis(),
+                hold.as_millis()
+            ));
+        } else if kind == Nemesis::NoNewFiles {
+            t.disk_fault(id, Some(DiskFault::NoNewFiles), recorder);
+            recorder.fault(format!(
+                "no new files on member {id}{role} for {} ms",
                 hold.as_millis()
             ));
         } else {
@@ -460,6 +499,20 @@ async fn disk(
     t.disk_fault(id, None, recorder);
     if kind == Nemesis::SlowDisk {
         recorder.fault(format!("the disk of member {id} is fast again"));
+        return;
+    }
+    if kind == Nemesis::NoNewFiles {
+        // A snapshot or a new segment that failed meanwhile may have
+        // stopped it.
+        let ended = t.cluster.exited(id);
+        recorder.fault(format!(
+            "files can be created on member {id} again (its process {})",
+            if ended { "had ended" } else { "runs on" }
+        ));
+        if ended && t.state.get(&id) == Some(&State::Running) {
+            t.state.insert(id, State::Down);
+            restart_down(&mut t, &[id], recorder, "no new files").await;
+        }
         return;
     }
     let ended = t.cluster.exited(id);
@@ -872,14 +925,18 @@ async fn stale_copy(
     };
     let id = {
         let mut t = target.lock().await;
-        if t.copying || followers.is_empty() || t.state.values().any(|s| *s != State::Running) {
+        if t.copying.is_some()
+            || followers.is_empty()
+            || t.state.values().any(|s| *s != State::Running)
+        {
             return;
         }
-        t.copying = true;
-        followers[rng.below(followers.len() as u64) as usize]
+        let id = followers[rng.below(followers.len() as u64) as usize];
+        t.copying = Some(id);
+        id
     };
     put_back_a_copy(target, id, recorder, rng, until).await;
-    target.lock().await.copying = false;
+    target.lock().await.copying = None;
 }
 
 /// [`stale_copy`] of follower `id`.
