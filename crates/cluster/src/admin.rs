@@ -237,11 +237,6 @@ fn even_warning(voters: usize) -> String {
     )
 }
 
-/// Carries out a membership change on the leader.
-///
-/// # Errors
-/// What went wrong, for the operator: this member does not lead (with the
-/// leader's peer address), or the change failed.
 /// Waits until learner `id` holds the log up to index `at` (as the
 /// leader knows from its replies), while this member leads, for at most
 /// [`CATCH_UP`].
@@ -276,6 +271,11 @@ async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
     }
 }
 
+/// Carries out a membership change on the leader.
+///
+/// # Errors
+/// What went wrong, for the operator: this member does not lead (with the
+/// leader's peer address), or the change failed.
 pub async fn change(answering: &network::Answering, change: Change) -> Result<String, String> {
     let raft = &answering.raft;
     let m = raft.metrics().borrow().clone();

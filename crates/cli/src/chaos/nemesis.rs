@@ -237,8 +237,6 @@ impl Target {
         }
     }
 
-    /// Every link healed, every member paused resumed and every member
-    /// down started again.
     /// Members counted as running whose process has ended (stopped by a
     /// file it could not create, say): noted, and stranded, to be started
     /// again at the next step of a schedule or at the heal.
@@ -257,6 +255,8 @@ impl Target {
         }
     }
 
+    /// Every link healed, every member paused resumed and every member
+    /// down started again.
     pub async fn heal(&mut self, recorder: &Recorder) {
         if self.net.any_fault() {
             self.net.heal_all();
