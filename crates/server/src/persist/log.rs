@@ -635,6 +635,12 @@ impl Segment {
             Ok(segment) => return Ok(Some(segment)),
             Err(e) => e,
         };
+        // A file by that name that this rotation did not make is not its
+        // to remove.
+        if matches!(&e, PersistError::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists)
+        {
+            return Err(e);
+        }
         let path = dir.join(segment_name(first_revision));
         match std::fs::remove_file(&path) {
             Ok(()) => {
