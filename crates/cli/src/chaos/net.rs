@@ -318,11 +318,13 @@ async fn set_up(
 
 /// How long the proxy still tries to reach a member for a dialer that
 /// closed its end, having sent something, while the proxy connected: a
-/// member that takes connections is reached at once, and the bytes go
-/// through as over a connection set up at once; one whose queue of
-/// connections not yet taken is full would not have let the dialer
-/// connect at all.
-const QUEUE_FULL: Duration = Duration::from_secs(1);
+/// member that takes connections is reached at once (on loopback the
+/// kernel completes the handshake), and the bytes go through as over a
+/// connection set up at once; one whose queue of connections not yet
+/// taken is full would not have let the dialer connect at all. Clients
+/// dial a paused member some hundreds of times a second, each attempt
+/// holding two descriptors here meanwhile: kept short.
+const QUEUE_FULL: Duration = Duration::from_millis(250);
 
 /// Connects to the member at `real` while the dialer waits, taking into
 /// `first` what it sends meanwhile; `None` if the member cannot be reached
