@@ -108,13 +108,12 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
     );
     assert_eq!(summary["violations"], 0, "{summary}");
     assert!(ops(&summary, "fenced-write") > 0, "{summary}");
-    // Faults of several kinds were injected (the default is all of them).
-    let faults = summary["faults"].as_object().unwrap();
-    let injected = faults
-        .keys()
-        .filter(|k| !k.starts_with("run ") && !k.starts_with("member "))
-        .count();
-    assert!(injected >= 3, "{summary}");
+    // Faults of several kinds were injected (the default is all of them),
+    // and the summary counts them by name.
+    let servers = summary["injected"]["servers"].as_object().unwrap();
+    assert!(servers.len() >= 3, "{summary}");
+    let total: u64 = servers.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(summary["injected"]["into_servers"], total, "{summary}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -378,6 +377,11 @@ fn pointed_at_a_running_server_it_injects_only_its_clients_faults() {
     assert!(ops(&summary, "fenced-write") > 0, "{summary}");
     let faults = summary["faults"].as_object().unwrap();
     assert!(faults.contains_key("client pause"), "{summary}");
+    assert_eq!(summary["injected"]["into_servers"], 0, "{summary}");
+    assert!(
+        summary["injected"]["clients"]["client-pause"].as_u64() > Some(0),
+        "{summary}"
+    );
     assert!(
         !faults
             .keys()

@@ -649,6 +649,21 @@ fn report(
             Outcome::Unknown { .. } => e.2 += 1,
         }
     }
+    // Faults injected, by name: into the servers, and on the run's own
+    // clients.
+    let mut servers: std::collections::BTreeMap<&str, u64> = Default::default();
+    let mut clients: std::collections::BTreeMap<&str, u64> = Default::default();
+    for f in &history.faults {
+        if let Some((name, on_servers)) = nemesis::injected(&f.what) {
+            let by = if on_servers {
+                &mut servers
+            } else {
+                &mut clients
+            };
+            *by.entry(name).or_default() += 1;
+        }
+    }
+    let (into_servers, on_clients): (u64, u64) = (servers.values().sum(), clients.values().sum());
     let mut faults: std::collections::BTreeMap<String, u64> = Default::default();
     for f in &history.faults {
         let kind = f
@@ -690,6 +705,12 @@ fn report(
             "seconds": seconds,
             "operations": by_kind.iter().map(|(k, (ok, fail, unknown))| (k.clone(), serde_json::json!({"ok": ok, "fail": fail, "unknown": unknown}))).collect::<serde_json::Map<_, _>>(),
             "faults": faults,
+            "injected": {
+                "into_servers": into_servers,
+                "on_clients": on_clients,
+                "servers": servers,
+                "clients": clients,
+            },
             "violations": violations,
             "findings": findings,
             "history": history_path,
@@ -706,6 +727,18 @@ fn report(
     for (kind, (ok, fail, unknown)) in &by_kind {
         println!("{kind:<16} {ok:>9} {fail:>9} {unknown:>9}");
     }
+    let named = |total: u64, by: &std::collections::BTreeMap<&str, u64>| {
+        if by.is_empty() {
+            return total.to_string();
+        }
+        let each: Vec<String> = by.iter().map(|(name, n)| format!("{n} {name}")).collect();
+        format!("{total} ({})", each.join(", "))
+    };
+    println!(
+        "faults injected into the servers: {}; on its own clients: {}",
+        named(into_servers, &servers),
+        named(on_clients, &clients)
+    );
     println!("faults and events:");
     for (kind, n) in &faults {
         println!("  {n:>6}  {kind}");

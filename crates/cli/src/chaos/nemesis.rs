@@ -103,6 +103,45 @@ pub enum Nemesis {
     StaleCopy,
 }
 
+/// The faults a line of the history injects, by how the line begins: the
+/// fault's name, and whether it acts on the servers (not only on this
+/// run's own clients). Pausing or killing two members at once is two
+/// pauses or two kills; a combined round (lag or slow, then crash) counts
+/// once, at its kill.
+const INJECTED: &[(&str, &str, bool)] = &[
+    ("pause member ", "pause", true),
+    ("kill -9 member ", "kill", true),
+    ("lag then crash: kill -9 ", "lag-then-crash", true),
+    ("slow then crash: kill -9 ", "slow-then-crash", true),
+    ("cut member", "partition", true),
+    ("cut one way: ", "one-way", true),
+    ("slow the link ", "slow", true),
+    ("cut clients off ", "cut-clients", true),
+    ("slow disk on ", "slow-disk", true),
+    ("full disk on ", "full-disk", true),
+    ("no new files on ", "no-new-files", true),
+    ("membership: remove member ", "membership", true),
+    ("stale copy: kill -9 member ", "stale-copy", true),
+    ("client clocks jump ", "client-clock", false),
+    ("client ", "client-pause", false),
+];
+
+/// The fault a line of the history injected, if it injected one (not a
+/// heal, a restart or another event): its name, and whether it acted on
+/// the servers.
+pub fn injected(what: &str) -> Option<(&'static str, bool)> {
+    let (_, name, servers) = INJECTED
+        .iter()
+        .find(|(start, _, _)| what.starts_with(start))?;
+    // Lines of the same fault that inject nothing more.
+    let more = match *name {
+        "stale-copy" => what.contains("put back its data directory"),
+        "client-pause" => what.contains(" pauses for "),
+        _ => true,
+    };
+    more.then_some((*name, *servers))
+}
+
 impl Nemesis {
     /// Whether it needs more than one member.
     fn needs_cluster(self) -> bool {
@@ -1202,5 +1241,101 @@ pub async fn follow_leader(target: Arc<Mutex<Target>>, recorder: Recorder, until
             last = now;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines as the faults write them: each injected fault is named once,
+    /// and what follows it (heals, restarts, leaders) is not a fault.
+    #[test]
+    fn each_injected_fault_is_counted_once_by_name() {
+        let lines = [
+            ("pause member 2 (the leader) for 440 ms", Some(("pause", true))),
+            ("resume member 2", None),
+            ("kill -9 member 3", Some(("kill", true))),
+            ("kill: restart member 3", None),
+            (
+                "lag then crash: pause member 1 (a follower) throughout",
+                None,
+            ),
+            (
+                "lag then crash: kill -9 members 2 (the leader) and 3 (the follower that lagged)",
+                Some(("lag-then-crash", true)),
+            ),
+            (
+                "slow then crash: slow the link between members 3 (the leader) and 2: 51 ms late each way",
+                None,
+            ),
+            (
+                "slow then crash: kill -9 members 3 (the leader) and 2 (behind the slow link)",
+                Some(("slow-then-crash", true)),
+            ),
+            (
+                "cut member 1 off from members 2 and 3 for 1334 ms",
+                Some(("partition", true)),
+            ),
+            (
+                "cut members 1 and 2 off from members 3, 4 and 5 for 900 ms",
+                Some(("partition", true)),
+            ),
+            ("heal the cut of member 1", None),
+            (
+                "cut one way: member 1 hears nothing from members 2 and 3 for 800 ms",
+                Some(("one-way", true)),
+            ),
+            (
+                "slow the link between members 1 and 3: 30 ms late each way, for 1436 ms",
+                Some(("slow", true)),
+            ),
+            (
+                "cut clients off from member 1 for 708 ms",
+                Some(("cut-clients", true)),
+            ),
+            (
+                "slow disk on member 2 (the leader): each sync 51 ms late, for 4882 ms",
+                Some(("slow-disk", true)),
+            ),
+            ("the disk of member 2 is fast again", None),
+            (
+                "full disk on member 2 (the leader) for 2199 ms",
+                Some(("full-disk", true)),
+            ),
+            ("full disk: restart member 2", None),
+            (
+                "no new files on member 1 for 3000 ms",
+                Some(("no-new-files", true)),
+            ),
+            ("files can be created on member 1 again (its process runs on)", None),
+            (
+                "membership: remove member 3 (the leader) from the cluster",
+                Some(("membership", true)),
+            ),
+            ("membership: member 3 removed", None),
+            ("membership: start member 3 again, empty", None),
+            (
+                "stale copy: kill -9 member 2 (a follower), copy its data directory",
+                None,
+            ),
+            (
+                "stale copy: kill -9 member 2, put back its data directory of 3000 ms before",
+                Some(("stale-copy", true)),
+            ),
+            ("client 603 pauses for 2098 ms", Some(("client-pause", false))),
+            (
+                "client clocks jump forward by 40220 ms, for 3647 ms",
+                Some(("client-clock", false)),
+            ),
+            ("client clocks true again", None),
+            ("client clocks stay off: cannot write x", None),
+            ("member 2 leads", None),
+            ("member 1 had ended on its own", None),
+            ("run begins: seed 1, 3 member(s), 30 s", None),
+        ];
+        for (line, want) in lines {
+            assert_eq!(injected(line), want, "{line}");
+        }
     }
 }
