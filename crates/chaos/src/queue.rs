@@ -3,8 +3,9 @@
 //! An item is taken at most once, and only if it was put on the queue
 //! (acknowledged, or with an unknown outcome). If the run drained the queue
 //! at its end (a look that found it empty, begun after every put
-//! completed), every acknowledged item was taken before that (or by a take
-//! whose outcome is unknown).
+//! completed), every acknowledged item was taken by a take begun before
+//! that look ended (the take may have been applied first and answered
+//! after), or by a take whose outcome is unknown.
 
 use std::collections::HashMap;
 
@@ -40,14 +41,14 @@ pub fn check(history: &History) -> Vec<Finding> {
                 last_put = last_put.max(op.completed_ns);
             }
         }
-        // item -> (id, completed)
+        // item -> (id, invoked)
         let mut taken: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut maybe_taken: Vec<u64> = Vec::new();
         let mut drained_at: Option<u64> = None;
         for op in &ops {
             match (&op.call, &op.outcome) {
                 (Call::Take { item }, Outcome::Ok { .. }) => {
-                    if let Some((other, _)) = taken.insert(*item, (op.id, op.completed_ns)) {
+                    if let Some((other, _)) = taken.insert(*item, (op.id, op.invoked_ns)) {
                         found.push(violation(
                             &key,
                             format!("item {item} was taken twice"),
@@ -152,5 +153,18 @@ mod tests {
             faults: Vec::new(),
         };
         assert!(check(&lost)[0].detail.contains("never taken"));
+        // A take applied before another worker's look found the queue
+        // empty, and answered after that look ended, took its item.
+        let answered_late = History {
+            ops: vec![put(1, 7), take(3, 7, (20, 60)), empty(5, (40, 50))],
+            faults: Vec::new(),
+        };
+        assert!(check(&answered_late).is_empty());
+        // One begun after the look ended could not have emptied it.
+        let begun_late = History {
+            ops: vec![put(1, 7), take(3, 7, (55, 60)), empty(5, (40, 50))],
+            faults: Vec::new(),
+        };
+        assert!(check(&begun_late)[0].detail.contains("never taken"));
     }
 }
