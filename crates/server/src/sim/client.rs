@@ -16,12 +16,14 @@ use bytes::Bytes;
 use super::{Down, Rng, Up, World, RUN_US, SESSION_MS};
 use crate::state::{Command, StateMachine};
 
-/// The registers, the counter, the lock and the resource its holders write.
+/// The registers, the counter, the lock and the resource its holders
+/// write, the ephemeral nodes' parent and the queue.
 pub(crate) const REGISTERS: [&str; 3] = ["/r0", "/r1", "/r2"];
 pub(crate) const COUNTER: &str = "/counter";
 pub(crate) const LOCK: &str = "/lock";
 pub(crate) const RESOURCE: &str = "/res";
 pub(crate) const EPHEMERALS: &str = "/eph";
+pub(crate) const QUEUE: &str = "/queue";
 
 /// How long an operation may go unanswered before its outcome counts as
 /// unknown.
@@ -39,6 +41,7 @@ pub(crate) fn initial_state() -> StateMachine {
     }
     sm.apply(&create(LOCK, ""), 0);
     sm.apply(&create(EPHEMERALS, ""), 0);
+    sm.apply(&create(QUEUE, ""), 0);
     sm
 }
 
@@ -64,6 +67,11 @@ pub(crate) enum Kind {
     /// Watches every ephemeral node the holders made, and notes when it
     /// finds one gone.
     Observer,
+    /// Puts items on a queue (sequential nodes) and takes the one at its
+    /// head (a listing, a read of the head, its delete), as `baton chaos`'s
+    /// queue workers do; once the run is over, takes until a listing finds
+    /// the queue empty.
+    Queue,
 }
 
 /// What a reply completes.
@@ -97,6 +105,20 @@ enum Purpose {
         path: String,
     },
     Close,
+    /// An item put on the queue.
+    Put {
+        item: u64,
+    },
+    /// A listing of the queue, to take its head.
+    List,
+    /// The read of the queue's head.
+    Peek {
+        path: String,
+    },
+    /// The delete of the queue's head: the item taken.
+    Take {
+        item: u64,
+    },
 }
 
 /// The request awaiting its reply, and the operation it is part of.
@@ -185,6 +207,9 @@ pub(crate) struct Client {
     asks: BTreeMap<u32, (String, u64)>,
     /// What arrived while it was paused, for when it resumes.
     inbox: Vec<(u64, Down)>,
+    /// A queue worker: whether a listing after the run found the queue
+    /// empty.
+    drained: bool,
 }
 
 impl Client {
@@ -302,7 +327,7 @@ impl Client {
         }
         match self.conn.clone() {
             None => {
-                if now > RUN_US && self.op.is_none() && self.held.is_none() {
+                if now > RUN_US && self.op.is_none() && self.held.is_none() && !self.draining() {
                     return None;
                 }
                 self.next_gen += 1;
@@ -331,7 +356,9 @@ impl Client {
                     self.unanswered_since = None;
                     return Some(self.rng.between(1_000, 20_000));
                 }
-                if self.op.is_none() && (now <= RUN_US || self.kind == Kind::Observer) {
+                if self.op.is_none()
+                    && (now <= RUN_US || self.kind == Kind::Observer || self.draining())
+                {
                     self.next_op(w, c);
                     if w.now_us < self.paused_until {
                         return Some(self.paused_until - w.now_us);
@@ -346,6 +373,7 @@ impl Client {
                     && matches!(self.lock, Lock::Free)
                     && self.held.is_none()
                     && !watching
+                    && !self.draining()
                 {
                     return None;
                 }
@@ -354,10 +382,33 @@ impl Client {
         }
     }
 
+    /// A queue worker whose run is over and which has not yet found the
+    /// queue empty.
+    fn draining(&self) -> bool {
+        self.kind == Kind::Queue && !self.drained
+    }
+
     /// The next step of the recipe, if it has one to take now.
     fn next_op(&mut self, w: &mut World, c: usize) {
         let now_ns = w.now_ns();
         match self.kind {
+            Kind::Queue if w.now_us <= RUN_US && self.rng.chance(50) => {
+                let item = w.unique();
+                let request = Request::Create {
+                    path: format!("{QUEUE}/q-"),
+                    data: Bytes::from(item.to_string()),
+                    mode: CreateMode::PersistentSequential,
+                    fence: None,
+                };
+                self.start(w, c, request, Purpose::Put { item }, now_ns);
+            }
+            Kind::Queue => {
+                let request = Request::GetChildren {
+                    path: QUEUE.into(),
+                    watch: false,
+                };
+                self.start(w, c, request, Purpose::List, now_ns);
+            }
             Kind::Register => {
                 let key = REGISTERS[self.rng.below(3) as usize];
                 let roll = self.rng.below(10);
@@ -723,6 +774,14 @@ impl Client {
             }
             // Its end is recorded when the session is found gone.
             Purpose::Close => {}
+            Purpose::Put { item } => {
+                self.record(w, QUEUE, Call::Enqueue { item }, op.invoked_ns, unknown)
+            }
+            // A look that changed nothing.
+            Purpose::List | Purpose::Peek { .. } => {}
+            Purpose::Take { item } => {
+                self.record(w, QUEUE, Call::Take { item }, op.invoked_ns, unknown)
+            }
         }
     }
 
@@ -917,6 +976,52 @@ impl Client {
                 self.session_lost(w);
                 self.session = None;
                 self.conn = None;
+            }
+            (Purpose::Put { item }, result) => {
+                let outcome = match result {
+                    Ok(Reply::Create { .. }) => Outcome::Ok { reply: Said::Done },
+                    Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
+                    Ok(other) => panic!("a create answered {other:?}"),
+                };
+                self.record(w, QUEUE, Call::Enqueue { item }, t, outcome);
+            }
+            (Purpose::List, Ok(Reply::GetChildren { mut children, .. })) => {
+                children.sort();
+                match children.first() {
+                    None => {
+                        let reply = Said::Empty;
+                        self.record(w, QUEUE, Call::Dequeue, t, Outcome::Ok { reply });
+                        if w.now_us > RUN_US {
+                            self.drained = true;
+                        }
+                    }
+                    Some(head) => {
+                        let path = format!("{QUEUE}/{head}");
+                        let request = Request::GetData {
+                            path: path.clone(),
+                            watch: false,
+                        };
+                        self.start(w, c, request, Purpose::Peek { path }, w.now_ns());
+                    }
+                }
+            }
+            (Purpose::Peek { path }, Ok(Reply::GetData { data, .. })) => {
+                let item = value_of(&data);
+                let request = Request::Delete {
+                    path,
+                    version: None,
+                    fence: None,
+                };
+                self.start(w, c, request, Purpose::Take { item }, w.now_ns());
+            }
+            // Taken by another worker meanwhile, or not answered: look again.
+            (Purpose::List | Purpose::Peek { .. }, Err(_)) => {}
+            (Purpose::Take { item }, result) => {
+                let outcome = match result {
+                    Ok(_) => Outcome::Ok { reply: Said::Done },
+                    Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
+                };
+                self.record(w, QUEUE, Call::Take { item }, t, outcome);
             }
             (purpose, result) => panic!("{purpose:?} answered {result:?}"),
         }

@@ -244,6 +244,8 @@ impl World {
             client::Kind::Ephemeral,
             client::Kind::Ephemeral,
             client::Kind::Observer,
+            client::Kind::Queue,
+            client::Kind::Queue,
         ];
         for (i, kind) in kinds.into_iter().enumerate() {
             world
