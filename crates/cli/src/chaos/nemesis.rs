@@ -216,6 +216,69 @@ pub struct Target {
     /// The member being started from an old copy of its data now, if any
     /// (it is to stop on its own, and the fault then handles it).
     copying: Option<u64>,
+    /// The members a fault of several steps holds until its last step.
+    claims: Claims,
+}
+
+/// The members held by faults of several steps (a round of lag or slow
+/// then crash, a put-back copy): no other fault picks them meanwhile. A
+/// round once picked a leader just as another schedule removed it from the
+/// membership, then killed it and started it again from its data as a
+/// running member; the removal's wipe and add, seeing it running, left it
+/// out, and the run went on with two voters.
+#[derive(Clone, Default)]
+struct Claims(Arc<std::sync::Mutex<BTreeSet<u64>>>);
+
+/// Members held, until dropped.
+struct Claim {
+    claims: Claims,
+    ids: Vec<u64>,
+}
+
+impl Claims {
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.held().contains(&id)
+    }
+
+    /// Holds `ids`, unless one is held already.
+    fn claim(&self, ids: &[u64]) -> Option<Claim> {
+        let mut held = self.held();
+        if ids.iter().any(|id| held.contains(id)) {
+            return None;
+        }
+        held.extend(ids.iter().copied());
+        Some(Claim {
+            claims: self.clone(),
+            ids: ids.to_vec(),
+        })
+    }
+}
+
+impl Claim {
+    /// Lets go of every member held but `keep`.
+    fn keep_only(&mut self, keep: &[u64]) {
+        let mut held = self.claims.held();
+        self.ids.retain(|id| {
+            let kept = keep.contains(id);
+            if !kept {
+                held.remove(id);
+            }
+            kept
+        });
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut held = self.claims.held();
+        for id in &self.ids {
+            held.remove(id);
+        }
+    }
 }
 
 impl Target {
@@ -232,6 +295,7 @@ impl Target {
             heartbeat,
             faulty_disks: BTreeSet::new(),
             copying: None,
+            claims: Claims::default(),
         }
     }
 
@@ -276,6 +340,11 @@ impl Target {
         }
     }
 
+    /// Whether member `id` runs and no fault of several steps holds it.
+    fn free(&self, id: u64) -> bool {
+        self.state.get(&id) == Some(&State::Running) && !self.claims.contains(id)
+    }
+
     /// Members counted as running whose process has ended (stopped by a
     /// file it could not create, say): noted, and stranded, to be started
     /// again at the next step of a schedule or at the heal.
@@ -283,7 +352,9 @@ impl Target {
         let running: Vec<u64> = self
             .state
             .iter()
-            .filter(|(id, s)| **s == State::Running && self.copying != Some(**id))
+            .filter(|(id, s)| {
+                **s == State::Running && self.copying != Some(**id) && !self.claims.contains(**id)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in running {
@@ -334,6 +405,46 @@ impl Target {
                 State::Running => {}
             }
             self.state.insert(id, State::Running);
+        }
+        self.whole_membership(recorder).await;
+    }
+
+    /// At the heal of a cluster: every member in the membership again. A
+    /// member left out of it (by faults that raced, as once happened) is
+    /// named in the history, wiped and added again, so that the run's end
+    /// is checked on the cluster it began with, and the defect shows.
+    async fn whole_membership(&mut self, recorder: &Recorder) {
+        if self.state.len() < 2 {
+            return;
+        }
+        let servers = self.real_clients();
+        let mut listed = Err(crate::CliError::msg("not asked"));
+        for _ in 0..10 {
+            listed = crate::cluster::member_ids(&servers).await;
+            if listed.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let listed = match listed {
+            Ok(listed) => listed,
+            Err(e) => {
+                recorder.fault(format!("heal: the membership could not be read: {e}"));
+                return;
+            }
+        };
+        let ids: Vec<u64> = self.state.keys().copied().collect();
+        for id in ids {
+            if listed.contains(&id) {
+                continue;
+            }
+            recorder.fault(format!(
+                "heal: member {id} is not in the cluster's membership; it is wiped and added again"
+            ));
+            if rejoin(self, id, recorder, "heal").await {
+                let servers = self.real_clients();
+                add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+            }
         }
     }
 }
@@ -430,11 +541,17 @@ pub async fn schedule(
         match kind {
             Nemesis::Pause | Nemesis::PauseTwo => {
                 let hold = rng.between(Duration::from_millis(200), Duration::from_millis(4000));
+                let mut paused = Vec::new();
                 {
                     let mut t = target.lock().await;
                     for (id, role) in &chosen {
+                        // Taken by another fault since it was chosen.
+                        if !t.free(*id) {
+                            continue;
+                        }
                         t.signal(*id, libc::SIGSTOP);
                         t.state.insert(*id, State::Paused);
+                        paused.push(*id);
                         recorder.fault(format!(
                             "pause member {id}{role} for {} ms",
                             hold.as_millis()
@@ -443,7 +560,7 @@ pub async fn schedule(
                 }
                 tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
                 let mut t = target.lock().await;
-                for (id, _) in &chosen {
+                for id in &paused {
                     if t.state[id] == State::Paused {
                         t.signal(*id, libc::SIGCONT);
                         t.state.insert(*id, State::Running);
@@ -453,17 +570,21 @@ pub async fn schedule(
             }
             Nemesis::Kill | Nemesis::KillTwo => {
                 let down = rng.between(Duration::from_millis(200), Duration::from_millis(3000));
+                let mut killed = Vec::new();
                 {
                     let mut t = target.lock().await;
                     for (id, role) in &chosen {
+                        if !t.free(*id) {
+                            continue;
+                        }
                         t.cluster.kill9(*id).await;
                         t.state.insert(*id, State::Down);
+                        killed.push(*id);
                         recorder.fault(format!("kill -9 member {id}{role}"));
                     }
                 }
                 tokio::time::sleep(down.min(until.saturating_duration_since(Instant::now()))).await;
-                let ids: Vec<u64> = chosen.iter().map(|(id, _)| *id).collect();
-                restart_down(&mut *target.lock().await, &ids, &recorder, "kill").await;
+                restart_down(&mut *target.lock().await, &killed, &recorder, "kill").await;
             }
             Nemesis::ClientPause
             | Nemesis::LagThenCrash
@@ -502,7 +623,13 @@ async fn disk(
     };
     {
         let mut t = target.lock().await;
-        if t.faulty_disks.contains(&id) || t.state.get(&id) != Some(&State::Running) {
+        // A disk that stops the member (full, or no new files) is not
+        // played on one another fault of several steps holds.
+        let stops = kind != Nemesis::SlowDisk;
+        if t.faulty_disks.contains(&id)
+            || t.state.get(&id) != Some(&State::Running)
+            || (stops && t.claims.contains(id))
+        {
             return;
         }
         if kind == Nemesis::SlowDisk {
@@ -687,7 +814,7 @@ async fn lag_then_crash(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let Some((leader, followers)) = leader_and_followers(target).await else {
+    let Some((leader, followers, mut claim)) = leader_and_followers(target).await else {
         return;
     };
     if followers.len() < 2 || Instant::now() + Duration::from_secs(4) > until {
@@ -698,6 +825,7 @@ async fn lag_then_crash(
     } else {
         (followers[1], followers[0])
     };
+    claim.keep_only(&[leader, slow, other]);
     let step = |low: u64, high: u64, rng: &mut Rng| {
         rng.between(Duration::from_millis(low), Duration::from_millis(high))
     };
@@ -807,7 +935,7 @@ async fn slow_then_crash(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let Some((leader, followers)) = leader_and_followers(target).await else {
+    let Some((leader, followers, mut claim)) = leader_and_followers(target).await else {
         return;
     };
     let (net, heartbeat) = {
@@ -825,6 +953,7 @@ async fn slow_then_crash(
     } else {
         (followers[1], followers[0])
     };
+    claim.keep_only(&[leader, slow, other]);
     {
         let mut t = target.lock().await;
         t.signal(other, libc::SIGSTOP);
@@ -887,11 +1016,13 @@ async fn membership(target: &Arc<Mutex<Target>>, recorder: &Recorder, rng: &mut 
         return;
     };
     let out = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
-    out_and_in(target, id, role, out, recorder, "membership").await;
+    out_and_in(target, id, role, out, recorder, "membership", false).await;
 }
 
 /// Removes member `id` from the cluster, and `out` later starts it empty
-/// and adds it again, noting each step in the history as one of `fault`.
+/// and adds it again, noting each step in the history as one of `fault`;
+/// `held`: the caller holds the member (see [`Claims`]), which it must
+/// not be otherwise.
 async fn out_and_in(
     target: &Arc<Mutex<Target>>,
     id: u64,
@@ -899,10 +1030,11 @@ async fn out_and_in(
     out: Duration,
     recorder: &Recorder,
     fault: &str,
+    held: bool,
 ) {
     let servers = {
         let mut t = target.lock().await;
-        if t.state.get(&id) != Some(&State::Running) {
+        if t.state.get(&id) != Some(&State::Running) || (!held && t.claims.contains(id)) {
             return;
         }
         // Left alone by the other faults meanwhile.
@@ -959,7 +1091,7 @@ async fn stale_copy(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let Some((_, followers)) = leader_and_followers(target).await else {
+    let Some((leader, followers, mut claim)) = leader_and_followers(target).await else {
         return;
     };
     let id = {
@@ -974,6 +1106,8 @@ async fn stale_copy(
         t.copying = Some(id);
         id
     };
+    // The leader stays while the follower is put back (see the fault).
+    claim.keep_only(&[leader, id]);
     put_back_a_copy(target, id, recorder, rng, until).await;
     target.lock().await.copying = None;
 }
@@ -1062,7 +1196,7 @@ async fn put_back_a_copy(
         "stale copy: member {id} stopped, its log behind what it had acknowledged"
     ));
     // What the operator does then.
-    out_and_in(target, id, "", Duration::ZERO, recorder, "stale copy").await;
+    out_and_in(target, id, "", Duration::ZERO, recorder, "stale copy", true).await;
 }
 
 /// Copies directory `from` to `to` (made), with everything under it.
@@ -1180,7 +1314,7 @@ async fn choose(
     let mut running: Vec<u64> = t
         .state
         .iter()
-        .filter(|(_, s)| **s == State::Running)
+        .filter(|(id, s)| **s == State::Running && !t.claims.contains(**id))
         .map(|(id, _)| *id)
         .collect();
     let mut chosen = Vec::new();
@@ -1195,22 +1329,27 @@ async fn choose(
     chosen
 }
 
-/// The member that says it leads and the running members that follow it;
-/// `None` if no member says it leads, or the leader is under a fault.
-async fn leader_and_followers(target: &Arc<Mutex<Target>>) -> Option<(u64, Vec<u64>)> {
+/// The member that says it leads and the running members that follow it,
+/// held (see [`Claims`]) until the claim is dropped; `None` if no member
+/// says it leads, or the leader is under a fault.
+async fn leader_and_followers(target: &Arc<Mutex<Target>>) -> Option<(u64, Vec<u64>, Claim)> {
     let addrs = target.lock().await.addrs();
     let leader = leader_among(&addrs).await?;
     let t = target.lock().await;
-    if t.state.get(&leader) != Some(&State::Running) {
+    let free = |id: &u64, s: &State| *s == State::Running && !t.claims.contains(*id);
+    if !t.state.get(&leader).is_some_and(|s| free(&leader, s)) {
         return None;
     }
-    let followers = t
+    let followers: Vec<u64> = t
         .state
         .iter()
-        .filter(|(id, s)| **id != leader && **s == State::Running)
+        .filter(|(id, s)| **id != leader && free(id, s))
         .map(|(id, _)| *id)
         .collect();
-    Some((leader, followers))
+    let mut all = followers.clone();
+    all.push(leader);
+    let claim = t.claims.claim(&all)?;
+    Some((leader, followers, claim))
 }
 
 /// The member that says it leads (or the single server), asking each
@@ -1247,6 +1386,25 @@ pub async fn follow_leader(target: Arc<Mutex<Target>>, recorder: Recorder, until
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A member held by a fault of several steps is not held again until
+    /// that fault lets it go, narrowing its hold or ending.
+    #[test]
+    fn a_member_held_by_one_fault_is_not_given_to_another() {
+        let claims = Claims::default();
+        let mut round = claims.claim(&[1, 2, 3]).expect("nothing held yet");
+        assert!(claims.claim(&[3]).is_none());
+        assert!(claims.contains(2));
+        round.keep_only(&[1, 3]);
+        assert!(!claims.contains(2));
+        let other = claims.claim(&[2]).expect("let go of");
+        assert!(claims.claim(&[1, 2]).is_none());
+        drop(round);
+        assert!(!claims.contains(1) && !claims.contains(3));
+        assert!(claims.contains(2));
+        drop(other);
+        assert!(claims.claim(&[1, 2, 3]).is_some());
+    }
 
     /// Lines as the faults write them: each injected fault is named once,
     /// and what follows it (heals, restarts, leaders) is not a fault.
