@@ -438,6 +438,19 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Waits (up to 10 s) until the proxy holds `n` connections.
+    async fn connections_fall_to(net: &Net, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while net.connections() != n {
+            assert!(
+                Instant::now() < deadline,
+                "{} connections held",
+                net.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn echo_server() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -599,15 +612,7 @@ mod tests {
             let mut given_up = TcpStream::connect(&front).await.unwrap();
             given_up.write_all(b"hello").await.unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while net.connections() != 1 {
-            assert!(
-                Instant::now() < deadline,
-                "{} connections held",
-                net.connections()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        connections_fall_to(&net, 1).await;
         net.heal_all();
         let (mut member, _) = tokio::time::timeout(Duration::from_secs(5), real.accept())
             .await
@@ -646,15 +651,7 @@ mod tests {
                 .unwrap();
             silent.push(member);
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while net.connections() != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{} connections held",
-                net.connections()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        connections_fall_to(&net, 0).await;
         // What was sent, and then the end, are there for it.
         for mut member in silent {
             let mut got = Vec::new();
@@ -692,15 +689,7 @@ mod tests {
             let mut dialer = TcpStream::connect(&front).await.unwrap();
             dialer.write_all(b"hello").await.unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while net.connections() != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{} connections held",
-                net.connections()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        connections_fall_to(&net, 0).await;
         drop(real);
     }
 

@@ -797,21 +797,34 @@ fn line_where(
     }
 }
 
+/// `baton cluster local --members 3` in a scratch directory named by
+/// `name`: the directory, the process and the lines it prints.
+fn local_cluster(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    std::process::Child,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let dir = std::env::temp_dir().join(format!("baton-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut local = common::baton()
+        .args(["cluster", "local", "--members", "3", "--data-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(local.stdout.take().unwrap());
+    (dir, local, lines)
+}
+
 /// Pins: `baton cluster local` says when the leader changes, and a member
 /// killed under it starts again with the command at the top of its log.
 #[test]
 fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
     use std::process::Stdio;
-    let dir = std::env::temp_dir().join(format!("baton-cluster-local-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut local = common::baton()
-        .args(["cluster", "local", "--members", "3", "--data-dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(local.stdout.take().unwrap());
+    let (dir, mut local, lines) = local_cluster("cluster-local");
     let mut seen = Vec::new();
     let leads = |line: &str| line.starts_with("member ") && line.ends_with(" leads");
     let first = line_where(&lines, &mut seen, Duration::from_secs(20), leads);
@@ -887,17 +900,7 @@ fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
 /// did under a script's timeout).
 #[test]
 fn members_of_a_local_cluster_die_with_it() {
-    use std::process::Stdio;
-    let dir = std::env::temp_dir().join(format!("baton-cluster-local-dies-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut local = common::baton()
-        .args(["cluster", "local", "--members", "3", "--data-dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(local.stdout.take().unwrap());
+    let (dir, mut local, lines) = local_cluster("cluster-local-dies");
     let mut seen = Vec::new();
     line_where(&lines, &mut seen, Duration::from_secs(20), |l| {
         l.starts_with("member ") && l.ends_with(" leads")
@@ -921,6 +924,31 @@ fn members_of_a_local_cluster_die_with_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `baton --server SERVERS cluster add` of member `id` at `peer` and
+/// `client`, run on a thread of its own: (exit code, stdout, stderr).
+fn add_on_a_thread(
+    servers: &str,
+    id: u64,
+    peer: &str,
+    client: &str,
+) -> tokio::task::JoinHandle<(Option<i32>, String, String)> {
+    let (servers, peer, client) = (servers.to_owned(), peer.to_owned(), client.to_owned());
+    tokio::task::spawn_blocking(move || {
+        run_baton(&[
+            "--server",
+            &servers,
+            "cluster",
+            "add",
+            "--node-id",
+            &id.to_string(),
+            "--peer-addr",
+            &peer,
+            "--client-addr",
+            &client,
+        ])
+    })
 }
 
 /// `baton ARGS` run to its end: (exit code, stdout, stderr).
@@ -1670,26 +1698,9 @@ async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {
         });
         (done, task)
     };
-    let added = tokio::task::spawn_blocking({
-        let servers = servers.clone();
-        let (peer, client_addr) = (peer.clone(), client_addr.clone());
-        move || {
-            run_baton(&[
-                "--server",
-                &servers,
-                "cluster",
-                "add",
-                "--node-id",
-                &sole.to_string(),
-                "--peer-addr",
-                &peer,
-                "--client-addr",
-                &client_addr,
-            ])
-        }
-    })
-    .await
-    .unwrap();
+    let added = add_on_a_thread(&servers, sole, &peer, &client_addr)
+        .await
+        .unwrap();
     watching.0.store(true, std::sync::atomic::Ordering::Release);
     let led_while_joining = watching.1.await.unwrap();
     assert_eq!(added.0, Some(0), "add: {}\n{}", added.2, cluster.logs());
@@ -1757,24 +1768,7 @@ async fn a_member_killed_while_being_added_starts_again_and_the_add_completes() 
         cluster.members[&target].client.clone(),
     );
     let raft = cluster.members[&target].dir.join("raft");
-    let add = tokio::task::spawn_blocking({
-        let servers = leader_client.clone();
-        let (peer, client_addr) = (peer.clone(), client_addr.clone());
-        move || {
-            run_baton(&[
-                "--server",
-                &servers,
-                "cluster",
-                "add",
-                "--node-id",
-                &target.to_string(),
-                "--peer-addr",
-                &peer,
-                "--client-addr",
-                &client_addr,
-            ])
-        }
-    });
+    let add = add_on_a_thread(&leader_client, target, &peer, &client_addr);
     // Halfway through its catch-up: past the membership that removed it,
     // short of the one that adds it.
     let held = |raft: &std::path::Path| {
