@@ -29,6 +29,10 @@ const ASK: Duration = Duration::from_millis(300);
 /// How long an add waits for the learner to hold the membership that added
 /// it (below the 120 s `baton cluster add` waits for the answer).
 const CATCH_UP: Duration = Duration::from_secs(100);
+/// How long an add waits for a learner that makes no progress at all (one
+/// that is not running, or not in reach): a snapshot installed takes one
+/// step, however large.
+const NO_PROGRESS: Duration = Duration::from_secs(30);
 
 /// A change of membership, asked of the leader.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,7 +243,7 @@ fn even_warning(voters: usize) -> String {
 
 /// Waits until learner `id` holds the log up to index `at` (as the
 /// leader knows from its replies), while this member leads, for at most
-/// [`CATCH_UP`].
+/// [`CATCH_UP`], and at most [`NO_PROGRESS`] without any.
 async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
     let holds = |m: &crate::types::Metrics| -> Option<u64> {
         m.replication
@@ -248,26 +252,41 @@ async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
             .as_ref()
             .map(|log_id| log_id.index)
     };
-    let waited = raft
-        .wait(Some(CATCH_UP))
-        .metrics(
-            |m| m.state != ServerState::Leader || holds(m).is_some_and(|i| i >= at),
-            "the learner holds the membership that added it",
-        )
-        .await;
-    let m = raft.metrics().borrow().clone();
-    if m.state != ServerState::Leader {
-        return Err(format!(
-            "member {id} was added as a learner, but this member stopped leading before the learner caught up; it stays a learner: run the same add again"
-        ));
-    }
-    match waited {
-        Ok(_) => Ok(()),
-        Err(_) => Err(format!(
-            "member {id} was added as a learner but has not caught up within {} s (it holds the log up to {}, the membership that added it is at index {at}); it stays a learner: see that it runs and is in reach, then run the same add again",
-            CATCH_UP.as_secs(),
-            holds(&m).map_or("no entry".to_string(), |i| format!("index {i}")),
-        )),
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    let mut held = holds(&raft.metrics().borrow());
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let waited = raft
+            .wait(Some(left.min(NO_PROGRESS)))
+            .metrics(
+                |m| m.state != ServerState::Leader || holds(m) > held,
+                "the learner holds more of the log",
+            )
+            .await;
+        let m = raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Err(format!(
+                "member {id} was added as a learner, but this member stopped leading before the learner caught up; it stays a learner: run the same add again"
+            ));
+        }
+        let now = holds(&m);
+        if now.is_some_and(|i| i >= at) {
+            return Ok(());
+        }
+        let holding = now.map_or("no entry".to_string(), |i| {
+            format!("the log up to index {i}")
+        });
+        if waited.is_err() {
+            let within = if left <= NO_PROGRESS {
+                format!("has not caught up within {} s", CATCH_UP.as_secs())
+            } else {
+                format!("made no progress for {} s", NO_PROGRESS.as_secs())
+            };
+            return Err(format!(
+                "member {id} was added as a learner but {within} (it holds {holding}; the membership that added it is at index {at}); it stays a learner: see that it runs and is in reach, then run the same add again"
+            ));
+        }
+        held = now;
     }
 }
 

@@ -1716,6 +1716,40 @@ async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {
     client.close().await;
 }
 
+/// Pins: adding a member that is not running fails once the learner has
+/// made no progress for 30 s, saying so and what to do, and the cluster
+/// goes on with the voters it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_member_that_is_not_running_fails_and_says_what_to_do() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    // Addresses nothing listens on.
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string()
+    };
+    let started = Instant::now();
+    let (code, _, err) = add_on_a_thread(&cluster.members[&leader].client, 4, &free(), &free())
+        .await
+        .unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("member 4 was added as a learner but made no progress for 30 s")
+            && err.contains("see that it runs and is in reach"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(90), "{err}");
+    let client = cluster.client(SESSION).await;
+    client
+        .create("/after", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    client.close().await;
+}
+
 /// Pins: a member being added that is killed halfway through its catch-up
 /// (its log holds only memberships from before it was named) starts again
 /// from the command line of a new cluster's first start (`--peers`, no
