@@ -340,6 +340,18 @@ impl Target {
         }
     }
 
+    /// Whether member `id`, started empty to be added again, still runs
+    /// (or, once it has ended, was started empty again): one started while
+    /// its disk could create no file stops at once, and an add would wait
+    /// for it in vain.
+    async fn started_to_join(&mut self, id: u64, recorder: &Recorder) -> bool {
+        if !self.cluster.exited(id) {
+            return true;
+        }
+        recorder.fault(format!("member {id}, to be added again, had ended"));
+        rejoin(self, id, recorder, "again").await
+    }
+
     /// Whether member `id` runs and no fault of several steps holds it.
     fn free(&self, id: u64) -> bool {
         self.state.get(&id) == Some(&State::Running) && !self.claims.contains(id)
@@ -399,8 +411,10 @@ impl Target {
                     }
                 }
                 State::Unadded => {
-                    let servers = self.real_clients();
-                    add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                    if self.started_to_join(id, recorder).await {
+                        let servers = self.real_clients();
+                        add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                    }
                 }
                 State::Running => {}
             }
@@ -453,7 +467,7 @@ impl Target {
 /// each whose adding failed (once each; not holding the servers meanwhile,
 /// since a membership change may take long).
 async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
-    let unadded: Vec<(u64, String, baton_cluster::Member)> = {
+    let unadded: Vec<(u64, String, baton_cluster::Member, Claim)> = {
         let mut t = target.lock().await;
         t.ended_on_their_own(recorder);
         let stranded: Vec<u64> = t
@@ -465,14 +479,27 @@ async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
         for id in stranded {
             restart(&mut t, id, recorder, "again").await;
         }
-        let servers = t.real_clients();
-        t.state
+        let ids: Vec<u64> = t
+            .state
             .iter()
             .filter(|(_, s)| **s == State::Unadded)
-            .map(|(id, _)| (*id, servers.clone(), t.cluster.member(*id)))
-            .collect()
+            .map(|(id, _)| *id)
+            .collect();
+        let mut unadded = Vec::new();
+        for id in ids {
+            // One schedule at a time adds it (another's add may be under
+            // way, and take up to two minutes).
+            let Some(claim) = t.claims.claim(&[id]) else {
+                continue;
+            };
+            if !t.started_to_join(id, recorder).await {
+                continue;
+            }
+            unadded.push((id, t.real_clients(), t.cluster.member(id), claim));
+        }
+        unadded
     };
-    for (id, servers, member) in unadded {
+    for (id, servers, member, _claim) in unadded {
         if add_again_tries(&servers, member, id, recorder, "again", 1).await {
             let mut t = target.lock().await;
             if t.state.get(&id) == Some(&State::Unadded) {
