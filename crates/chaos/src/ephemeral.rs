@@ -7,7 +7,9 @@
 //! margin taken from its own deadline). An observer records `EphemeralGone`
 //! when it sees the node deleted. The node must be seen gone at most once,
 //! and not before its session's end began: a holder still told its session
-//! was alive would otherwise have lost its node behind its back.
+//! was alive would otherwise have lost its node behind its back. A holder
+//! whose record ends before it could be told (a history cut off, a run
+//! interrupted) leaves that undecided, not broken.
 
 use crate::history::{Call, History, Outcome};
 use crate::{Finding, Verdict};
@@ -41,11 +43,31 @@ pub fn check(history: &History) -> Vec<Finding> {
                     "deleted while its holder was still told its session was alive".into(),
                     vec![id, g.id],
                 )),
-                None => found.push(violation(
-                    &key,
-                    "deleted, and its holder was never told its session ended".into(),
-                    vec![g.id],
-                )),
+                None => {
+                    let holder = ops
+                        .iter()
+                        .find(|op| op.call == Call::HoldEphemeral)
+                        .map(|op| op.process);
+                    let told_more = history
+                        .ops
+                        .iter()
+                        .any(|op| Some(op.process) == holder && op.invoked_ns > g.completed_ns);
+                    found.push(if told_more {
+                        violation(
+                            &key,
+                            "deleted, and its holder was never told its session ended".into(),
+                            vec![g.id],
+                        )
+                    } else {
+                        Finding {
+                            checker: "ephemeral".into(),
+                            key: key.clone(),
+                            verdict: Verdict::Unknown,
+                            detail: "deleted, and its holder's record ends before it was told its session ended (a history cut off?)".into(),
+                            ops: vec![g.id],
+                        }
+                    })
+                }
             }
         }
     }
@@ -97,5 +119,26 @@ mod tests {
             faults: Vec::new(),
         };
         assert!(check(&early)[0].detail.contains("still told"));
+    }
+
+    /// A node deleted whose holder then went on without being told is a
+    /// violation; one whose holder's record ends first is undecided.
+    #[test]
+    fn a_holder_never_told_breaks_the_promise_unless_its_record_ends_first() {
+        let hold = op(1, Call::HoldEphemeral, (0, 10));
+        let gone = op(2, Call::EphemeralGone, (40, 50));
+        let cut = History {
+            ops: vec![hold.clone(), gone.clone()],
+            faults: Vec::new(),
+        };
+        assert_eq!(check(&cut)[0].verdict, Verdict::Unknown);
+        let went_on = History {
+            ops: vec![hold, gone, op(3, Call::HoldEphemeral, (60, 70))],
+            faults: Vec::new(),
+        };
+        let found = check(&went_on);
+        assert!(found
+            .iter()
+            .any(|f| f.verdict == Verdict::Violation && f.detail.contains("never told")));
     }
 }
