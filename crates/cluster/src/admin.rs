@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::ServerState;
+use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
@@ -290,6 +290,44 @@ async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
     }
 }
 
+/// How long a membership change waits for another under way to finish.
+const ANOTHER_CHANGE: Duration = Duration::from_secs(10);
+
+/// Makes membership change `change`, waiting (up to [`ANOTHER_CHANGE`])
+/// while another is under way, which openraft refuses to overlap.
+async fn change_when_free(
+    raft: &Raft,
+    change: ChangeMembers<NodeId, Member>,
+) -> Result<
+    openraft::raft::ClientWriteResponse<crate::types::TypeConfig>,
+    openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Member>>,
+> {
+    let deadline = tokio::time::Instant::now() + ANOTHER_CHANGE;
+    loop {
+        match raft.change_membership(change.clone(), false).await {
+            Err(e)
+                if tokio::time::Instant::now() < deadline
+                    && matches!(
+                        e.api_error(),
+                        Some(openraft::error::ClientWriteError::ChangeMembershipError(
+                            openraft::error::ChangeMembershipError::InProgress(_)
+                        ))
+                    ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How many voters the membership a change made has.
+fn voters_after(
+    changed: &openraft::raft::ClientWriteResponse<crate::types::TypeConfig>,
+) -> Option<usize> {
+    changed.membership.as_ref().map(|m| m.voter_ids().count())
+}
+
 /// Carries out a membership change on the leader.
 ///
 /// # Errors
@@ -354,10 +392,13 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             })?;
             let mut next = voters;
             next.insert(id);
-            let count = next.len();
-            raft.change_membership(next, false)
+            // The change itself, applied to the membership as it is then:
+            // a set of voters computed here would undo a change made
+            // meanwhile (two adds at once each dropped the other's member).
+            let changed = change_when_free(raft, ChangeMembers::AddVoterIds(BTreeSet::from([id])))
                 .await
                 .map_err(|e| format!("making member {id} a voter: {e}"))?;
+            let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} ({member}) added; it has caught up and votes{}",
                 even_warning(count)
@@ -372,10 +413,10 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             if next.is_empty() {
                 return Err("the last member cannot be removed".into());
             }
-            let count = next.len();
-            raft.change_membership(next, false)
+            let changed = change_when_free(raft, ChangeMembers::RemoveVoters(BTreeSet::from([id])))
                 .await
                 .map_err(|e| format!("removing member {id}: {e}"))?;
+            let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} removed; it stops once it learns it (at once if it is running and in reach){}",
                 even_warning(count)

@@ -1716,6 +1716,72 @@ async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {
     client.close().await;
 }
 
+/// Pins: two members added at once both vote afterwards. Each add once
+/// computed the new set of voters from the membership it read when it
+/// began, so the second undid the first (found by `baton chaos`: a member
+/// dropped from the membership that nobody asked to remove).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_added_at_once_both_vote() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
+    let leader_client = cluster.members[&leader].client.clone();
+    let others = cluster.others(leader);
+    for id in &others {
+        let (code, _, err) = run_baton(&[
+            "--server",
+            &leader_client,
+            "cluster",
+            "remove",
+            "--node-id",
+            &id.to_string(),
+        ]);
+        assert_eq!(code, Some(0), "remove {id}: {err}");
+    }
+    let mut adds = Vec::new();
+    for id in others.clone() {
+        cluster.kill9(id);
+        std::fs::remove_dir_all(&cluster.members[&id].dir).unwrap();
+        cluster.restart(id, true);
+        let (peer, client) = (
+            cluster.members[&id].peer.clone(),
+            cluster.members[&id].client.clone(),
+        );
+        adds.push((id, peer, client));
+    }
+    let running: Vec<_> = adds
+        .iter()
+        .map(|(id, peer, client)| add_on_a_thread(&leader_client, *id, peer, client))
+        .collect();
+    for (add, id) in running.into_iter().zip(&others) {
+        let (code, _, err) = add.await.unwrap();
+        assert_eq!(code, Some(0), "add {id}: {err}\n{}", cluster.logs());
+    }
+    let mut all: Vec<u64> = cluster.members.keys().copied().collect();
+    all.sort();
+    // The description of the cluster is refreshed twice a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = cluster.status(leader).await.unwrap_or_default();
+        let mut voters: Vec<u64> = status["cluster"]["members"]
+            .as_array()
+            .map_or(&[][..], |v| &v[..])
+            .iter()
+            .filter(|m| m["voter"] == true)
+            .filter_map(|m| m["id"].as_u64())
+            .collect();
+        voters.sort();
+        if voters == all {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "voters {voters:?}, not {all:?}: {status}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Pins: adding a member that is not running fails once the learner has
 /// made no progress for 30 s, saying so and what to do, and the cluster
 /// goes on with the voters it had.
