@@ -253,6 +253,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
             Nemesis::Kill,
             Nemesis::PauseTwo,
             Nemesis::KillTwo,
+            Nemesis::Stutter,
             Nemesis::LagThenCrash,
             Nemesis::ClientPause,
             Nemesis::Partition,

@@ -1,14 +1,17 @@
 //! The faults a chaos run injects into the servers it started: members
-//! paused (SIGSTOP, as a long pause or a stopped VM would) and killed
-//! (kill -9, then started again from their data directories), one at a
-//! time or two at once (a cluster without its majority, then with it
-//! again), the leader chosen half the time; links cut, between members
-//! and between the clients and a member (see [`super::net`]); and a disk
-//! that syncs slowly or is full (the servers' test-only hook in front of
-//! their logs, `baton_server::persist::disk_faults`). Two schedules run at
-//! once, so faults overlap.
+//! paused (SIGSTOP, as a long pause or a stopped VM would), starved of the
+//! CPU (stopped for a few milliseconds at a time, as a VM whose time is
+//! stolen) and killed (kill -9, then started again from their data
+//! directories), one at a time or two at once (a cluster without its
+//! majority, then with it again), the leader chosen half the time; links
+//! cut, between members and between the clients and a member (see
+//! [`super::net`]); and a disk that syncs slowly or is full (the servers'
+//! test-only hook in front of their logs,
+//! `baton_server::persist::disk_faults`). Two schedules run at once, so
+//! faults overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,14 +34,20 @@ pub enum Nemesis {
     /// Pause two members at once: a cluster loses its majority, then
     /// regains it.
     PauseTwo,
+    /// Starve one member (the leader half the time) of the CPU for 1 to
+    /// 5 s: stopped for 1 to 4 ms every 3 to 14 ms, as on a host whose
+    /// virtual machines have their time stolen. Its timers then fire late
+    /// against the work they time.
+    Stutter,
     /// Kill two members at once, and start them again.
     KillTwo,
     /// Faults combined (a cluster of 3 or more): one follower paused
-    /// throughout; the other paused past a few heartbeats while appends go
-    /// to it, resumed, and paused again; the leader and that follower then
-    /// killed together; the first follower resumed, and the two killed
-    /// started again. The leader must have acknowledged nothing that did
-    /// not survive that.
+    /// throughout, or killed; the other paused past a few heartbeats while
+    /// appends go to it (the leader starved of the CPU meanwhile, half the
+    /// time), resumed, and paused again; the leader and that follower then
+    /// killed together; the first follower resumed or started again, and
+    /// the two killed started again. The leader must have acknowledged
+    /// nothing that did not survive that.
     LagThenCrash,
     /// Workers that hold a lock, a leadership or an ephemeral node stop
     /// their own process for up to twice their session timeout (a long
@@ -58,9 +67,10 @@ pub enum Nemesis {
     /// that many of the calls between them time out while their bytes
     /// still arrive.
     Slow,
-    /// Faults combined (a cluster of 3 or more): one follower paused; the
-    /// link between the leader and the other follower slowed past the
-    /// heartbeat while writes go on; that follower paused too, its late
+    /// Faults combined (a cluster of 3 or more): one follower paused or
+    /// killed; the link between the leader and the other follower slowed
+    /// past the heartbeat while writes go on (the leader starved of the
+    /// CPU meanwhile, half the time); that follower paused too, its late
     /// answers still on their way; then the leader and that follower
     /// killed together, the first follower resumed, the link healed, and
     /// the two killed started again.
@@ -110,6 +120,7 @@ pub enum Nemesis {
 /// once, at its kill.
 const INJECTED: &[(&str, &str, bool)] = &[
     ("pause member ", "pause", true),
+    ("stutter member ", "stutter", true),
     ("kill -9 member ", "kill", true),
     ("lag then crash: kill -9 ", "lag-then-crash", true),
     ("slow then crash: kill -9 ", "slow-then-crash", true),
@@ -566,6 +577,23 @@ pub async fn schedule(
             continue; // every member is under a fault already
         }
         match kind {
+            Nemesis::Stutter => {
+                let (id, role) = chosen[0];
+                let length = rng.between(Duration::from_millis(1000), Duration::from_millis(5000));
+                let Some(stutter) =
+                    Stutter::start(&target, id, false, Rng::new(rng.next()), until).await
+                else {
+                    continue; // taken by another fault since it was chosen
+                };
+                recorder.fault(format!(
+                    "stutter member {id}{role} for {} ms: stopped 1 to 4 ms every 3 to 14 ms",
+                    length.as_millis()
+                ));
+                tokio::time::sleep(length.min(until.saturating_duration_since(Instant::now())))
+                    .await;
+                stutter.end(&target).await;
+                recorder.fault(format!("member {id} runs smoothly again"));
+            }
             Nemesis::Pause | Nemesis::PauseTwo => {
                 let hold = rng.between(Duration::from_millis(200), Duration::from_millis(4000));
                 let mut paused = Vec::new();
@@ -862,16 +890,10 @@ async fn lag_then_crash(
             t.state.insert(*id, state);
         }
     };
-    set(
-        &mut *target.lock().await,
-        &[other],
-        libc::SIGSTOP,
-        State::Paused,
-    );
-    recorder.fault(format!(
-        "lag then crash: pause member {other} (a follower) throughout"
-    ));
+    let first = FirstFollower::take_out(target, other, rng, recorder, "lag then crash").await;
     tokio::time::sleep(step(500, 2000, rng)).await;
+    let stutter =
+        starve_half_the_time(target, leader, rng, until, recorder, "lag then crash").await;
     recorder.fault(format!(
         "lag then crash: pause member {slow} (the other follower) while large appends go to it"
     ));
@@ -881,7 +903,7 @@ async fn lag_then_crash(
         libc::SIGSTOP,
         State::Paused,
     );
-    // Large appends meanwhile: four writes of 900 KiB at once, so that a
+    // Large appends meanwhile: sixteen writes of 900 KiB at once, so that a
     // batch of entries takes more than a heartbeat to go out.
     let servers = target
         .lock()
@@ -891,7 +913,7 @@ async fn lag_then_crash(
         .map(|(_, a)| a)
         .collect::<Vec<_>>()
         .join(",");
-    let ballast = tokio::spawn(async move {
+    let mut ballast = tokio::spawn(async move {
         let Ok(client) = baton_client::Client::builder(&servers)
             .connect_timeout(Duration::from_secs(2))
             .connect()
@@ -899,7 +921,7 @@ async fn lag_then_crash(
         else {
             return;
         };
-        let writes = (0..4)
+        let writes = (0..16)
             .map(|_| client.set_data(super::workloads::BALLAST, vec![b' '; 900 * 1024], None));
         let _ =
             tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(writes)).await;
@@ -913,7 +935,15 @@ async fn lag_then_crash(
         State::Running,
     );
     recorder.fault(format!("lag then crash: resume member {slow}"));
-    tokio::time::sleep(step(20, 300, rng)).await;
+    // Paused again half the time once the large writes are acknowledged
+    // (the follower has caught up, answering calls the leader may have
+    // given up on), otherwise while it may still be taking them in.
+    if rng.chance(50) {
+        let _ = tokio::time::timeout(Duration::from_secs(3), &mut ballast).await;
+        tokio::time::sleep(step(0, 60, rng)).await;
+    } else {
+        tokio::time::sleep(step(20, 300, rng)).await;
+    }
     ballast.abort();
     set(
         &mut *target.lock().await,
@@ -925,6 +955,9 @@ async fn lag_then_crash(
         "lag then crash: pause member {slow} again (both followers paused)"
     ));
     tokio::time::sleep(step(100, 400, rng)).await;
+    if let Some(stutter) = stutter {
+        stutter.end(target).await;
+    }
     {
         let mut t = target.lock().await;
         for id in [leader, slow] {
@@ -936,21 +969,9 @@ async fn lag_then_crash(
         "lag then crash: kill -9 members {leader} (the leader) and {slow} (the follower that lagged)"
     ));
     tokio::time::sleep(step(100, 300, rng)).await;
-    set(
-        &mut *target.lock().await,
-        &[other],
-        libc::SIGCONT,
-        State::Running,
-    );
-    recorder.fault(format!("lag then crash: resume member {other}"));
-    tokio::time::sleep(step(300, 1500, rng)).await;
-    restart_down(
-        &mut *target.lock().await,
-        &[leader, slow],
-        recorder,
-        "lag then crash",
-    )
-    .await;
+    first
+        .bring_back(target, leader, slow, rng, recorder, "lag then crash")
+        .await;
 }
 
 /// [`Nemesis::SlowThenCrash`]: as [`lag_then_crash`], with a slow link in
@@ -981,14 +1002,9 @@ async fn slow_then_crash(
         (followers[1], followers[0])
     };
     claim.keep_only(&[leader, slow, other]);
-    {
-        let mut t = target.lock().await;
-        t.signal(other, libc::SIGSTOP);
-        t.state.insert(other, State::Paused);
-    }
-    recorder.fault(format!(
-        "slow then crash: pause member {other} (a follower)"
-    ));
+    let first = FirstFollower::take_out(target, other, rng, recorder, "slow then crash").await;
+    let stutter =
+        starve_half_the_time(target, leader, rng, until, recorder, "slow then crash").await;
     let delay = rng.between(heartbeat / 2, heartbeat * 2);
     net.slow(&[leader], &[slow], delay);
     recorder.fault(format!(
@@ -1006,6 +1022,9 @@ async fn slow_then_crash(
         "slow then crash: pause member {slow} too (both followers paused)"
     ));
     tokio::time::sleep(rng.between(Duration::from_millis(50), Duration::from_millis(400))).await;
+    if let Some(stutter) = stutter {
+        stutter.end(target).await;
+    }
     {
         let mut t = target.lock().await;
         for id in [leader, slow] {
@@ -1017,23 +1036,182 @@ async fn slow_then_crash(
         "slow then crash: kill -9 members {leader} (the leader) and {slow} (behind the slow link)"
     ));
     tokio::time::sleep(rng.between(Duration::from_millis(100), Duration::from_millis(300))).await;
-    {
-        let mut t = target.lock().await;
-        t.signal(other, libc::SIGCONT);
-        t.state.insert(other, State::Running);
-    }
     net.heal(&[leader], &[slow]);
     recorder.fault(format!(
-        "slow then crash: resume member {other}; heal the link between members {leader} and {slow}"
+        "slow then crash: heal the link between members {leader} and {slow}"
     ));
-    tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1500))).await;
-    restart_down(
-        &mut *target.lock().await,
-        &[leader, slow],
-        recorder,
-        "slow then crash",
-    )
-    .await;
+    first
+        .bring_back(target, leader, slow, rng, recorder, "slow then crash")
+        .await;
+}
+
+/// A member starved of the CPU: stopped for 1 to 4 ms every 3 to 14 ms
+/// until [`Stutter::end`] (or the end of the run's faults). Counted as
+/// paused meanwhile, unless the fault that starts it holds it already (see
+/// [`Claims`]), so that no other fault takes it.
+struct Stutter {
+    id: u64,
+    held: bool,
+    done: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Stutter {
+    /// Starts on member `id` if it runs and (unless `held`, by the
+    /// caller) no fault holds it.
+    async fn start(
+        target: &Arc<Mutex<Target>>,
+        id: u64,
+        held: bool,
+        rng: Rng,
+        until: Instant,
+    ) -> Option<Stutter> {
+        let pid = {
+            let mut t = target.lock().await;
+            let running = t.state.get(&id) == Some(&State::Running);
+            if !running || (!held && !t.free(id)) {
+                return None;
+            }
+            if !held {
+                t.state.insert(id, State::Paused);
+            }
+            t.cluster.members[&id].pid as i32
+        };
+        let done = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(starve(pid, done.clone(), rng, until));
+        Some(Stutter {
+            id,
+            held,
+            done,
+            task,
+        })
+    }
+
+    /// Lets the member run smoothly again.
+    async fn end(self, target: &Arc<Mutex<Target>>) {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
+        let mut t = target.lock().await;
+        t.signal(self.id, libc::SIGCONT);
+        if !self.held {
+            t.state.insert(self.id, State::Running);
+        }
+    }
+}
+
+/// Stops process `pid` for 1 to 4 ms every 3 to 14 ms until `done` is set
+/// or `until` has passed, and leaves it running.
+async fn starve(pid: i32, done: Arc<AtomicBool>, mut rng: Rng, until: Instant) {
+    let mut between =
+        |low: u64, high: u64| rng.between(Duration::from_millis(low), Duration::from_millis(high));
+    while !done.load(Ordering::Relaxed) && Instant::now() < until {
+        // SAFETY: kill(2) on a process this run started, which no other
+        // fault signals or kills meanwhile.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        tokio::time::sleep(between(1, 4)).await;
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        tokio::time::sleep(between(2, 10)).await;
+    }
+}
+
+/// Half the time, starves `leader` (held by the caller's round `fault`)
+/// of the CPU until the stutter returned ends.
+async fn starve_half_the_time(
+    target: &Arc<Mutex<Target>>,
+    leader: u64,
+    rng: &mut Rng,
+    until: Instant,
+    recorder: &Recorder,
+    fault: &str,
+) -> Option<Stutter> {
+    if !rng.chance(50) {
+        return None;
+    }
+    let stutter = Stutter::start(target, leader, true, Rng::new(rng.next()), until).await?;
+    recorder.fault(format!(
+        "{fault}: starve member {leader} (the leader) of the CPU meanwhile: stopped 1 to 4 ms every 3 to 14 ms"
+    ));
+    Some(stutter)
+}
+
+/// The follower that a crash round ([`Nemesis::LagThenCrash`],
+/// [`Nemesis::SlowThenCrash`]) takes out first, before it makes the other
+/// one lag. Paused, it still takes in what the leader sends it, and stores
+/// it once it runs again; killed (half the time), it holds none of it, and
+/// the next leader is chosen from what the lagging follower stored alone.
+struct FirstFollower {
+    id: u64,
+    killed: bool,
+}
+
+impl FirstFollower {
+    async fn take_out(
+        target: &Arc<Mutex<Target>>,
+        id: u64,
+        rng: &mut Rng,
+        recorder: &Recorder,
+        fault: &str,
+    ) -> FirstFollower {
+        let killed = rng.chance(50);
+        let mut t = target.lock().await;
+        if killed {
+            t.cluster.kill9(id).await;
+            t.state.insert(id, State::Down);
+            recorder.fault(format!(
+                "{fault}: crash member {id} (a follower) with kill -9"
+            ));
+        } else {
+            t.signal(id, libc::SIGSTOP);
+            t.state.insert(id, State::Paused);
+            recorder.fault(format!(
+                "{fault}: pause member {id} (a follower) throughout"
+            ));
+        }
+        FirstFollower { id, killed }
+    }
+
+    /// After `leader` and `lagging` were killed together: a paused first
+    /// follower is resumed, and the two started again a moment later; a
+    /// killed one is started again with `lagging`, and `leader` only once
+    /// those two have chosen a leader (or 10 s have passed), so that what
+    /// it alone holds must give way.
+    async fn bring_back(
+        self,
+        target: &Arc<Mutex<Target>>,
+        leader: u64,
+        lagging: u64,
+        rng: &mut Rng,
+        recorder: &Recorder,
+        fault: &str,
+    ) {
+        let id = self.id;
+        if self.killed {
+            restart_down(&mut *target.lock().await, &[id, lagging], recorder, fault).await;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let addrs = target.lock().await.addrs();
+                if leader_among(&addrs).await.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } else {
+            let mut t = target.lock().await;
+            t.signal(id, libc::SIGCONT);
+            t.state.insert(id, State::Running);
+            recorder.fault(format!("{fault}: resume member {id}"));
+        }
+        tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1500)))
+            .await;
+        restart_down(
+            &mut *target.lock().await,
+            &[leader, lagging],
+            recorder,
+            fault,
+        )
+        .await;
+    }
 }
 
 /// [`Nemesis::Membership`]: one member out of the cluster and in again.
@@ -1414,6 +1592,49 @@ pub async fn follow_leader(target: Arc<Mutex<Target>>, recorder: Recorder, until
 mod tests {
     use super::*;
 
+    /// The state of process `pid` in /proc (`T` when stopped).
+    fn process_state(pid: u32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // After the command's name, in parentheses.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.chars().next().unwrap()
+    }
+
+    /// A starved process is stopped again and again while the stutter
+    /// lasts, and left running once it ends.
+    #[tokio::test]
+    async fn a_starved_process_stops_in_bursts_and_runs_again_after() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let done = Arc::new(AtomicBool::new(false));
+        let until = Instant::now() + Duration::from_secs(30);
+        let task = tokio::spawn(starve(pid as i32, done.clone(), Rng::new(7), until));
+        let (mut stopped, mut running) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stopped < 5 || running < 5 {
+            assert!(
+                Instant::now() < deadline,
+                "seen stopped {stopped} and running {running} times"
+            );
+            match process_state(pid) {
+                'T' => stopped += 1,
+                _ => running += 1,
+            }
+            tokio::time::sleep(Duration::from_micros(700)).await;
+        }
+        done.store(true, Ordering::Relaxed);
+        task.await.unwrap();
+        for _ in 0..50 {
+            assert_ne!(process_state(pid), 'T', "left stopped");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// A member held by a fault of several steps is not held again until
     /// that fault lets it go, narrowing its hold or ending.
     #[test]
@@ -1515,6 +1736,19 @@ mod tests {
             ),
             ("client clocks true again", None),
             ("client clocks stay off: cannot write x", None),
+            (
+                "stutter member 2 (the leader) for 3100 ms: stopped 1 to 4 ms every 3 to 14 ms",
+                Some(("stutter", true)),
+            ),
+            ("member 2 runs smoothly again", None),
+            (
+                "slow then crash: starve member 1 (the leader) of the CPU meanwhile: stopped 1 to 4 ms every 3 to 14 ms",
+                None,
+            ),
+            (
+                "lag then crash: crash member 3 (a follower) with kill -9",
+                None,
+            ),
             ("member 2 leads", None),
             ("member 1 had ended on its own", None),
             ("run begins: seed 1, 3 member(s), 30 s", None),
