@@ -229,6 +229,48 @@ pub struct Target {
     copying: Option<u64>,
     /// The members a fault of several steps holds until its last step.
     claims: Claims,
+    /// Members counted as running that the leader's membership left out,
+    /// since when (see [`Unlisted`]).
+    unlisted: Unlisted,
+}
+
+/// How long a member counted as running may be missing from the leader's
+/// membership before the run takes it for removed.
+const UNLISTED_FOR: Duration = Duration::from_secs(10);
+
+/// Members counted as running, and held by no fault, that the leader's
+/// membership has left out, since when they were first seen missing. A
+/// removal whose answer was lost (its connection closed, say) may have
+/// been made all the same, then or later: the membership fault, told it
+/// failed, counts the member as running while the cluster goes on
+/// without it.
+#[derive(Default)]
+struct Unlisted {
+    since: BTreeMap<u64, Instant>,
+    /// When the membership was last read.
+    read: Option<Instant>,
+}
+
+impl Unlisted {
+    /// Notes what the leader listed at `now` of the members in `running`;
+    /// the members missing from it for [`UNLISTED_FOR`] or more (each
+    /// returned once).
+    fn overdue(&mut self, running: &[u64], listed: &[u64], now: Instant) -> Vec<u64> {
+        self.since.retain(|id, _| running.contains(id));
+        let mut overdue = Vec::new();
+        for id in running {
+            if listed.contains(id) {
+                self.since.remove(id);
+                continue;
+            }
+            let since = *self.since.entry(*id).or_insert(now);
+            if now.duration_since(since) >= UNLISTED_FOR {
+                self.since.remove(id);
+                overdue.push(*id);
+            }
+        }
+        overdue
+    }
 }
 
 /// The members held by faults of several steps (a round of lag or slow
@@ -307,6 +349,7 @@ impl Target {
             faulty_disks: BTreeSet::new(),
             copying: None,
             claims: Claims::default(),
+            unlisted: Unlisted::default(),
         }
     }
 
@@ -478,6 +521,7 @@ impl Target {
 /// each whose adding failed (once each; not holding the servers meanwhile,
 /// since a membership change may take long).
 async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
+    left_out(target, recorder).await;
     let unadded: Vec<(u64, String, baton_cluster::Member, Claim)> = {
         let mut t = target.lock().await;
         t.ended_on_their_own(recorder);
@@ -517,6 +561,39 @@ async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
                 t.state.insert(id, State::Running);
             }
         }
+    }
+}
+
+/// Members counted as running that the cluster has gone on without (see
+/// [`Unlisted`]) for [`UNLISTED_FOR`]: wiped and started empty, to be
+/// added again (at once, by the caller, or at a later step). The
+/// membership is read at most every 2 s, without holding the servers.
+async fn left_out(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
+    let servers = {
+        let mut t = target.lock().await;
+        let now = Instant::now();
+        let recent = t
+            .unlisted
+            .read
+            .is_some_and(|read| now.duration_since(read) < Duration::from_secs(2));
+        if t.state.len() < 2 || recent {
+            return;
+        }
+        t.unlisted.read = Some(now);
+        t.real_clients()
+    };
+    let Ok(listed) = crate::cluster::member_ids(&servers).await else {
+        return;
+    };
+    let mut t = target.lock().await;
+    let running: Vec<u64> = t.state.keys().copied().filter(|id| t.free(*id)).collect();
+    for id in t.unlisted.overdue(&running, &listed, Instant::now()) {
+        recorder.fault(format!(
+            "member {id} is not in the cluster's membership, though no fault removed it (a removal \
+             whose answer was lost was made after all); it is wiped and added again"
+        ));
+        t.state.insert(id, State::Unadded);
+        rejoin(&mut t, id, recorder, "again").await;
     }
 }
 
@@ -1633,6 +1710,31 @@ mod tests {
         }
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// A member counted as running is taken for removed only once the
+    /// leader has left it out for 10 s, seen at least twice; listed again
+    /// meanwhile, or no longer counted as running, it starts over.
+    #[test]
+    fn a_member_left_out_of_the_membership_for_long_is_taken_for_removed() {
+        let mut unlisted = Unlisted::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(0)).is_empty());
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(9)).is_empty());
+        // Listed again: starts over.
+        assert!(unlisted.overdue(&[1, 2, 3], &[1, 2, 3], at(10)).is_empty());
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(11)).is_empty());
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(20)).is_empty());
+        assert_eq!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(21)), vec![1]);
+        // Returned once, then timed again.
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(22)).is_empty());
+        // Under a fault meanwhile (not counted as running): starts over.
+        assert!(unlisted.overdue(&[2, 3], &[2, 3], at(23)).is_empty());
+        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(30)).is_empty());
+        assert_eq!(unlisted.overdue(&[1, 2, 3], &[3], at(40)), vec![1]);
+        assert!(unlisted.overdue(&[1, 2, 3], &[3], at(49)).is_empty());
+        assert_eq!(unlisted.overdue(&[1, 2, 3], &[3], at(50)), vec![2]);
     }
 
     /// A member held by a fault of several steps is not held again until
