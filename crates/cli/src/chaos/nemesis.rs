@@ -236,7 +236,7 @@ pub struct Target {
 
 /// How long a member counted as running may be missing from the leader's
 /// membership before the run takes it for removed.
-const UNLISTED_FOR: Duration = Duration::from_secs(10);
+const UNLISTED_FOR: Duration = Duration::from_secs(30);
 
 /// Members counted as running, and held by no fault, that the leader's
 /// membership has left out, since when they were first seen missing. A
@@ -565,7 +565,9 @@ async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
 }
 
 /// Members counted as running that the cluster has gone on without (see
-/// [`Unlisted`]) for [`UNLISTED_FOR`]: wiped and started empty, to be
+/// [`Unlisted`]) for [`UNLISTED_FOR`] (longer than a removal left
+/// uncommitted by a fault lasts: the leader lists the membership it has
+/// proposed, committed or not): wiped and started empty, to be
 /// added again (at once, by the caller, or at a later step). The
 /// membership is read at most every 2 s, without holding the servers.
 async fn left_out(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
@@ -1713,28 +1715,29 @@ mod tests {
     }
 
     /// A member counted as running is taken for removed only once the
-    /// leader has left it out for 10 s, seen at least twice; listed again
+    /// leader has left it out for 30 s, seen at least twice; listed again
     /// meanwhile, or no longer counted as running, it starts over.
     #[test]
     fn a_member_left_out_of_the_membership_for_long_is_taken_for_removed() {
         let mut unlisted = Unlisted::default();
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(0)).is_empty());
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(9)).is_empty());
+        let running = [1, 2, 3];
+        assert!(unlisted.overdue(&running, &[2, 3], at(0)).is_empty());
+        assert!(unlisted.overdue(&running, &[2, 3], at(29)).is_empty());
         // Listed again: starts over.
-        assert!(unlisted.overdue(&[1, 2, 3], &[1, 2, 3], at(10)).is_empty());
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(11)).is_empty());
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(20)).is_empty());
-        assert_eq!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(21)), vec![1]);
+        assert!(unlisted.overdue(&running, &[1, 2, 3], at(30)).is_empty());
+        assert!(unlisted.overdue(&running, &[2, 3], at(31)).is_empty());
+        assert!(unlisted.overdue(&running, &[2, 3], at(60)).is_empty());
+        assert_eq!(unlisted.overdue(&running, &[2, 3], at(61)), vec![1]);
         // Returned once, then timed again.
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(22)).is_empty());
+        assert!(unlisted.overdue(&running, &[2, 3], at(62)).is_empty());
         // Under a fault meanwhile (not counted as running): starts over.
-        assert!(unlisted.overdue(&[2, 3], &[2, 3], at(23)).is_empty());
-        assert!(unlisted.overdue(&[1, 2, 3], &[2, 3], at(30)).is_empty());
-        assert_eq!(unlisted.overdue(&[1, 2, 3], &[3], at(40)), vec![1]);
-        assert!(unlisted.overdue(&[1, 2, 3], &[3], at(49)).is_empty());
-        assert_eq!(unlisted.overdue(&[1, 2, 3], &[3], at(50)), vec![2]);
+        assert!(unlisted.overdue(&[2, 3], &[2, 3], at(63)).is_empty());
+        assert!(unlisted.overdue(&running, &[2, 3], at(70)).is_empty());
+        assert_eq!(unlisted.overdue(&running, &[3], at(100)), vec![1]);
+        assert!(unlisted.overdue(&running, &[3], at(129)).is_empty());
+        assert_eq!(unlisted.overdue(&running, &[3], at(130)), vec![2]);
     }
 
     /// A member held by a fault of several steps is not held again until
