@@ -620,15 +620,56 @@ pub async fn change_membership(servers: &str, change: Change) -> Result<String, 
 /// from any of `servers`.
 pub async fn member_ids(servers: &str) -> Result<Vec<u64>, CliError> {
     let leader = leader_view(servers).await?;
-    Ok(leader["cluster"]["members"]
+    Ok(ids_of(&leader["cluster"]))
+}
+
+/// The ids of the members of the leader's latest membership once it is
+/// committed (the leader has applied it); `None` while a change is under
+/// way (the leader lists the membership it has proposed, committed or
+/// not).
+pub async fn committed_member_ids(servers: &str) -> Result<Option<Vec<u64>>, CliError> {
+    let leader = leader_view(servers).await?;
+    Ok(committed_ids(&leader["cluster"]))
+}
+
+fn ids_of(cluster: &Value) -> Vec<u64> {
+    cluster["members"]
         .as_array()
         .map(|ms| ms.iter().filter_map(|m| m["id"].as_u64()).collect())
-        .unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// [`committed_member_ids`] of a leader's description of the cluster.
+fn committed_ids(cluster: &Value) -> Option<Vec<u64>> {
+    let applied = cluster["applied_index"].as_u64()?;
+    let membership = cluster["membership_index"].as_u64().unwrap_or(0);
+    (applied >= membership).then(|| ids_of(cluster))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A membership the leader has proposed but not yet applied is not
+    /// taken for the cluster's.
+    #[test]
+    fn only_a_membership_the_leader_has_applied_counts_as_committed() {
+        let cluster = |applied: u64, membership: Option<u64>| {
+            serde_json::json!({
+                "applied_index": applied,
+                "membership_index": membership,
+                "members": [{"id": 2}, {"id": 3}],
+            })
+        };
+        assert_eq!(committed_ids(&cluster(10, Some(10))), Some(vec![2, 3]));
+        assert_eq!(committed_ids(&cluster(12, Some(10))), Some(vec![2, 3]));
+        assert_eq!(committed_ids(&cluster(9, Some(10))), None);
+        assert_eq!(committed_ids(&cluster(0, None)), Some(vec![2, 3]));
+        // A leader that has applied nothing yet says nothing committed.
+        let nothing =
+            serde_json::json!({"applied_index": null, "membership_index": 3, "members": []});
+        assert_eq!(committed_ids(&nothing), None);
+    }
 
     #[test]
     fn members_parse_and_bad_ones_say_how_to_write_them() {

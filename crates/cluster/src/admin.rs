@@ -198,6 +198,7 @@ async fn describe(
         "term": m.current_term,
         "commit_index": if leading { commit_index(last_log, &voters, id, &replication) } else { None },
         "applied_index": m.last_applied.map(|l| l.index),
+        "membership_index": m.membership_config.log_id().map(|l| l.index),
         "members": members,
     })
 }

@@ -565,9 +565,8 @@ async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
 }
 
 /// Members counted as running that the cluster has gone on without (see
-/// [`Unlisted`]) for [`UNLISTED_FOR`] (longer than a removal left
-/// uncommitted by a fault lasts: the leader lists the membership it has
-/// proposed, committed or not): wiped and started empty, to be
+/// [`Unlisted`]) for [`UNLISTED_FOR`], as the leader's committed
+/// membership says: wiped and started empty, to be
 /// added again (at once, by the caller, or at a later step). The
 /// membership is read at most every 2 s, without holding the servers.
 async fn left_out(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
@@ -584,7 +583,7 @@ async fn left_out(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
         t.unlisted.read = Some(now);
         t.real_clients()
     };
-    let Ok(listed) = crate::cluster::member_ids(&servers).await else {
+    let Ok(Some(listed)) = crate::cluster::committed_member_ids(&servers).await else {
         return;
     };
     let mut t = target.lock().await;
@@ -1334,8 +1333,10 @@ async fn out_and_in(
     if let Err(e) = removed {
         // Perhaps made all the same: only a member the leader no longer
         // lists may have its data wiped.
-        let listed = crate::cluster::member_ids(&servers).await;
-        if listed.as_ref().map_or(true, |ids| ids.contains(&id)) {
+        // Only a committed membership without it counts: one proposed may
+        // wait for a paused member, or be undone by the next leader.
+        let listed = crate::cluster::committed_member_ids(&servers).await;
+        if !matches!(&listed, Ok(Some(ids)) if !ids.contains(&id)) {
             recorder.fault(format!("{fault}: member {id} was not removed: {e}"));
             let mut t = target.lock().await;
             if t.state.get(&id) == Some(&State::Removed) {
