@@ -620,30 +620,44 @@ pub async fn change_membership(servers: &str, change: Change) -> Result<String, 
 /// from any of `servers`.
 pub async fn member_ids(servers: &str) -> Result<Vec<u64>, CliError> {
     let leader = leader_view(servers).await?;
-    Ok(ids_of(&leader["cluster"]))
+    ids_of(&leader["cluster"]).ok_or_else(|| {
+        CliError::msg(
+            "the leader does not list itself among the members yet (it has just started?); try again",
+        )
+    })
 }
 
 /// The ids of the members of the leader's latest membership once it is
 /// committed (the leader has applied it); `None` while a change is under
 /// way (the leader lists the membership it has proposed, committed or
-/// not).
+/// not), or while the leader cannot describe the cluster yet.
 pub async fn committed_member_ids(servers: &str) -> Result<Option<Vec<u64>>, CliError> {
     let leader = leader_view(servers).await?;
     Ok(committed_ids(&leader["cluster"]))
 }
 
-fn ids_of(cluster: &Value) -> Vec<u64> {
-    cluster["members"]
+/// The members a leader's description of the cluster lists; `None` if it
+/// does not list the leader itself: a leader that has just started has no
+/// description yet, and its empty list says nothing of who is a member.
+fn ids_of(cluster: &Value) -> Option<Vec<u64>> {
+    let ids: Vec<u64> = cluster["members"]
         .as_array()
         .map(|ms| ms.iter().filter_map(|m| m["id"].as_u64()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    cluster["leader"]
+        .as_u64()
+        .is_some_and(|l| ids.contains(&l))
+        .then_some(ids)
 }
 
 /// [`committed_member_ids`] of a leader's description of the cluster.
 fn committed_ids(cluster: &Value) -> Option<Vec<u64>> {
     let applied = cluster["applied_index"].as_u64()?;
     let membership = cluster["membership_index"].as_u64().unwrap_or(0);
-    (applied >= membership).then(|| ids_of(cluster))
+    if applied < membership {
+        return None;
+    }
+    ids_of(cluster)
 }
 
 #[cfg(test)]
@@ -651,11 +665,14 @@ mod tests {
     use super::*;
 
     /// A membership the leader has proposed but not yet applied is not
-    /// taken for the cluster's.
+    /// taken for the cluster's, nor an empty list from a leader that has
+    /// no description of the cluster yet (which once had a member wiped
+    /// while it was still a voter).
     #[test]
     fn only_a_membership_the_leader_has_applied_counts_as_committed() {
         let cluster = |applied: u64, membership: Option<u64>| {
             serde_json::json!({
+                "leader": 2,
                 "applied_index": applied,
                 "membership_index": membership,
                 "members": [{"id": 2}, {"id": 3}],
@@ -666,9 +683,14 @@ mod tests {
         assert_eq!(committed_ids(&cluster(9, Some(10))), None);
         assert_eq!(committed_ids(&cluster(0, None)), Some(vec![2, 3]));
         // A leader that has applied nothing yet says nothing committed.
-        let nothing =
-            serde_json::json!({"applied_index": null, "membership_index": 3, "members": []});
+        let nothing = serde_json::json!({"leader": 2, "applied_index": null, "membership_index": 3, "members": []});
         assert_eq!(committed_ids(&nothing), None);
+        // Nor does one that has no description of the cluster yet (its
+        // list is empty), or does not list itself.
+        assert_eq!(committed_ids(&serde_json::Value::Null), None);
+        assert_eq!(ids_of(&serde_json::Value::Null), None);
+        let without_itself = serde_json::json!({"leader": 1, "applied_index": 9, "membership_index": 3, "members": [{"id": 2}, {"id": 3}]});
+        assert_eq!(committed_ids(&without_itself), None);
     }
 
     #[test]

@@ -355,8 +355,16 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
     match change {
         Change::Add { id, member } => {
             // Added again after its removal, it starts from the log it has
-            // now: what it held before does not count (see `network`).
-            answering.held.forget(id);
+            // now: what it held before does not count (see `network`). Not
+            // while it is still a member (a voter or a learner): the leader
+            // still counts how far it matched, and a member wiped meanwhile
+            // must be found to have gone back, not handed to openraft as a
+            // follower whose log lost what it matched (which openraft only
+            // debug-asserts against: in a release build it then sends the
+            // member entries it cannot place).
+            if m.membership_config.membership().get_node(&id).is_none() {
+                answering.held.forget(id);
+            }
             let added = raft
                 .add_learner(id, member.clone(), true)
                 .await
