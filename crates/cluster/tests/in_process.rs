@@ -19,6 +19,8 @@ struct Running {
 #[path = "../../../tests/common/pki.rs"]
 mod pki;
 
+mod common;
+
 struct Cluster {
     members: Vec<Running>,
     peers: Vec<String>,
@@ -32,23 +34,10 @@ async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
 async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std::path::PathBuf) {
     let root = std::env::temp_dir().join(format!("baton-inproc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let mut listeners = Vec::new();
-    let mut initial = BTreeMap::new();
-    for id in 1..=n {
-        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        initial.insert(
-            id,
-            Member {
-                peer: peers.local_addr().unwrap().to_string(),
-                client: clients.local_addr().unwrap().to_string(),
-            },
-        );
-        listeners.push((id, clients, peers));
-    }
+    let (listeners, initial) = common::bind_members(n).await;
     let mut running = Vec::new();
     let peer_addrs = initial.values().map(|m| m.peer.clone()).collect();
-    for (id, clients, peers) in listeners {
+    for (id, (clients, peers)) in listeners {
         let mut config = MemberConfig::new(id, root.join(format!("m{id}")));
         config.initial = Some(initial.clone());
         config.server.min_session_timeout = Duration::from_millis(500);
@@ -129,12 +118,7 @@ async fn members_with_mutual_tls_replicate_and_refuse_strangers() {
 async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
     let (mut members, root) = cluster(3, "basic").await;
     let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
-    let client = Client::builder(&addrs.join(","))
-        .session_timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("a session on the cluster");
+    let client = common::client_of(&addrs).await;
     client
         .create("/a", "one", CreateMode::Persistent)
         .await

@@ -16,12 +16,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use baton_client::{Client, CreateMode};
+use baton_client::CreateMode;
 use baton_cluster::admin::Change;
-use baton_cluster::{ClusterMember, Member, MemberConfig};
+use baton_cluster::{ClusterMember, MemberConfig};
 use openraft::ServerState;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+
+mod common;
 
 struct Running {
     raft: baton_cluster::types::Raft,
@@ -82,20 +84,7 @@ async fn leader_of(members: &BTreeMap<u64, Running>) -> u64 {
 async fn a_voter_wiped_and_added_again_without_a_removal_is_told_it_went_back() {
     let root = std::env::temp_dir().join(format!("baton-wiped-voter-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let mut listeners = BTreeMap::new();
-    let mut initial = BTreeMap::new();
-    for id in 1..=3u64 {
-        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        initial.insert(
-            id,
-            Member {
-                peer: peers.local_addr().unwrap().to_string(),
-                client: clients.local_addr().unwrap().to_string(),
-            },
-        );
-        listeners.insert(id, (clients, peers));
-    }
+    let (listeners, initial) = common::bind_members(3).await;
     let mut members = BTreeMap::new();
     for (id, (clients, peers)) in listeners {
         let mut c = config(id, &root);
@@ -103,12 +92,7 @@ async fn a_voter_wiped_and_added_again_without_a_removal_is_told_it_went_back() 
         members.insert(id, start(c, clients, peers).await);
     }
     let addrs: Vec<String> = initial.values().map(|m| m.client.clone()).collect();
-    let client = Client::builder(&addrs.join(","))
-        .session_timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("a session on the cluster");
+    let client = common::client_of(&addrs).await;
     // Enough entries for a few snapshots: the leader purges its log behind
     // them (it keeps `snapshot_every` entries behind the last one).
     for i in 0..100 {
