@@ -66,7 +66,7 @@ enum Event {
 }
 
 /// Whether a request's op changes the state (and is proposed).
-fn is_change(op: u8) -> bool {
+pub(crate) fn is_change(op: u8) -> bool {
     use baton_proto::OpCode;
     [
         OpCode::Create,

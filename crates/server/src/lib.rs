@@ -25,8 +25,9 @@ pub mod persist;
 mod queues;
 pub mod replicate;
 mod server;
-#[cfg(test)]
-mod sim;
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod sim;
 pub mod state;
 mod stats;
 mod status;

@@ -159,6 +159,11 @@ impl Applier {
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.core().stats_snapshot()
     }
+
+    #[cfg(feature = "sim")]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
 }
 
 /// A cheap handle to a running server, for reading its counters.

@@ -13,17 +13,17 @@ use baton_proto::{
 };
 use bytes::Bytes;
 
-use super::{Down, Rng, Up, World, RUN_US, SESSION_MS};
+use super::{Down, Env, Rng, Up, RUN_US, SESSION_MS};
 use crate::state::{Command, StateMachine};
 
 /// The registers, the counter, the lock and the resource its holders
 /// write, the ephemeral nodes' parent and the queue.
-pub(crate) const REGISTERS: [&str; 3] = ["/r0", "/r1", "/r2"];
-pub(crate) const COUNTER: &str = "/counter";
-pub(crate) const LOCK: &str = "/lock";
-pub(crate) const RESOURCE: &str = "/res";
-pub(crate) const EPHEMERALS: &str = "/eph";
-pub(crate) const QUEUE: &str = "/queue";
+pub const REGISTERS: [&str; 3] = ["/r0", "/r1", "/r2"];
+pub const COUNTER: &str = "/counter";
+pub const LOCK: &str = "/lock";
+pub const RESOURCE: &str = "/res";
+pub const EPHEMERALS: &str = "/eph";
+pub const QUEUE: &str = "/queue";
 
 /// How long an operation may go unanswered before its outcome counts as
 /// unknown.
@@ -34,7 +34,7 @@ const OP_LIMIT_US: u64 = 3_000_000;
 const SILENCE_US: u64 = SESSION_MS as u64 * 1_000 * 2 / 3;
 
 /// The state the simulation starts from: the nodes the recipes use.
-pub(crate) fn initial_state() -> StateMachine {
+pub fn initial_state() -> StateMachine {
     let mut sm = StateMachine::new();
     for path in REGISTERS.iter().chain(&[COUNTER, RESOURCE]) {
         sm.apply(&create(path, "0"), 0);
@@ -55,8 +55,25 @@ fn create(path: &str, data: &'static str) -> Command {
     }
 }
 
+/// The clients of a run: two registers, three lock takers, two counters,
+/// two ephemeral holders, their observer and two queue workers.
+pub const KINDS: [Kind; 12] = [
+    Kind::Register,
+    Kind::Register,
+    Kind::Fenced,
+    Kind::Fenced,
+    Kind::Fenced,
+    Kind::Counter,
+    Kind::Counter,
+    Kind::Ephemeral,
+    Kind::Ephemeral,
+    Kind::Observer,
+    Kind::Queue,
+    Kind::Queue,
+];
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     #[default]
     Register,
     Fenced,
@@ -171,7 +188,7 @@ struct Conn {
 }
 
 #[derive(Default)]
-pub(crate) struct Client {
+pub struct Client {
     process: u64,
     kind: Kind,
     rng: Rng,
@@ -213,7 +230,7 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    pub(crate) fn new(process: u64, kind: Kind, rng: Rng) -> Client {
+    pub fn new(process: u64, kind: Kind, rng: Rng) -> Client {
         Client {
             process,
             kind,
@@ -223,15 +240,15 @@ impl Client {
         }
     }
 
-    pub(crate) fn pause_until(&mut self, until: u64) {
+    pub fn pause_until(&mut self, until: u64) {
         self.paused_until = self.paused_until.max(until);
     }
 
-    fn record(&self, w: &mut World, key: &str, call: Call, invoked_ns: u64, outcome: Outcome) {
+    fn record(&self, w: &mut impl Env, key: &str, call: Call, invoked_ns: u64, outcome: Outcome) {
         let id = w.unique();
         let completed_ns = w.now_ns().max(invoked_ns);
         w.note(|| format!("client {} {key} {call:?}: {outcome:?}", self.process));
-        w.history.ops.push(Op {
+        w.history().ops.push(Op {
             id,
             process: self.process,
             key: key.into(),
@@ -249,12 +266,12 @@ impl Client {
 
     /// Sends a request that nothing waits for (a heartbeat, watches set
     /// again).
-    fn send_untracked(&mut self, w: &mut World, c: usize, request: Request) {
+    fn send_untracked(&mut self, w: &mut impl Env, c: usize, request: Request) {
         let Some(gen) = self.conn.as_ref().filter(|c| c.open).map(|c| c.gen) else {
             return;
         };
         let xid = self.xid();
-        self.sent(w.now_us, xid);
+        self.sent(w.now_us(), xid);
         if let Request::Exists { path, .. } = &request {
             self.asks.insert(xid, (path.clone(), w.now_ns()));
         }
@@ -264,7 +281,7 @@ impl Client {
     /// Starts the request of an operation.
     fn start(
         &mut self,
-        w: &mut World,
+        w: &mut impl Env,
         c: usize,
         request: Request,
         purpose: Purpose,
@@ -281,10 +298,10 @@ impl Client {
         self.op = Some(op);
     }
 
-    fn send_op(&mut self, w: &mut World, c: usize, op: &InFlight) {
+    fn send_op(&mut self, w: &mut impl Env, c: usize, op: &InFlight) {
         if let Some(conn) = self.conn.as_ref().filter(|c| c.open) {
             let gen = conn.gen;
-            self.sent(w.now_us, op.xid);
+            self.sent(w.now_us(), op.xid);
             w.send_up(
                 c,
                 gen,
@@ -303,15 +320,15 @@ impl Client {
     }
 
     /// Acts; returns when to act next (none: done).
-    pub(crate) fn tick(&mut self, w: &mut World, c: usize) -> Option<u64> {
-        if w.now_us < self.paused_until {
-            return Some(self.paused_until - w.now_us);
+    pub fn tick(&mut self, w: &mut impl Env, c: usize) -> Option<u64> {
+        if w.now_us() < self.paused_until {
+            return Some(self.paused_until - w.now_us());
         }
         // What came while it was paused, in order.
         for (gen, down) in std::mem::take(&mut self.inbox) {
             self.receive(w, c, gen, down);
         }
-        let now = w.now_us;
+        let now = w.now_us();
         // Past the deadline its own clock gives the session (a timeout after
         // the latest request the server answered was sent), the session is
         // over as far as this client knows, as the client library tells it.
@@ -360,8 +377,8 @@ impl Client {
                     && (now <= RUN_US || self.kind == Kind::Observer || self.draining())
                 {
                     self.next_op(w, c);
-                    if w.now_us < self.paused_until {
-                        return Some(self.paused_until - w.now_us);
+                    if w.now_us() < self.paused_until {
+                        return Some(self.paused_until - w.now_us());
                     }
                 }
                 if now.saturating_sub(self.last_sent_us) > u64::from(SESSION_MS) * 1_000 / 3 {
@@ -389,10 +406,10 @@ impl Client {
     }
 
     /// The next step of the recipe, if it has one to take now.
-    fn next_op(&mut self, w: &mut World, c: usize) {
+    fn next_op(&mut self, w: &mut impl Env, c: usize) {
         let now_ns = w.now_ns();
         match self.kind {
-            Kind::Queue if w.now_us <= RUN_US && self.rng.chance(50) => {
+            Kind::Queue if w.now_us() <= RUN_US && self.rng.chance(50) => {
                 let item = w.unique();
                 let request = Request::Create {
                     path: format!("{QUEUE}/q-"),
@@ -465,28 +482,28 @@ impl Client {
                     };
                     self.start(w, c, request, Purpose::Hold { path }, now_ns);
                 }
-                Some((_, until)) if w.now_us < until => {}
+                Some((_, until)) if w.now_us() < until => {}
                 Some((path, _)) => {
                     if self.rng.chance(40) {
                         // Silent past its timeout: the server expires it.
-                        let until = w.now_us + self.rng.between(1_000_000, 3_000_000);
+                        let until = w.now_us() + self.rng.between(1_000_000, 3_000_000);
                         w.fault(format!(
                             "client {} falls silent holding {path} for {} ms",
                             self.process,
-                            (until - w.now_us) / 1_000
+                            (until - w.now_us()) / 1_000
                         ));
                         self.held = Some((path, until + 10_000));
                         self.pause_until(until);
                     } else {
-                        self.close_sent_us = Some(w.now_us);
+                        self.close_sent_us = Some(w.now_us());
                         self.start(w, c, Request::CloseSession, Purpose::Close, now_ns);
                     }
                 }
             },
             Kind::Observer => {
-                while self.known < w.ephemerals.len() {
+                while self.known < w.ephemerals().len() {
                     self.watched
-                        .insert(w.ephemerals[self.known].clone(), Watched::Unasked);
+                        .insert(w.ephemerals()[self.known].clone(), Watched::Unasked);
                     self.known += 1;
                 }
                 let unasked: Vec<String> = self
@@ -514,11 +531,11 @@ impl Client {
                     // the write comes after the pause, with the old token.
                     if self.paused_holding != token && self.rng.chance(15) {
                         self.paused_holding = token;
-                        let until = w.now_us + self.rng.between(200_000, 2_500_000);
+                        let until = w.now_us() + self.rng.between(200_000, 2_500_000);
                         w.fault(format!(
                             "client {} pauses holding token {token} for {} ms",
                             self.process,
-                            (until - w.now_us) / 1_000
+                            (until - w.now_us()) / 1_000
                         ));
                         self.pause_until(until);
                         return;
@@ -545,15 +562,15 @@ impl Client {
     }
 
     /// A message from the server on connection `gen`.
-    pub(crate) fn receive(&mut self, w: &mut World, c: usize, gen: u64, down: Down) {
-        if w.now_us < self.paused_until {
+    pub fn receive(&mut self, w: &mut impl Env, c: usize, gen: u64, down: Down) {
+        if w.now_us() < self.paused_until {
             self.inbox.push((gen, down));
             return;
         }
         if self.conn.as_ref().is_none_or(|conn| conn.gen != gen) {
             return; // an old connection's
         }
-        self.last_heard_us = w.now_us;
+        self.last_heard_us = w.now_us();
         self.unanswered_since = None;
         match down {
             Down::Closed => self.conn = None,
@@ -631,7 +648,7 @@ impl Client {
     /// An observer's answer about an ephemeral node.
     fn asked(
         &mut self,
-        w: &mut World,
+        w: &mut impl Env,
         path: String,
         t: u64,
         result: Result<Reply, baton_proto::ErrorReply>,
@@ -651,7 +668,7 @@ impl Client {
         }
     }
 
-    fn event(&mut self, w: &mut World, kind: EventKind, path: &str) {
+    fn event(&mut self, w: &mut impl Env, kind: EventKind, path: &str) {
         if self.kind == Kind::Observer {
             // Whatever happened to it, ask again.
             if let Some(state) = self.watched.get_mut(path) {
@@ -693,7 +710,7 @@ impl Client {
 
     /// The session ended: what was in hand can no longer complete as
     /// asked.
-    fn session_lost(&mut self, w: &mut World) {
+    fn session_lost(&mut self, w: &mut impl Env) {
         w.note(|| format!("client {} lost its session", self.process));
         if let Some((path, _)) = self.held.take() {
             // Its end began when it asked to close, or at the deadline its
@@ -725,7 +742,7 @@ impl Client {
 
     /// An operation whose reply will not come: unknown, as far as anyone
     /// can tell (an enqueue whose answer is lost learnt no token).
-    fn settle_unknown(&mut self, w: &mut World, op: InFlight, why: &str) {
+    fn settle_unknown(&mut self, w: &mut impl Env, op: InFlight, why: &str) {
         let unknown = Outcome::Unknown { why: why.into() };
         match op.purpose {
             Purpose::Read { key } => self.record(w, key, Call::Read, op.invoked_ns, unknown),
@@ -785,17 +802,17 @@ impl Client {
         }
     }
 
-    fn give_up_op(&mut self, w: &mut World) {
+    fn give_up_op(&mut self, w: &mut impl Env) {
         if let Some(op) = self.op.take() {
             self.settle_unknown(w, op, "no answer in time");
         }
     }
 
     /// At the end of the run: what is still in hand is unknown.
-    pub(crate) fn give_up(&mut self, w: &mut World) {
+    pub fn give_up(&mut self, w: &mut impl Env) {
         self.give_up_op(w);
         let deadline = self.answered_sent_us + u64::from(SESSION_MS) * 1_000;
-        if self.held.is_some() && w.now_us >= deadline {
+        if self.held.is_some() && w.now_us() >= deadline {
             self.session_lost(w);
         }
         if let Lock::Waiting { invoked_ns, .. } = self.lock {
@@ -807,7 +824,7 @@ impl Client {
     /// A reply to the operation in flight.
     fn complete(
         &mut self,
-        w: &mut World,
+        w: &mut impl Env,
         c: usize,
         op: InFlight,
         result: Result<Reply, baton_proto::ErrorReply>,
@@ -960,9 +977,9 @@ impl Client {
             (Purpose::Hold { path }, result) => {
                 let outcome = match result {
                     Ok(Reply::Create { .. }) => {
-                        let until = w.now_us + self.rng.between(50_000, 500_000);
+                        let until = w.now_us() + self.rng.between(50_000, 500_000);
                         self.held = Some((path.clone(), until));
-                        w.ephemerals.push(path.clone());
+                        w.ephemerals().push(path.clone());
                         Outcome::Ok { reply: Said::Done }
                     }
                     Err(e) => refused(&e).unwrap_or_else(|| unknown(&e.message)),
@@ -991,7 +1008,7 @@ impl Client {
                     None => {
                         let reply = Said::Empty;
                         self.record(w, QUEUE, Call::Dequeue, t, Outcome::Ok { reply });
-                        if w.now_us > RUN_US {
+                        if w.now_us() > RUN_US {
                             self.drained = true;
                         }
                     }
@@ -1037,7 +1054,7 @@ fn write_call(value: u64, version: Option<u32>) -> Call {
 }
 
 /// The number a node's data holds.
-pub(crate) fn value_of(data: &[u8]) -> u64 {
+pub fn value_of(data: &[u8]) -> u64 {
     std::str::from_utf8(data)
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -1046,7 +1063,7 @@ pub(crate) fn value_of(data: &[u8]) -> u64 {
 
 /// After the run: each register and the counter read from the final state,
 /// so that nothing acknowledged can hide.
-pub(crate) fn final_reads(w: &mut World, sm: &StateMachine) {
+pub fn final_reads(w: &mut impl Env, sm: &StateMachine) {
     let reader = Client::new(1, Kind::Register, Rng::default());
     let t = w.now_ns();
     for key in REGISTERS {

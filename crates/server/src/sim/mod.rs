@@ -17,7 +17,9 @@
 //! runs again, alone and with its history printed, with
 //! `BATON_SIM_SEED=<seed> cargo test -p baton-server --lib sim::one_seed -- --nocapture`.
 
-mod client;
+pub mod client;
+#[cfg(feature = "sim")]
+pub mod door;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -42,20 +44,20 @@ use client::Client;
 /// The wall-clock time the simulation starts at.
 const WALL_BASE_MS: u64 = 1_700_000_000_000;
 /// Every client's session timeout.
-const SESSION_MS: u32 = 1_000;
+pub const SESSION_MS: u32 = 1_000;
 /// How long a simulation runs, in simulated time.
-const RUN_US: u64 = 4_000_000;
+pub const RUN_US: u64 = 4_000_000;
 
 /// Choices, from the seed (SplitMix64).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
+    pub fn new(seed: u64) -> Rng {
         Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -64,27 +66,27 @@ impl Rng {
     }
 
     /// In `0..n` (0 for `n == 0`).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.next_u64() % n
         }
     }
 
     /// True `percent` times in a hundred.
-    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+    pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 
     /// In `low..=high`.
-    pub(crate) fn between(&mut self, low: u64, high: u64) -> u64 {
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
         low + self.below(high.saturating_sub(low) + 1)
     }
 
     /// Another stream of choices, apart from this one.
-    pub(crate) fn fork(&mut self) -> Rng {
-        Rng(self.next())
+    pub fn fork(&mut self) -> Rng {
+        Rng(self.next_u64())
     }
 }
 
@@ -111,14 +113,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A message from a client to the server.
 #[derive(Debug)]
-pub(crate) enum Up {
+pub enum Up {
     Connect(ConnectRequest),
     Request(RequestFrame),
 }
 
 /// What reaches a client from the server.
 #[derive(Debug)]
-pub(crate) enum Down {
+pub enum Down {
     /// The answer to its handshake.
     Connected(Result<SessionGrant, (ErrorCode, String)>),
     /// Replies and events, in order.
@@ -153,6 +155,83 @@ enum Event {
     Pause(usize, u64),
 }
 
+/// What a simulated client sees of the world it runs in: the clock, the
+/// network it sends on, and the history it records. The single server's
+/// world and a cluster's both provide it, so the same clients run on each.
+pub trait Env {
+    /// Simulated microseconds since the run began.
+    fn now_us(&self) -> u64;
+
+    fn now_ns(&self) -> u64 {
+        self.now_us() * 1_000
+    }
+
+    /// A value no write has used.
+    fn unique(&mut self) -> u64;
+
+    /// Client `c` sends `up` on its connection `gen`.
+    fn send_up(&mut self, c: usize, gen: u64, up: Up);
+
+    /// Whether the run keeps a trace.
+    fn tracing(&self) -> bool;
+
+    /// Adds a line to the trace.
+    fn trace_line(&mut self, line: String);
+
+    /// Where the clients record what they did and the faults they made.
+    fn history(&mut self) -> &mut History;
+
+    /// The ephemeral nodes the holders made, for the observer.
+    fn ephemerals(&mut self) -> &mut Vec<String>;
+
+    /// Notes `what` in the trace, if one is kept.
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if self.tracing() {
+            let line = format!("{:>9} us  {}", self.now_us(), what());
+            self.trace_line(line);
+        }
+    }
+
+    /// Records a fault, in the history and the trace.
+    fn fault(&mut self, what: String) {
+        self.note(|| format!("fault: {what}"));
+        let at_ns = self.now_ns();
+        self.history().faults.push(Fault { at_ns, what });
+    }
+}
+
+impl Env for World {
+    fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    fn unique(&mut self) -> u64 {
+        self.next_value += 1;
+        self.next_value
+    }
+
+    fn send_up(&mut self, c: usize, gen: u64, up: Up) {
+        let at = self.arrival(c, true);
+        self.at(at, Event::ToServer(c, gen, up));
+    }
+
+    fn tracing(&self) -> bool {
+        self.keep_trace
+    }
+
+    fn trace_line(&mut self, line: String) {
+        self.trace.push(line);
+    }
+
+    fn history(&mut self) -> &mut History {
+        &mut self.history
+    }
+
+    fn ephemerals(&mut self) -> &mut Vec<String> {
+        &mut self.ephemerals
+    }
+}
+
 /// The server's side of one client's connection.
 struct Link {
     gen: u64,
@@ -163,7 +242,7 @@ struct Link {
 }
 
 /// The simulated world: the server, its clients, the network and the clock.
-pub(crate) struct World {
+pub struct World {
     rng: Rng,
     start: Instant,
     now_us: u64,
@@ -184,7 +263,7 @@ pub(crate) struct World {
     cut_until: Vec<u64>,
     up_last: Vec<u64>,
     down_last: Vec<u64>,
-    pub(crate) history: History,
+    pub history: History,
     /// The ephemeral nodes the holders made, for the observer.
     pub(crate) ephemerals: Vec<String>,
     next_value: u64,
@@ -197,7 +276,7 @@ pub(crate) struct World {
 /// Defects the simulation can put in the server, each of which must be
 /// caught: they show that a clean run means something.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Defect {
+pub enum Defect {
     /// Replies leave before the log has synced the change they report.
     AnswerBeforeSync,
     /// Sessions expire half a timeout early.
@@ -205,7 +284,7 @@ pub(crate) enum Defect {
 }
 
 impl World {
-    pub(crate) fn new(seed: u64, keep_trace: bool) -> World {
+    pub fn new(seed: u64, keep_trace: bool) -> World {
         let mut rng = Rng::new(seed);
         let start = Instant::now();
         let mut world = World {
@@ -233,21 +312,7 @@ impl World {
             defect: None,
         };
         world.boot(world.base.clone());
-        let kinds = [
-            client::Kind::Register,
-            client::Kind::Register,
-            client::Kind::Fenced,
-            client::Kind::Fenced,
-            client::Kind::Fenced,
-            client::Kind::Counter,
-            client::Kind::Counter,
-            client::Kind::Ephemeral,
-            client::Kind::Ephemeral,
-            client::Kind::Observer,
-            client::Kind::Queue,
-            client::Kind::Queue,
-        ];
-        for (i, kind) in kinds.into_iter().enumerate() {
+        for (i, kind) in client::KINDS.into_iter().enumerate() {
             world
                 .clients
                 .push(Client::new(100 + i as u64, kind, rng.fork()));
@@ -270,10 +335,6 @@ impl World {
         }
     }
 
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.now_us * 1_000
-    }
-
     fn at(&mut self, at_us: u64, event: Event) {
         self.seq += 1;
         let index = self.events.len();
@@ -283,27 +344,6 @@ impl World {
 
     fn after(&mut self, us: u64, event: Event) {
         self.at(self.now_us + us, event);
-    }
-
-    fn note(&mut self, what: impl FnOnce() -> String) {
-        if self.keep_trace {
-            let line = format!("{:>9} us  {}", self.now_us, what());
-            self.trace.push(line);
-        }
-    }
-
-    fn fault(&mut self, what: String) {
-        self.note(|| format!("fault: {what}"));
-        self.history.faults.push(Fault {
-            at_ns: self.now_ns(),
-            what,
-        });
-    }
-
-    /// A value no write has used.
-    pub(crate) fn unique(&mut self) -> u64 {
-        self.next_value += 1;
-        self.next_value
     }
 
     /// Starts the server over `sm` (the state its log recovered).
@@ -368,7 +408,7 @@ impl World {
 
     /// Runs until the end of the simulated time, then lets the clients
     /// finish what they have in hand.
-    pub(crate) fn run(&mut self) {
+    pub fn run(&mut self) {
         let end = RUN_US + 3_000_000;
         let mut steps = 0u64;
         while let Some(Reverse((at, _, index))) = self.queue.pop() {
@@ -516,12 +556,6 @@ impl World {
         at
     }
 
-    /// Client `c` sends `up` on its connection `gen`.
-    pub(crate) fn send_up(&mut self, c: usize, gen: u64, up: Up) {
-        let at = self.arrival(c, true);
-        self.at(at, Event::ToServer(c, gen, up));
-    }
-
     fn send_down(&mut self, c: usize, gen: u64, down: Down) {
         let at = self.arrival(c, false);
         self.at(at, Event::ToClient(c, gen, down));
@@ -595,15 +629,7 @@ impl World {
             }
             let mut buf = BytesMut::new();
             let drained = link.outbox.drain_into(&mut buf, usize::MAX, synced);
-            let mut frames = Vec::new();
-            while buf.len() >= 4 {
-                let len = (&buf[..4]).get_u32() as usize;
-                buf.advance(4);
-                let payload = buf.split_to(len).freeze();
-                frames.push(
-                    ServerMessage::decode(payload).expect("the server encodes what it decodes"),
-                );
-            }
+            let frames = frames_of(&mut buf);
             if !frames.is_empty() {
                 sends.push((*c, link.gen, Down::Frames(frames)));
             }
@@ -640,13 +666,25 @@ impl World {
     }
 }
 
+/// The whole frames in `buf`, decoded.
+fn frames_of(buf: &mut BytesMut) -> Vec<ServerMessage> {
+    let mut frames = Vec::new();
+    while buf.len() >= 4 {
+        let len = (&buf[..4]).get_u32() as usize;
+        buf.advance(4);
+        let payload = buf.split_to(len).freeze();
+        frames.push(ServerMessage::decode(payload).expect("the server encodes what it decodes"));
+    }
+    frames
+}
+
 /// Runs `seed` and checks its history; the findings that break a promise.
-pub(crate) fn run_seed(seed: u64, keep_trace: bool) -> (World, Vec<baton_chaos::Finding>) {
+pub fn run_seed(seed: u64, keep_trace: bool) -> (World, Vec<baton_chaos::Finding>) {
     run_seed_with(seed, keep_trace, None)
 }
 
 /// [`run_seed`], with `defect` put in the server.
-pub(crate) fn run_seed_with(
+pub fn run_seed_with(
     seed: u64,
     keep_trace: bool,
     defect: Option<Defect>,
