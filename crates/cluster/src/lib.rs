@@ -16,6 +16,8 @@ pub mod joining;
 pub mod log_store;
 pub mod member;
 pub mod network;
+#[cfg(test)]
+mod sim;
 pub mod state_machine;
 pub mod types;
 

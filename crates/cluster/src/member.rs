@@ -189,8 +189,6 @@ impl ClusterMember {
             held,
         };
         tokio::spawn(network::serve(peers, answering.clone(), stopped.clone()));
-        let barriers = Barriers::start(raft.clone(), stopped.clone());
-        let proposals = start_proposer(raft.clone(), stopped.clone());
         let (removal, removed) = watch::channel(None);
         tokio::spawn(crate::campaign::run(
             answering,
@@ -205,18 +203,7 @@ impl ClusterMember {
                 .clone()
                 .refresh(config.routes.clone(), stopped.clone()),
         );
-        applier.set_log(Arc::new(ClusterLog {
-            proposals: proposals.clone(),
-            barriers,
-            status,
-        }));
-        tokio::spawn(Leadership::watch(
-            raft.clone(),
-            applier,
-            proposals,
-            config.id,
-            stopped,
-        ));
+        serve_through(raft.clone(), applier, status, config.id, stopped);
         if let Some(initial) = config.initial {
             if !raft
                 .is_initialized()
@@ -317,6 +304,25 @@ impl ClusterMember {
             None => Ok(()),
         }
     }
+}
+
+/// Makes the member's server propose through `raft` (one proposer, batched
+/// read barriers) and serve clients only while it leads and has proven it.
+pub(crate) fn serve_through(
+    raft: Raft,
+    applier: Applier,
+    status: Status,
+    id: NodeId,
+    stopped: watch::Receiver<bool>,
+) {
+    let barriers = Barriers::start(raft.clone(), stopped.clone());
+    let proposals = start_proposer(raft.clone(), stopped.clone());
+    applier.set_log(Arc::new(ClusterLog {
+        proposals: proposals.clone(),
+        barriers,
+        status,
+    }));
+    tokio::spawn(Leadership::watch(raft, applier, proposals, id, stopped));
 }
 
 /// The text `watched` is set to, once it is (never, if its sender goes
