@@ -559,6 +559,10 @@ impl Leadership {
         // leader it sends clients to.
         let mut leading: Option<crate::types::Vote> = None;
         let mut following: Option<Option<NodeId>> = None;
+        // The leadership last seen, and how far this member's log reached
+        // then: everything in it may have been committed, and is applied
+        // before the member serves anyone.
+        let mut log_then: Option<(crate::types::Vote, Option<u64>)> = None;
         loop {
             let m = metrics.borrow_and_update().clone();
             if m.state == ServerState::Leader && m.current_leader == Some(id) {
@@ -575,7 +579,27 @@ impl Leadership {
                     leading = None;
                     following = Some(None);
                 }
-                if leading != Some(m.vote) {
+                if log_then.is_none_or(|(vote, _)| vote != m.vote) {
+                    log_then = Some((m.vote, m.last_log_index));
+                }
+                let held = log_then.and_then(|(_, last)| last);
+                if leading != Some(m.vote) && m.last_applied.map(|l| l.index) < held {
+                    // openraft's read index is the first entry of the
+                    // leader's term or its commit index, whichever is
+                    // later. A leader restarted within its own term (its
+                    // vote kept) may have lost its commit index with a
+                    // power loss, and its term's first entry is then far
+                    // behind what the cluster committed and acknowledged:
+                    // it would serve a state that went back. Its log holds
+                    // every committed entry, so it waits until all of it
+                    // is applied (the metrics change as entries are).
+                    info!(
+                        term = m.current_term,
+                        applied = ?m.last_applied.map(|l| l.index),
+                        log = ?held,
+                        "leading: applying the whole log before serving clients"
+                    );
+                } else if leading != Some(m.vote) {
                     // Prove leadership and catch up before serving anyone.
                     match raft.ensure_linearizable().await {
                         Ok(_) => {
