@@ -826,25 +826,12 @@ fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
 }
 
 /// Whether an answer shows that the session was alive after its request
-/// was sent: a success, or a refusal that came from the state (a cluster
-/// member gives those only once it has proven that it leads). A request
-/// refused on its form (an invalid path, data too large, bad arguments) is
-/// answered at once, even by a leader cut off from the majority that does
-/// not know it is deposed, so it shows nothing.
+/// was sent: a success, or a refusal that says so
+/// ([`ErrorCode::shows_session_alive`]).
 fn shows_session_alive(result: &Result<Reply, baton_proto::ErrorReply>) -> bool {
-    match result {
-        Ok(_) => true,
-        Err(e) => matches!(
-            e.code,
-            ErrorCode::NoNode
-                | ErrorCode::NodeExists
-                | ErrorCode::BadVersion
-                | ErrorCode::NotEmpty
-                | ErrorCode::NoChildrenForEphemerals
-                | ErrorCode::StaleFence
-                | ErrorCode::ResultLost
-        ),
-    }
+    result
+        .as_ref()
+        .map_or_else(|e| e.code.shows_session_alive(), |_| true)
 }
 
 #[cfg(test)]

@@ -72,6 +72,27 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Whether a request refused with this code shows that its session was
+    /// alive after the request was sent: a refusal that came from the state
+    /// (a node missing, a version or fence refused) does, as a cluster
+    /// member gives those only once it has proven that it leads. A request
+    /// refused on its form (an invalid path, data too large, bad arguments)
+    /// is answered at once, even by a leader cut off from the majority that
+    /// does not know it is deposed, and a refusal of the session itself
+    /// shows the opposite: neither shows anything.
+    pub fn shows_session_alive(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::NoNode
+                | ErrorCode::NodeExists
+                | ErrorCode::BadVersion
+                | ErrorCode::NotEmpty
+                | ErrorCode::NoChildrenForEphemerals
+                | ErrorCode::StaleFence
+                | ErrorCode::ResultLost
+        )
+    }
+
     /// The code's number on the wire.
     pub fn to_u16(self) -> u16 {
         match self {

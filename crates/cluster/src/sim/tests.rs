@@ -2,7 +2,7 @@
 
 use super::run_seed;
 
-/// How many seeds a test run tries, from `BATON_SIM_SEEDS` (default 100),
+/// How many seeds a test run tries, from `BATON_SIM_SEEDS` (default 1,000),
 /// starting at `BATON_SIM_FIRST` (default 1).
 fn seeds() -> std::ops::Range<u64> {
     let var = |name: &str, default: u64| {
@@ -12,7 +12,7 @@ fn seeds() -> std::ops::Range<u64> {
             .unwrap_or(default)
     };
     let first = var("BATON_SIM_FIRST", 1);
-    first..first + var("BATON_SIM_SEEDS", 100)
+    first..first + var("BATON_SIM_SEEDS", 1_000)
 }
 
 fn repro(seed: u64) -> String {
@@ -80,6 +80,11 @@ fn one_seed() {
     );
     for f in &findings {
         println!("{f:?}");
+        for id in &f.ops {
+            if let Some(op) = world.history.ops.iter().find(|op| op.id == *id) {
+                println!("  {op:?}");
+            }
+        }
     }
     assert!(findings.is_empty(), "seed {seed} broke a promise");
 }

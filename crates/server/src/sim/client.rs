@@ -617,8 +617,16 @@ impl Client {
                     match frame {
                         ServerMessage::Reply(reply) => {
                             self.revision = self.revision.max(reply.revision);
+                            // As the client library: only an answer that shows the
+                            // session alive moves its deadline.
+                            let alive = reply
+                                .result
+                                .as_ref()
+                                .map_or_else(|e| e.code.shows_session_alive(), |_| true);
                             if let Some(sent) = self.sent_at.remove(&reply.xid) {
-                                self.answered_sent_us = self.answered_sent_us.max(sent);
+                                if alive {
+                                    self.answered_sent_us = self.answered_sent_us.max(sent);
+                                }
                             }
                             if self.op.as_ref().is_some_and(|op| op.xid == reply.xid) {
                                 let op = self.op.take().expect("just seen");
