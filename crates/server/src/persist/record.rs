@@ -348,6 +348,10 @@ impl Cursor<'_> {
         Ok(self.take(1)?[0])
     }
 
+    pub(crate) fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+
     pub(crate) fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_be_bytes(self.array()?))
     }

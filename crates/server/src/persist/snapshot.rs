@@ -2,9 +2,9 @@
 //!
 //! # Format
 //! ```text
-//! header, 52 bytes (format 2):
+//! header, 52 bytes (format 3):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  2
+//!   format      u32  3
 //!   revision    u64  the state's revision
 //!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
@@ -12,19 +12,21 @@
 //!   body_crc    u32  CRC32C of everything after the header
 //!   header_crc  u32  CRC32C of the 48 bytes before it
 //! sessions: id u64, timeout_ms u32, secret [16],
-//!   last: u8 0, or 1 then xid u32 and the outcome of the session's latest
-//!   change:
+//!   last: u8 0, or 1 then xid u32 and the reply to the session's latest
+//!   change request:
 //!     tag u8 1 created:  path str, sequence opt64, stat
 //!            2 enqueued: path str, sequence u64, stat,
 //!                        predecessor: u8 0 | 1 + path str + stat
 //!            3 deleted
 //!            4 data set: stat
+//!            5 refused:  code u16, message str
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
 //!   mtime u64, version u32, cversion u32, owner u64, fence u64
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 1 (still read) has a 44-byte header without `last_now_ms`, and
+//! Format 2 (still read) is format 3 whose sessions keep no refusal (no tag
+//! 5); format 1 (still read) has a 44-byte header without `last_now_ms`, and
 //! sessions without `last`.
 //!
 //! A snapshot is written to a temporary file, synced, and renamed into place,
@@ -36,7 +38,7 @@ use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_proto::{SessionId, SessionSecret, Stat};
+use baton_proto::{ErrorCode, ErrorReply, SessionId, SessionSecret, Stat};
 
 use super::record::Cursor;
 use super::{sync_dir, PersistError};
@@ -44,7 +46,7 @@ use crate::state::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 use crate::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
@@ -102,7 +104,14 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
             Some(last) => {
                 body.put(&[1])?;
                 body.put(&last.xid.to_be_bytes())?;
-                put_outcome(&mut body, &last.outcome)?;
+                match &last.reply {
+                    Ok(outcome) => put_outcome(&mut body, outcome)?,
+                    Err(e) => {
+                        body.put(&[5])?;
+                        body.put(&e.code.to_u16().to_be_bytes())?;
+                        put_str(&mut body, &e.message)?;
+                    }
+                }
             }
         }
         sessions += 1;
@@ -231,12 +240,12 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, (usize, String)> {
     let format = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let header_len = match format {
         1 => HEADER_V1,
-        2 if bytes.len() >= HEADER => HEADER,
-        2 => return Err((0, "snapshot shorter than its header".into())),
+        2 | 3 if bytes.len() >= HEADER => HEADER,
+        2 | 3 => return Err((0, "snapshot shorter than its header".into())),
         other => {
             return Err((
                 8,
-                format!("snapshot format {other}, this server reads 1 and {FORMAT}"),
+                format!("snapshot format {other}, this server reads 1 to {FORMAT}"),
             ))
         }
     };
@@ -275,7 +284,7 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, (usize, String)> {
                 last: if format == 1 {
                     None
                 } else {
-                    last_reply(&mut r)?
+                    last_reply(&mut r, format)?
                 },
             })
         })()
@@ -323,13 +332,19 @@ fn get_stat(r: &mut Cursor) -> Result<Stat, String> {
     })
 }
 
-fn last_reply(r: &mut Cursor) -> Result<Option<LastReply>, String> {
+fn last_reply(r: &mut Cursor, format: u32) -> Result<Option<LastReply>, String> {
     if r.u8()? == 0 {
         return Ok(None);
     }
     let xid = r.u32()?;
     let path = |r: &mut Cursor| r.str().map(|p| Arc::<str>::from(p.as_str()));
-    let outcome = match r.u8()? {
+    let reply = match r.u8()? {
+        5 if format >= 3 => {
+            return Ok(Some(LastReply {
+                xid,
+                reply: Err(ErrorReply::new(ErrorCode::from_u16(r.u16()?), r.str()?)),
+            }))
+        }
         1 => Outcome::Created {
             path: path(r)?,
             sequence: match r.u8()? {
@@ -352,7 +367,10 @@ fn last_reply(r: &mut Cursor) -> Result<Option<LastReply>, String> {
         0 => return Ok(None),
         tag => return Err(format!("unknown reply tag {tag}")),
     };
-    Ok(Some(LastReply { xid, outcome }))
+    Ok(Some(LastReply {
+        xid,
+        reply: Ok(reply),
+    }))
 }
 
 /// A writer that keeps the CRC32C of what went through it.
@@ -417,5 +435,64 @@ mod tests {
         );
         assert_eq!(back.session(SessionId(1)).unwrap().ephemerals.len(), 2);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The reply each session keeps for a resent request comes back from a
+    /// snapshot as it was: what a change made, and why a request was
+    /// refused.
+    #[test]
+    fn the_replies_sessions_keep_read_back_refusals_included() {
+        use crate::state::{Origin, Proposal};
+        let mut sm = StateMachine::new();
+        for n in [1u8, 2] {
+            sm.apply(
+                &Command::OpenSession {
+                    timeout_ms: 3000,
+                    secret: SessionSecret([n; 16]),
+                },
+                1,
+            );
+        }
+        let at = |session, xid, command| Proposal {
+            now_ms: 2,
+            origin: Some(Origin {
+                session: SessionId(session),
+                xid,
+            }),
+            command,
+        };
+        let set = |version| Command::SetData {
+            path: "/a".into(),
+            data: Bytes::from_static(b"x"),
+            version: Some(version),
+            fence: None,
+        };
+        let create = Command::Create {
+            session: SessionId(1),
+            path: "/a".into(),
+            data: Bytes::new(),
+            mode: CreateMode::Persistent,
+            fence: None,
+        };
+        sm.apply_proposal(&at(1, 4, create)).result.unwrap();
+        let refused = sm.apply_proposal(&at(2, 7, set(5))).result.unwrap_err();
+        assert_eq!(refused.code, baton_proto::ErrorCode::BadVersion);
+        let mut out = std::io::Cursor::new(Vec::new());
+        encode(&sm, &mut out).unwrap();
+        let mut back = decode(out.get_ref()).unwrap();
+        for id in [1, 2] {
+            assert_eq!(
+                back.session(SessionId(id))
+                    .unwrap()
+                    .last_reply(SessionId(id)),
+                sm.session(SessionId(id)).unwrap().last_reply(SessionId(id))
+            );
+        }
+        // The refused request, again after the state would let it pass,
+        // is refused again from the snapshot's state too.
+        back.apply_proposal(&at(1, 5, set(0))).result.unwrap();
+        let again = back.apply_proposal(&at(2, 7, set(1)));
+        assert_eq!(again.result, Err(refused));
+        assert!(!again.changed);
     }
 }

@@ -127,8 +127,9 @@ pub struct Session {
     pub secret: SessionSecret,
     /// Full paths of the session's ephemeral nodes.
     pub ephemerals: Ephemerals,
-    /// The reply to the session's latest request that changed the state:
-    /// a retried request is answered from it rather than applied twice.
+    /// The reply to the session's latest change request (what it changed,
+    /// or why it was refused): a retried request is answered from it rather
+    /// than applied twice.
     last: Option<Box<Kept>>,
 }
 
@@ -143,12 +144,12 @@ impl Session {
         }
     }
 
-    /// The reply to the latest request of this session (`id`) that changed
-    /// the state, if any.
+    /// The reply to the latest change request of this session (`id`), if
+    /// any.
     pub fn last_reply(&self, id: SessionId) -> Option<LastReply> {
         self.last.as_deref().map(|kept| LastReply {
             xid: self.last_xid,
-            outcome: kept.outcome(id),
+            reply: kept.reply(id),
         })
     }
 }
@@ -280,7 +281,7 @@ impl StateMachine {
             let mut session = Session::new(timeout_ms, secret);
             if let Some(last) = last {
                 session.last_xid = last.xid;
-                session.last = Some(Box::new(Kept::new(id, &last.outcome)));
+                session.last = Some(Box::new(Kept::of(id, &last.reply)));
             }
             if sm.sessions.contains_key(&id) {
                 return Err(format!("session {id} appears twice"));
@@ -433,8 +434,11 @@ impl StateMachine {
         let changed = self.revision != before;
         if changed {
             self.last_now_ms = now_ms;
-            if let (Some(origin), Ok(outcome)) = (proposal.origin, &result) {
-                self.remember(origin, outcome);
+        }
+        // What it changed, or why it was refused (see `proposal`).
+        if let Some(origin) = proposal.origin {
+            if changed || result.is_err() {
+                self.remember(origin, &result);
             }
         }
         Applied {

@@ -3,16 +3,29 @@
 //! A client whose connection breaks with requests unanswered sends them
 //! again, with the same xids, once its session is resumed (on the same
 //! server, or on a new leader after a failover). Each session keeps the
-//! reply to its latest request that changed the state, so that a request
-//! sent again is answered rather than applied twice. The reply is part of
-//! the state: it is in every snapshot and rebuilt by every replay, so every
-//! server that applies the same proposals answers a resent request alike.
+//! reply to its latest change request (what it changed, or why it was
+//! refused), so that a request sent again is answered rather than applied
+//! twice. The reply is part of the state: it is in every snapshot and
+//! rebuilt by every replay of a replicated log, so every member that
+//! applies the same proposals answers a resent request alike.
+//!
+//! A refusal is kept too. In a cluster, a request and its resent copy can
+//! both reach the log (the first proposed by a leader that then lost its
+//! connection or its leadership, the copy by the next): were the first's
+//! refusal forgotten, the copy would be applied once the state let it,
+//! after the client was told "refused". A single server does not log the
+//! requests it refuses, so after a restart it tries a resent refused
+//! request again; it changed nothing the first time, and the client never
+//! saw that refusal (the reply went with the connection).
 
 use std::sync::Arc;
 
 use baton_proto::{ErrorCode, ErrorReply, SessionId, Stat};
 
 use super::{Command, Outcome, StateMachine};
+
+/// The longest refusal message a session keeps, in bytes.
+pub const KEPT_MESSAGE: usize = 1024;
 
 /// The client request a change answers: its session and xid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,11 +44,12 @@ pub struct Proposal {
     pub command: Command,
 }
 
-/// A session's latest request that changed the state, and what it got.
+/// A session's latest change request, and what it got: what it changed, or
+/// why it was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LastReply {
     pub xid: u32,
-    pub outcome: Outcome,
+    pub reply: Result<Outcome, ErrorReply>,
 }
 
 /// The outcome of a session's latest change as the session keeps it (the
@@ -67,6 +81,8 @@ pub enum Kept {
     Deleted,
     /// Any other outcome, whole.
     Other(Box<Outcome>),
+    /// The request was refused, for this reason.
+    Refused(Box<ErrorReply>),
 }
 
 /// The stat of a node as created (not changed since, no children): its
@@ -149,13 +165,30 @@ impl Kept {
         };
         match small {
             // What a create or an enqueue gives; anything else is kept whole.
-            Some(kept) if kept.outcome(session) == *outcome => kept,
+            Some(kept) if kept.reply(session).as_ref() == Ok(outcome) => kept,
             _ => Kept::Other(Box::new(outcome.clone())),
         }
     }
 
-    /// The outcome kept by `session`.
-    pub fn outcome(&self, session: SessionId) -> Outcome {
+    /// The reply of a request of `session`, kept small where that loses
+    /// nothing: [`reply`](Self::reply) gives back exactly `reply`.
+    ///
+    /// A refusal's message is kept to its first [`KEPT_MESSAGE`] bytes.
+    pub(super) fn of(session: SessionId, reply: &Result<Outcome, ErrorReply>) -> Kept {
+        match reply {
+            Ok(outcome) => Kept::new(session, outcome),
+            Err(e) => {
+                let mut end = e.message.len().min(KEPT_MESSAGE);
+                while !e.message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                Kept::Refused(Box::new(ErrorReply::new(e.code, &e.message[..end])))
+            }
+        }
+    }
+
+    /// The reply kept by `session`.
+    pub fn reply(&self, session: SessionId) -> Result<Outcome, ErrorReply> {
         let own = |czxid, ctime, data_len, ephemeral: bool| {
             Fresh {
                 czxid,
@@ -165,7 +198,7 @@ impl Kept {
             }
             .stat()
         };
-        match self {
+        Ok(match self {
             Kept::Created {
                 path,
                 czxid,
@@ -192,7 +225,8 @@ impl Kept {
             },
             Kept::Deleted => Outcome::Deleted,
             Kept::Other(outcome) => (**outcome).clone(),
-        }
+            Kept::Refused(e) => return Err((**e).clone()),
+        })
     }
 }
 
@@ -214,7 +248,7 @@ impl StateMachine {
             return None;
         }
         Some(if origin.xid == session.last_xid {
-            Ok(last.outcome(origin.session))
+            last.reply(origin.session)
         } else {
             Err(ErrorReply::new(
                 ErrorCode::ResultLost,
@@ -226,10 +260,10 @@ impl StateMachine {
         })
     }
 
-    /// Keeps the reply to a request that changed the state, for its session.
-    pub(super) fn remember(&mut self, origin: Origin, outcome: &Outcome) {
+    /// Keeps the reply to a change request, for its session.
+    pub(super) fn remember(&mut self, origin: Origin, reply: &Result<Outcome, ErrorReply>) {
         if let Some(session) = self.sessions.get_mut(&origin.session) {
-            let last = Kept::new(origin.session, outcome);
+            let last = Kept::of(origin.session, reply);
             session.last_xid = origin.xid;
             match &mut session.last {
                 Some(kept) => **kept = last,
@@ -297,19 +331,68 @@ mod tests {
         let lost = sm.apply_proposal(&proposal(at(7), create("/a-")));
         assert_eq!(lost.result.unwrap_err().code, ErrorCode::ResultLost);
         assert_eq!(sm.node_count(), 3);
+    }
 
-        // A refused request is not remembered: sent again, it is tried again.
+    /// A request and its resent copy can both reach a cluster's log (the
+    /// first proposed by a leader that then lost the connection or its
+    /// leadership, the copy by the next). When the first is refused, the
+    /// copy gets the same refusal, even once the state would let it pass:
+    /// applied, it would change what the client was told was refused.
+    #[test]
+    fn a_refused_request_and_its_copy_both_in_the_log_apply_at_most_once() {
+        let mut sm = StateMachine::new();
+        sm.apply(
+            &Command::OpenSession {
+                timeout_ms: 1000,
+                secret: SessionSecret([1; 16]),
+            },
+            0,
+        );
+        let session = SessionId(1);
+        let create = |path: &str| Command::Create {
+            session,
+            path: path.into(),
+            data: Bytes::new(),
+            mode: CreateMode::PersistentSequential,
+            fence: None,
+        };
+        let at = |xid| Some(Origin { session, xid });
         let refused = sm.apply_proposal(&proposal(at(9), create("/missing/c-")));
         assert!(!refused.changed);
+        assert_eq!(refused.result.as_ref().unwrap_err().code, ErrorCode::NoNode);
+        // Another session makes the missing parent.
+        let other = SessionId(
+            sm.apply(
+                &Command::OpenSession {
+                    timeout_ms: 1000,
+                    secret: SessionSecret([9; 16]),
+                },
+                0,
+            )
+            .revision,
+        );
         let parent = Command::Create {
-            session,
+            session: other,
             path: "/missing".into(),
             data: Bytes::new(),
             mode: CreateMode::Persistent,
             fence: None,
         };
-        assert!(sm.apply_proposal(&proposal(at(10), parent)).changed);
-        let retried = sm.apply_proposal(&proposal(at(11), create("/missing/c-")));
+        let parent_made = Proposal {
+            origin: Some(Origin {
+                session: other,
+                xid: 1,
+            }),
+            ..proposal(None, parent)
+        };
+        assert!(sm.apply_proposal(&parent_made).changed);
+        let nodes = sm.node_count();
+        let copy = sm.apply_proposal(&proposal(at(9), create("/missing/c-")));
+        assert!(!copy.changed);
+        assert_eq!(copy.result, refused.result);
+        assert_eq!(sm.node_count(), nodes, "the copy created nothing");
+        // A request made after it is applied.
+        let retried = sm.apply_proposal(&proposal(at(10), create("/missing/c-")));
         assert!(retried.changed);
     }
 
@@ -344,7 +427,7 @@ mod tests {
                 .as_deref()
                 .unwrap()
                 .clone();
-            assert_eq!(kept.outcome(session), outcome);
+            assert_eq!(kept.reply(session), Ok(outcome.clone()));
             assert_eq!(sm.answered(origin), Some(Ok(outcome)));
             kept
         };
