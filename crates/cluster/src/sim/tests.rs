@@ -60,7 +60,8 @@ fn every_seed_keeps_every_promise() {
     assert!(totals.1 / n > 2, "{} faults in {n} seeds", totals.1);
 }
 
-/// One seed, from `BATON_SIM_SEED`, with its trace and findings printed.
+/// One seed, from `BATON_SIM_SEED`, with its trace and findings printed
+/// (and every operation on the key `BATON_SIM_KEY` names, if set).
 #[test]
 fn one_seed() {
     let Some(seed) = std::env::var("BATON_SIM_SEED")
@@ -78,6 +79,12 @@ fn one_seed() {
         world.history.ops.len(),
         world.history.faults.len()
     );
+    // Every operation on one key, from `BATON_SIM_KEY` (say `/r1`).
+    if let Ok(key) = std::env::var("BATON_SIM_KEY") {
+        for op in world.history.ops.iter().filter(|op| op.key == key) {
+            println!("{op:?}");
+        }
+    }
     for f in &findings {
         println!("{f:?}");
         for id in &f.ops {
