@@ -102,8 +102,13 @@ fn a_seed_runs_the_same_every_time() {
     for seed in [7, 8] {
         let (a, _) = run_seed(seed, true);
         let (b, _) = run_seed(seed, true);
-        assert_eq!(a.trace, b.trace, "seed {seed}");
-        assert_eq!(a.history, b.history, "seed {seed}");
+        // Without `--cfg tokio_unstable` (set in .cargo/config.toml, and
+        // replaced by a RUSTFLAGS variable) tokio's own choices are not
+        // seeded, and runs differ.
+        let why =
+            "build with --cfg tokio_unstable (.cargo/config.toml sets it; RUSTFLAGS replaces it)";
+        assert_eq!(a.trace, b.trace, "seed {seed}: {why}");
+        assert_eq!(a.history, b.history, "seed {seed}: {why}");
     }
 }
 
