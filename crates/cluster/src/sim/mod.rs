@@ -30,10 +30,9 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use baton_chaos::history::History;
 use baton_proto::{ErrorCode, ServerMessage};
 use baton_server::sim::client::{self, Client};
-use baton_server::sim::{door, Down, Env, Rng, Up, RUN_US, SESSION_MS};
+use baton_server::sim::{door, Down, Env, Journal, Rng, Up, RUN_US, SESSION_MS};
 use baton_server::{Applier, Config, Server};
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch, Notify};
@@ -187,11 +186,7 @@ pub(crate) struct World {
     /// The member each client connects to next.
     target: Vec<usize>,
     conns: BTreeMap<usize, Conn>,
-    pub(crate) history: History,
-    ephemerals: Vec<String>,
-    next_value: u64,
-    pub(crate) trace: Vec<String>,
-    keep_trace: bool,
+    pub(crate) journal: Journal,
     defect: Option<Defect>,
 }
 
@@ -212,31 +207,14 @@ impl Env for World {
         Instant::now().duration_since(self.start).as_micros() as u64
     }
 
-    fn unique(&mut self) -> u64 {
-        self.next_value += 1;
-        self.next_value
-    }
-
     fn send_up(&mut self, c: usize, gen: u64, up: Up) {
         let mut q = lock(&self.queue.0);
         let at = q.arrival(c, true);
         q.at(at, Event::ToMember(c, gen, up));
     }
 
-    fn tracing(&self) -> bool {
-        self.keep_trace
-    }
-
-    fn trace_line(&mut self, line: String) {
-        self.trace.push(line);
-    }
-
-    fn history(&mut self) -> &mut History {
-        &mut self.history
-    }
-
-    fn ephemerals(&mut self) -> &mut Vec<String> {
-        &mut self.ephemerals
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 }
 
@@ -278,11 +256,7 @@ impl World {
             clients: Vec::new(),
             target: Vec::new(),
             conns: BTreeMap::new(),
-            history: History::default(),
-            ephemerals: Vec::new(),
-            next_value: 1,
-            trace: Vec::new(),
-            keep_trace,
+            journal: Journal::new(keep_trace),
             defect,
         };
         for i in 0..MEMBERS as usize {
@@ -536,7 +510,7 @@ impl World {
             Event::Tick(_) | Event::ToMember(..) | Event::ToClient(..)
         );
         self.handle(event).await;
-        if fault && self.keep_trace {
+        if fault && self.journal.keep_trace() {
             let line = self.members_line();
             self.note(|| line);
         }
@@ -892,7 +866,7 @@ fn run(
         world.run().await;
         world
     });
-    let findings = baton_chaos::check(&world.history)
+    let findings = baton_chaos::check(&world.journal.history)
         .into_iter()
         .filter(|f| f.verdict == baton_chaos::Verdict::Violation)
         .collect();

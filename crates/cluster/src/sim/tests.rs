@@ -1,98 +1,35 @@
 //! Seeds of the cluster's simulation, each checked.
 
 use super::run_seed;
-
-/// How many seeds a test run tries, from `BATON_SIM_SEEDS` (default 1,000),
-/// starting at `BATON_SIM_FIRST` (default 1).
-fn seeds() -> std::ops::Range<u64> {
-    let var = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let first = var("BATON_SIM_FIRST", 1);
-    first..first + var("BATON_SIM_SEEDS", 1_000)
-}
+use baton_server::sim::seeds;
 
 fn repro(seed: u64) -> String {
     format!("BATON_SIM_SEED={seed} cargo test -p baton-cluster --lib sim::tests::one_seed -- --nocapture")
 }
 
-/// Every seed keeps every promise the checkers know. The seeds are shared
-/// out among as many threads as the machine has cores.
+/// Every seed keeps every promise the checkers know: `BATON_SIM_SEEDS`
+/// seeds (1,000 if unset) from `BATON_SIM_FIRST` (1).
 #[test]
 fn every_seed_keeps_every_promise() {
-    let seeds = seeds();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let totals = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let seeds = seeds.clone();
-                scope.spawn(move || {
-                    let (mut ops, mut faults) = (0, 0);
-                    for seed in seeds.filter(|s| s % threads == t) {
-                        let outcome = std::panic::catch_unwind(|| run_seed(seed, false));
-                        let Ok((world, findings)) = outcome else {
-                            panic!("seed {seed} panicked; run it alone: {}", repro(seed));
-                        };
-                        assert!(
-                            findings.is_empty(),
-                            "seed {seed} broke a promise: {findings:?}; run it alone: {}",
-                            repro(seed)
-                        );
-                        ops += world.history.ops.len();
-                        faults += world.history.faults.len();
-                    }
-                    (ops, faults)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    });
-    // The runs did something: operations and faults in every seed, on
-    // average.
-    let n = seeds.count().max(1);
-    assert!(totals.0 / n > 100, "{} operations in {n} seeds", totals.0);
-    assert!(totals.1 / n > 2, "{} faults in {n} seeds", totals.1);
+    seeds::check_all(
+        seeds::from_env(1_000),
+        |seed| {
+            let (world, findings) = run_seed(seed, false);
+            (world.journal, findings)
+        },
+        repro,
+    );
 }
 
 /// One seed, from `BATON_SIM_SEED`, with its trace and findings printed
 /// (and every operation on the key `BATON_SIM_KEY` names, if set).
 #[test]
 fn one_seed() {
-    let Some(seed) = std::env::var("BATON_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    else {
+    let Some(seed) = seeds::one_from_env() else {
         return;
     };
     let (world, findings) = run_seed(seed, true);
-    for line in &world.trace {
-        println!("{line}");
-    }
-    println!(
-        "{} operations, {} faults",
-        world.history.ops.len(),
-        world.history.faults.len()
-    );
-    // Every operation on one key, from `BATON_SIM_KEY` (say `/r1`).
-    if let Ok(key) = std::env::var("BATON_SIM_KEY") {
-        for op in world.history.ops.iter().filter(|op| op.key == key) {
-            println!("{op:?}");
-        }
-    }
-    for f in &findings {
-        println!("{f:?}");
-        for id in &f.ops {
-            if let Some(op) = world.history.ops.iter().find(|op| op.id == *id) {
-                println!("  {op:?}");
-            }
-        }
-    }
+    seeds::print(&world.journal, &findings);
     assert!(findings.is_empty(), "seed {seed} broke a promise");
 }
 
@@ -107,8 +44,8 @@ fn a_seed_runs_the_same_every_time() {
         // seeded, and runs differ.
         let why =
             "build with --cfg tokio_unstable (.cargo/config.toml sets it; RUSTFLAGS replaces it)";
-        assert_eq!(a.trace, b.trace, "seed {seed}: {why}");
-        assert_eq!(a.history, b.history, "seed {seed}: {why}");
+        assert_eq!(a.journal.trace, b.journal.trace, "seed {seed}: {why}");
+        assert_eq!(a.journal.history, b.journal.history, "seed {seed}: {why}");
     }
 }
 
@@ -182,7 +119,7 @@ fn a_leader_back_in_its_own_term_after_losing_its_commit_index_serves_nothing_st
         assert!(
             findings.is_empty(),
             "seed {seed}: {findings:?}\n{:?}",
-            world.history.faults
+            world.journal.history.faults
         );
     }
 }

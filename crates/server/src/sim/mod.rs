@@ -20,6 +20,7 @@
 pub mod client;
 #[cfg(feature = "sim")]
 pub mod door;
+pub mod seeds;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -155,8 +156,36 @@ enum Event {
     Pause(usize, u64),
 }
 
+/// What a run records: the clients' history (operations and faults), the
+/// trace, if one is kept, and the ephemeral nodes the holders made (for the
+/// observer).
+#[derive(Debug, Default)]
+pub struct Journal {
+    pub history: History,
+    pub trace: Vec<String>,
+    pub ephemerals: Vec<String>,
+    keep_trace: bool,
+    /// The last value a write used.
+    last_value: u64,
+}
+
+impl Journal {
+    pub fn new(keep_trace: bool) -> Journal {
+        Journal {
+            keep_trace,
+            last_value: 1,
+            ..Journal::default()
+        }
+    }
+
+    /// Whether the run keeps a trace.
+    pub fn keep_trace(&self) -> bool {
+        self.keep_trace
+    }
+}
+
 /// What a simulated client sees of the world it runs in: the clock, the
-/// network it sends on, and the history it records. The single server's
+/// network it sends on, and the journal it records in. The single server's
 /// world and a cluster's both provide it, so the same clients run on each.
 pub trait Env {
     /// Simulated microseconds since the run began.
@@ -166,29 +195,32 @@ pub trait Env {
         self.now_us() * 1_000
     }
 
-    /// A value no write has used.
-    fn unique(&mut self) -> u64;
-
     /// Client `c` sends `up` on its connection `gen`.
     fn send_up(&mut self, c: usize, gen: u64, up: Up);
 
-    /// Whether the run keeps a trace.
-    fn tracing(&self) -> bool;
+    fn journal(&mut self) -> &mut Journal;
 
-    /// Adds a line to the trace.
-    fn trace_line(&mut self, line: String);
+    /// A value no write has used.
+    fn unique(&mut self) -> u64 {
+        let journal = self.journal();
+        journal.last_value += 1;
+        journal.last_value
+    }
 
-    /// Where the clients record what they did and the faults they made.
-    fn history(&mut self) -> &mut History;
+    fn history(&mut self) -> &mut History {
+        &mut self.journal().history
+    }
 
-    /// The ephemeral nodes the holders made, for the observer.
-    fn ephemerals(&mut self) -> &mut Vec<String>;
+    fn ephemerals(&mut self) -> &mut Vec<String> {
+        &mut self.journal().ephemerals
+    }
 
     /// Notes `what` in the trace, if one is kept.
     fn note(&mut self, what: impl FnOnce() -> String) {
-        if self.tracing() {
-            let line = format!("{:>9} us  {}", self.now_us(), what());
-            self.trace_line(line);
+        let now = self.now_us();
+        let journal = self.journal();
+        if journal.keep_trace {
+            journal.trace.push(format!("{now:>9} us  {}", what()));
         }
     }
 
@@ -205,30 +237,13 @@ impl Env for World {
         self.now_us
     }
 
-    fn unique(&mut self) -> u64 {
-        self.next_value += 1;
-        self.next_value
-    }
-
     fn send_up(&mut self, c: usize, gen: u64, up: Up) {
         let at = self.arrival(c, true);
         self.at(at, Event::ToServer(c, gen, up));
     }
 
-    fn tracing(&self) -> bool {
-        self.keep_trace
-    }
-
-    fn trace_line(&mut self, line: String) {
-        self.trace.push(line);
-    }
-
-    fn history(&mut self) -> &mut History {
-        &mut self.history
-    }
-
-    fn ephemerals(&mut self) -> &mut Vec<String> {
-        &mut self.ephemerals
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 }
 
@@ -263,12 +278,7 @@ pub struct World {
     cut_until: Vec<u64>,
     up_last: Vec<u64>,
     down_last: Vec<u64>,
-    pub history: History,
-    /// The ephemeral nodes the holders made, for the observer.
-    pub(crate) ephemerals: Vec<String>,
-    next_value: u64,
-    pub(crate) trace: Vec<String>,
-    keep_trace: bool,
+    pub journal: Journal,
     /// A defect put in on purpose, to show the checkers find it.
     pub(crate) defect: Option<Defect>,
 }
@@ -304,11 +314,7 @@ impl World {
             cut_until: Vec::new(),
             up_last: Vec::new(),
             down_last: Vec::new(),
-            history: History::default(),
-            ephemerals: Vec::new(),
-            next_value: 1,
-            trace: Vec::new(),
-            keep_trace,
+            journal: Journal::new(keep_trace),
             defect: None,
         };
         world.boot(world.base.clone());
@@ -692,7 +698,7 @@ pub fn run_seed_with(
     let mut world = World::new(seed, keep_trace);
     world.defect = defect;
     world.run();
-    let findings = baton_chaos::check(&world.history)
+    let findings = baton_chaos::check(&world.journal.history)
         .into_iter()
         .filter(|f| f.verdict == baton_chaos::Verdict::Violation)
         .collect();

@@ -1,86 +1,34 @@
 //! Seeds of the simulation, each checked.
 
-use super::run_seed;
-
-/// How many seeds a test run tries, from `BATON_SIM_SEEDS` (default
-/// 2,000), starting at `BATON_SIM_FIRST` (default 1).
-fn seeds() -> std::ops::Range<u64> {
-    let var = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let first = var("BATON_SIM_FIRST", 1);
-    first..first + var("BATON_SIM_SEEDS", 2_000)
-}
+use super::{run_seed, seeds};
 
 fn repro(seed: u64) -> String {
     format!("BATON_SIM_SEED={seed} cargo test -p baton-server --lib sim::tests::one_seed -- --nocapture")
 }
 
-/// Every seed keeps every promise the checkers know. The seeds are shared
-/// out among as many threads as the machine has cores.
+/// Every seed keeps every promise the checkers know: `BATON_SIM_SEEDS`
+/// seeds (2,000 if unset) from `BATON_SIM_FIRST` (1).
 #[test]
 fn every_seed_keeps_every_promise() {
-    let seeds = seeds();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let totals = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let seeds = seeds.clone();
-                scope.spawn(move || {
-                    let (mut ops, mut faults) = (0, 0);
-                    for seed in seeds.filter(|s| s % threads == t) {
-                        let outcome = std::panic::catch_unwind(|| run_seed(seed, false));
-                        let Ok((world, findings)) = outcome else {
-                            panic!("seed {seed} panicked; run it alone: {}", repro(seed));
-                        };
-                        assert!(
-                            findings.is_empty(),
-                            "seed {seed} broke a promise: {findings:?}; run it alone: {}",
-                            repro(seed)
-                        );
-                        ops += world.history.ops.len();
-                        faults += world.history.faults.len();
-                    }
-                    (ops, faults)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    });
-    // The runs did something: operations and faults in every seed, on
-    // average.
-    let n = seeds.count().max(1);
-    assert!(totals.0 / n > 100, "{} operations in {n} seeds", totals.0);
-    assert!(totals.1 / n > 2, "{} faults in {n} seeds", totals.1);
+    seeds::check_all(
+        seeds::from_env(2_000),
+        |seed| {
+            let (world, findings) = run_seed(seed, false);
+            (world.journal, findings)
+        },
+        repro,
+    );
 }
 
-/// One seed, from `BATON_SIM_SEED`, with its trace and findings printed.
+/// One seed, from `BATON_SIM_SEED`, with its trace and findings printed
+/// (and every operation on the key `BATON_SIM_KEY` names, if set).
 #[test]
 fn one_seed() {
-    let Some(seed) = std::env::var("BATON_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    else {
+    let Some(seed) = seeds::one_from_env() else {
         return;
     };
     let (world, findings) = run_seed(seed, true);
-    for line in &world.trace {
-        println!("{line}");
-    }
-    println!(
-        "{} operations, {} faults",
-        world.history.ops.len(),
-        world.history.faults.len()
-    );
-    for f in &findings {
-        println!("{f:?}");
-    }
+    seeds::print(&world.journal, &findings);
     assert!(findings.is_empty(), "seed {seed} broke a promise");
 }
 
@@ -89,8 +37,8 @@ fn one_seed() {
 fn a_seed_runs_the_same_every_time() {
     let (a, _) = run_seed(7, true);
     let (b, _) = run_seed(7, true);
-    assert_eq!(a.trace, b.trace);
-    assert_eq!(a.history, b.history);
+    assert_eq!(a.journal.trace, b.journal.trace);
+    assert_eq!(a.journal.history, b.journal.history);
 }
 
 /// A server that answers before its log has synced loses acknowledged

@@ -287,6 +287,30 @@ mod tests {
         }
     }
 
+    /// A state machine with one session open, and that session.
+    fn one_session() -> (StateMachine, SessionId) {
+        let mut sm = StateMachine::new();
+        let opened = sm.apply(
+            &Command::OpenSession {
+                timeout_ms: 1000,
+                secret: SessionSecret([1; 16]),
+            },
+            0,
+        );
+        (sm, SessionId(opened.revision))
+    }
+
+    /// A persistent sequential node under `path`, made by `session`.
+    fn sequential(session: SessionId, path: &str) -> Command {
+        Command::Create {
+            session,
+            path: path.into(),
+            data: Bytes::new(),
+            mode: CreateMode::PersistentSequential,
+            fence: None,
+        }
+    }
+
     #[test]
     fn xids_compare_across_the_wrap() {
         assert!(after(2, 1));
@@ -300,22 +324,8 @@ mod tests {
     /// the same session is reported lost; a later one is applied.
     #[test]
     fn a_request_sent_again_is_applied_at_most_once() {
-        let mut sm = StateMachine::new();
-        sm.apply(
-            &Command::OpenSession {
-                timeout_ms: 1000,
-                secret: SessionSecret([1; 16]),
-            },
-            0,
-        );
-        let session = SessionId(1);
-        let create = |path: &str| Command::Create {
-            session,
-            path: path.into(),
-            data: Bytes::new(),
-            mode: CreateMode::PersistentSequential,
-            fence: None,
-        };
+        let (mut sm, session) = one_session();
+        let create = |path: &str| sequential(session, path);
         let at = |xid| Some(Origin { session, xid });
         let first = sm.apply_proposal(&proposal(at(7), create("/a-")));
         assert!(first.changed);
@@ -340,22 +350,8 @@ mod tests {
     /// applied, it would change what the client was told was refused.
     #[test]
     fn a_refused_request_and_its_copy_both_in_the_log_apply_at_most_once() {
-        let mut sm = StateMachine::new();
-        sm.apply(
-            &Command::OpenSession {
-                timeout_ms: 1000,
-                secret: SessionSecret([1; 16]),
-            },
-            0,
-        );
-        let session = SessionId(1);
-        let create = |path: &str| Command::Create {
-            session,
-            path: path.into(),
-            data: Bytes::new(),
-            mode: CreateMode::PersistentSequential,
-            fence: None,
-        };
+        let (mut sm, session) = one_session();
+        let create = |path: &str| sequential(session, path);
         let at = |xid| Some(Origin { session, xid });
         let refused = sm.apply_proposal(&proposal(at(9), create("/missing/c-")));
         assert!(!refused.changed);
