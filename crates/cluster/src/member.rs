@@ -579,11 +579,20 @@ impl Leadership {
                     leading = None;
                     following = Some(None);
                 }
+                let applied = m.last_applied.map(|l| l.index);
                 if log_then.is_none_or(|(vote, _)| vote != m.vote) {
                     log_then = Some((m.vote, m.last_log_index));
+                    if leading != Some(m.vote) && applied < m.last_log_index {
+                        info!(
+                            term = m.current_term,
+                            ?applied,
+                            log = ?m.last_log_index,
+                            "leading: applying the whole log before serving clients"
+                        );
+                    }
                 }
                 let held = log_then.and_then(|(_, last)| last);
-                if leading != Some(m.vote) && m.last_applied.map(|l| l.index) < held {
+                if leading != Some(m.vote) && applied < held {
                     // openraft's read index is the first entry of the
                     // leader's term or its commit index, whichever is
                     // later. A leader restarted within its own term (its
@@ -593,12 +602,6 @@ impl Leadership {
                     // it would serve a state that went back. Its log holds
                     // every committed entry, so it waits until all of it
                     // is applied (the metrics change as entries are).
-                    info!(
-                        term = m.current_term,
-                        applied = ?m.last_applied.map(|l| l.index),
-                        log = ?held,
-                        "leading: applying the whole log before serving clients"
-                    );
                 } else if leading != Some(m.vote) {
                     // Prove leadership and catch up before serving anyone.
                     match raft.ensure_linearizable().await {
