@@ -7,7 +7,13 @@
 //!                                    framed records, one batch per write;
 //!                                    each record's payload is one log entry
 //!                                    (bincode: log id, then the payload)
-//! vote                               the vote, as one framed record
+//! votes                              the vote, in two 64-byte slots written
+//!                                    in turn in place: each a framed record
+//!                                    of (sequence u64, vote), the valid one
+//!                                    with the higher sequence counting
+//! vote                               the vote as earlier members kept it (one
+//!                                    framed record, replaced whole): read
+//!                                    only if `votes` is missing
 //! committed                          the last committed log id (a hint:
 //!                                    written in place, never synced)
 //! purged                             the last purged log id
@@ -77,6 +83,104 @@ struct Inner {
     dir: PathBuf,
     state: Mutex<State>,
     writer: Mutex<Writer>,
+    /// The `votes` file, once there is one.
+    votes: Mutex<Option<Votes>>,
+}
+
+/// The `votes` file: two slots, written in turn, so that a vote is saved
+/// without creating a file (a member whose file system is out of inodes
+/// still votes) and a write torn half way leaves the vote before it.
+struct Votes {
+    file: File,
+    /// The sequence number of the vote last written.
+    seq: u64,
+}
+
+/// The size of a slot of `votes`.
+const VOTE_SLOT: usize = 64;
+
+/// One slot of `votes`: a framed record of the sequence number and the
+/// vote, padded with zeros.
+fn vote_slot(seq: u64, vote: Option<&Vote>) -> [u8; VOTE_SLOT] {
+    let mut framed = Vec::with_capacity(VOTE_SLOT);
+    let payload = bincode::serialize(&(seq, vote)).expect("a vote serializes");
+    record::frame(&mut framed, |o| o.extend_from_slice(&payload));
+    let mut slot = [0u8; VOTE_SLOT];
+    slot[..framed.len()].copy_from_slice(&framed);
+    slot
+}
+
+/// The vote `votes` holds, with its sequence number; `None` if there is no
+/// such file.
+fn read_votes(path: &Path) -> Result<Option<(u64, Option<Vote>)>, String> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let best = bytes
+        .chunks(VOTE_SLOT)
+        .take(2)
+        .filter_map(|slot| match record::read_frame(slot) {
+            Frame::Whole { payload, .. } => {
+                bincode::deserialize::<(u64, Option<Vote>)>(payload).ok()
+            }
+            _ => None,
+        })
+        .max_by_key(|(seq, _)| *seq);
+    match best {
+        Some(best) => Ok(Some(best)),
+        None => Err(format!(
+            "{} is damaged (neither of its slots holds a vote); restore the data directory from a copy, or wipe it to have the member catch up from the others",
+            path.display()
+        )),
+    }
+}
+
+/// Makes the `votes` file, holding `vote` (in one step: a temporary file
+/// renamed into place), and opens it for the votes to come.
+fn create_votes(dir: &Path, vote: Option<&Vote>) -> Result<Votes, String> {
+    let path = dir.join("votes");
+    let mut bytes = vote_slot(0, vote).to_vec();
+    bytes.extend_from_slice(&[0u8; VOTE_SLOT]);
+    write_atomic(dir, &path, &bytes, true)?;
+    // The vote as earlier members kept it would only mislead a reader now.
+    let _ = std::fs::remove_file(dir.join("vote"));
+    open_votes(&path, 0)
+}
+
+fn open_votes(path: &Path, seq: u64) -> Result<Votes, String> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map(|file| Votes { file, seq })
+        .map_err(|e| format!("opening {}: {e}", path.display()))
+}
+
+impl Votes {
+    /// Writes `vote` over the older slot, and syncs it.
+    fn save(&mut self, vote: &Vote, path: &Path) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        let seq = self.seq + 1;
+        let slot = vote_slot(seq, Some(vote));
+        let at = (seq % 2) * VOTE_SLOT as u64;
+        let written = match disk_faults::torn_write(slot.len()) {
+            Some(part) => self
+                .file
+                .write_all_at(&slot[..part], at)
+                .and_then(|()| Err(disk_faults::no_space())),
+            None => self.file.write_all_at(&slot, at),
+        };
+        written
+            .and_then(|()| {
+                disk_faults::before_sync();
+                self.file.sync_data()
+            })
+            .map_err(|e| format!("writing the vote to {}: {e}", path.display()))?;
+        self.seq = seq;
+        Ok(())
+    }
 }
 
 struct State {
@@ -119,7 +223,19 @@ impl LogStore {
         segment_bytes: u64,
     ) -> Result<LogStore, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let vote: Option<Vote> = read_small(&dir.join("vote"))?;
+        // The vote: from `votes`, or, in a directory an earlier member
+        // kept, from `vote`, moved into a `votes` file now (if no file can
+        // be made now, at the next vote).
+        let (vote, votes) = match read_votes(&dir.join("votes"))? {
+            Some((seq, vote)) => (vote, Some(open_votes(&dir.join("votes"), seq)?)),
+            None => {
+                let vote: Option<Vote> = read_small(&dir.join("vote"))?;
+                let votes = create_votes(dir, vote.as_ref())
+                    .map_err(|e| warn!("the vote stays where it is for now: {e}"))
+                    .ok();
+                (vote, votes)
+            }
+        };
         // Both are written as an Option of a log id.
         let purged: Option<LogId> = read_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
         let recovered = recover(dir, purged.map(|p| p.index), Repair::Yes)?;
@@ -166,6 +282,7 @@ impl LogStore {
                 dir: dir.to_owned(),
                 state: Mutex::new(state),
                 writer: Mutex::new(writer),
+                votes: Mutex::new(votes),
             }),
         })
     }
@@ -221,10 +338,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let path = self.inner.dir.join("vote");
-        let bytes = encode_small(vote);
-        blocking(|| write_atomic(&self.inner.dir, &path, &bytes, true))
-            .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?;
+        let dir = &self.inner.dir;
+        blocking(|| {
+            let mut votes = self.inner.votes.lock().unwrap_or_else(|e| e.into_inner());
+            match votes.as_mut() {
+                Some(v) => v.save(vote, &dir.join("votes")),
+                None => {
+                    *votes = Some(create_votes(dir, Some(vote))?);
+                    Ok(())
+                }
+            }
+        })
+        .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?;
         self.state().vote = Some(*vote);
         Ok(())
     }

@@ -248,3 +248,80 @@ async fn the_stored_membership_is_the_newer_of_the_log_and_the_snapshot_and_read
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn vote(term: u64) -> openraft::Vote<u64> {
+    let mut vote = openraft::Vote::new(term, 1);
+    vote.commit();
+    vote
+}
+
+/// The vote is kept in two slots written in turn: every vote reads back
+/// after a restart, and a vote whose slot write was torn leaves the vote
+/// before it (that save never completed, so nothing acted on it).
+#[tokio::test]
+async fn votes_are_written_in_turn_and_a_torn_one_leaves_the_one_before() {
+    let dir = scratch("votes");
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), None);
+    for term in 1..=5 {
+        log.save_vote(&vote(term)).await.unwrap();
+    }
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(5)));
+    log.save_vote(&vote(6)).await.unwrap();
+    drop(log);
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.contains(&"votes".to_string()), "{names:?}");
+    assert!(!names.contains(&"vote".to_string()), "{names:?}");
+
+    // The slot of vote 6 torn half way: vote 5 it is.
+    let path = dir.join("votes");
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len(), 128);
+    // Vote 6 has sequence number 6 (the file began with 0): slot 6 % 2.
+    let newer = 0;
+    for b in &mut bytes[newer + 20..newer + 64] {
+        *b = 0;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(5)));
+    // The next vote goes over the torn slot, and counts.
+    log.save_vote(&vote(7)).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(7)));
+    drop(log);
+
+    // Both slots damaged: the member refuses to start, naming the file.
+    std::fs::write(&path, [7u8; 128]).unwrap();
+    let refused = LogStore::open(&dir, FsyncPolicy::Always).err().unwrap();
+    assert!(
+        refused.contains("votes") && refused.contains("damaged"),
+        "{refused}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A member's directory from before the vote had slots (one `vote` file,
+/// a framed record of the vote) is read, and its vote moved into `votes`.
+#[tokio::test]
+async fn a_vote_kept_the_earlier_way_is_read_and_moved_into_slots() {
+    let dir = scratch("old-vote");
+    std::fs::create_dir_all(&dir).unwrap();
+    let payload = bincode::serialize(&vote(3)).unwrap();
+    let mut framed = Vec::new();
+    baton_server::persist::record::frame(&mut framed, |o| o.extend_from_slice(&payload));
+    std::fs::write(dir.join("vote"), &framed).unwrap();
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(3)));
+    assert!(dir.join("votes").exists() && !dir.join("vote").exists());
+    drop(log);
+    let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(3)));
+    let _ = std::fs::remove_dir_all(&dir);
+}

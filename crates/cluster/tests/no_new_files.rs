@@ -5,7 +5,7 @@
 use baton_cluster::log_store::LogStore;
 use baton_cluster::types::{Entry, LogId};
 use baton_server::persist::{disk_faults, FsyncPolicy};
-use openraft::storage::{RaftLogReader, RaftLogStorageExt};
+use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn blank_entries(from: u64, count: u64) -> Vec<Entry> {
@@ -52,6 +52,12 @@ async fn a_full_segment_whose_successor_cannot_be_made_takes_the_appends() {
             .expect("an append while no segment can be made");
     }
     assert_eq!(segment_count(&raft), before, "a segment was made");
+    // A vote needs no new file either (it goes into a slot of `votes`).
+    let mut vote = openraft::Vote::new(2, 1);
+    vote.commit();
+    log.save_vote(&vote)
+        .await
+        .expect("a vote while no file can be made");
     std::fs::write(&control, "").unwrap();
     for from in (160..200).step_by(10) {
         log.blocking_append(blank_entries(from, 10)).await.unwrap();
@@ -62,6 +68,7 @@ async fn a_full_segment_whose_successor_cannot_be_made_takes_the_appends() {
     );
     drop(log);
     let mut log = LogStore::open(&raft, FsyncPolicy::Always).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     let entries = log.try_get_log_entries(0..u64::MAX).await.unwrap();
     let indexes: Vec<u64> = entries.iter().map(|e| e.log_id.index).collect();
     assert_eq!(indexes, (0..200).collect::<Vec<_>>());

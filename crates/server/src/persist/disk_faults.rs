@@ -14,9 +14,9 @@
 //! - `full`: a write puts half its bytes in the file, then fails with "no
 //!   space left on device" (a torn last write, as a full disk leaves), and
 //!   so does the creation of a file;
-//! - `no-new-files`: creating a file (a snapshot, a new log segment, a
-//!   replaced vote) fails with "no space left on device", while writes into
-//!   files already open go on (a file system out of inodes).
+//! - `no-new-files`: creating a file (a snapshot, a new log segment) fails
+//!   with "no space left on device", while writes into files already open
+//!   go on (a file system out of inodes).
 //!
 //! The server meets an injected fault exactly as a real one: a failed log
 //! write stops it, and nothing after it is acknowledged; a failed snapshot
