@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use baton_server::replicate::{ClusterStatus, MemberProgress};
 use tokio::sync::watch;
 
 use crate::network::{self, MemberStatus};
@@ -52,7 +52,7 @@ pub struct Status {
     raft: Raft,
     id: NodeId,
     tls: Option<network::PeerTls>,
-    described: Arc<Mutex<Option<serde_json::Value>>>,
+    described: Arc<Mutex<Option<ClusterStatus>>>,
 }
 
 impl Status {
@@ -65,8 +65,8 @@ impl Status {
         }
     }
 
-    /// The description, as JSON text; `None` until the first is made.
-    pub fn get(&self) -> Option<String> {
+    /// The description; `None` until the first is made.
+    pub fn get(&self) -> Option<ClusterStatus> {
         let mut described = self
             .described
             .lock()
@@ -74,19 +74,15 @@ impl Status {
             .clone()?;
         let m = self.raft.metrics().borrow().clone();
         let me = MemberStatus::of(&self.raft);
-        described["leader"] = json!(m.current_leader);
-        described["term"] = json!(m.current_term);
-        described["applied_index"] = json!(me.applied_index);
-        if let Some(members) = described["members"].as_array_mut() {
-            for member in members {
-                if member["id"] == json!(self.id) {
-                    member["role"] = json!(me.role);
-                    member["applied_index"] = json!(me.applied_index);
-                    member["last_log_index"] = json!(me.last_log_index);
-                }
-            }
+        described.leader = m.current_leader;
+        described.term = m.current_term;
+        described.applied_index = me.applied_index;
+        for member in described.members.iter_mut().filter(|p| p.id == self.id) {
+            member.role = me.role.clone();
+            member.applied_index = me.applied_index;
+            member.last_log_index = me.last_log_index;
         }
-        Some(described.to_string())
+        Some(described)
     }
 
     /// Keeps the description of the cluster up to date until `stop`: every
@@ -142,7 +138,7 @@ async fn describe(
     id: NodeId,
     routes: &BTreeMap<NodeId, String>,
     tls: Option<&network::PeerTls>,
-) -> serde_json::Value {
+) -> ClusterStatus {
     let m = raft.metrics().borrow().clone();
     let membership = m.membership_config.membership().clone();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -164,7 +160,7 @@ async fn describe(
     }
     let replication = m.replication.clone().unwrap_or_default();
     let last_log = m.last_log_index.unwrap_or(0);
-    let members: Vec<serde_json::Value> = membership
+    let members: Vec<MemberProgress> = membership
         .nodes()
         .map(|(n, node)| {
             let status = if *n == id {
@@ -178,29 +174,37 @@ async fn describe(
                 None if voters.contains(n) => "unreachable".into(),
                 None => "learner".into(),
             };
-            json!({
-                "id": n,
-                "client_addr": node.client,
-                "peer_addr": node.peer,
-                "voter": voters.contains(n),
-                "role": role,
-                "applied_index": status.as_ref().and_then(|s| s.applied_index),
-                "last_log_index": status.as_ref().and_then(|s| s.last_log_index),
-                "lag": if leading && *n != id {
+            MemberProgress {
+                id: *n,
+                client_addr: node.client.clone(),
+                peer_addr: node.peer.clone(),
+                voter: voters.contains(n),
+                role,
+                applied_index: status.as_ref().and_then(|s| s.applied_index),
+                last_log_index: status.as_ref().and_then(|s| s.last_log_index),
+                lag: if leading && *n != id {
                     Some(last_log.saturating_sub(matched.unwrap_or(0)))
-                } else if leading { Some(0) } else { None },
-            })
+                } else if leading {
+                    Some(0)
+                } else {
+                    None
+                },
+            }
         })
         .collect();
-    json!({
-        "id": id,
-        "leader": m.current_leader,
-        "term": m.current_term,
-        "commit_index": if leading { commit_index(last_log, &voters, id, &replication) } else { None },
-        "applied_index": m.last_applied.map(|l| l.index),
-        "membership_index": m.membership_config.log_id().map(|l| l.index),
-        "members": members,
-    })
+    ClusterStatus {
+        id,
+        leader: m.current_leader,
+        term: m.current_term,
+        commit_index: if leading {
+            commit_index(last_log, &voters, id, &replication)
+        } else {
+            None
+        },
+        applied_index: m.last_applied.map(|l| l.index),
+        membership_index: m.membership_config.log_id().map(|l| l.index),
+        members,
+    }
 }
 
 /// The highest index a majority of voters holds, as the leader sees it.

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use baton_server::datadir::DataDir;
 use baton_server::persist::FsyncPolicy;
-use baton_server::replicate::{Barrier, NotLeading, Proposed, Replicator};
+use baton_server::replicate::{Barrier, ClusterStatus, NotLeading, Proposed, Replicator};
 use baton_server::state::Proposal;
 use baton_server::{Applier, Config, Server, ServerError};
 use futures::stream::FuturesUnordered;
@@ -361,7 +361,7 @@ impl Replicator for ClusterLog {
         self.barriers.wait()
     }
 
-    fn status(&self) -> Option<String> {
+    fn status(&self) -> Option<ClusterStatus> {
         self.status.get()
     }
 }

@@ -25,10 +25,11 @@ use tokio::time::{sleep, timeout, Instant, Sleep};
 use tokio_util::codec::Decoder;
 use tracing::{debug, info, warn};
 
-use crate::core::{Connected, Connecting, Flow, Now};
+use crate::clock::Now;
+use crate::core::{Connected, Connecting, Flow};
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::stats::Stats;
 use sync_wrapper::SyncWrapper;
 

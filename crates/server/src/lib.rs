@@ -14,6 +14,7 @@
 //! ```
 
 pub mod auth;
+mod clock;
 pub mod config;
 mod conn;
 mod core;
@@ -25,6 +26,7 @@ pub mod persist;
 mod queues;
 pub mod replicate;
 mod server;
+mod shared;
 #[cfg(any(test, feature = "sim"))]
 #[doc(hidden)]
 pub mod sim;
@@ -35,5 +37,6 @@ pub mod tls;
 mod watches;
 
 pub use config::{Config, ConfigError};
-pub use server::{run, Applier, Server, ServerError, ServerHandle};
+pub use server::{run, Server, ServerError};
+pub use shared::{Applier, ServerHandle};
 pub use stats::StatsSnapshot;

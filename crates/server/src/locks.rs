@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use crate::core::Now;
+use crate::clock::Now;
 
 use crate::state::StateMachine;
 

@@ -75,12 +75,51 @@ pub trait Replicator: Send + Sync + 'static {
     /// Stops whatever the log runs (after writing what is queued).
     fn stop(&self) {}
 
-    /// What a replicated log says of the cluster (a JSON object: its
-    /// members, their roles and progress), for the status probe; `None` for
-    /// a single server.
-    fn status(&self) -> Option<String> {
+    /// What a replicated log says of the cluster (its members, their roles
+    /// and progress), for the status probe and the metrics; `None` for a
+    /// single server.
+    fn status(&self) -> Option<ClusterStatus> {
         None
     }
+}
+
+/// A cluster as one member sees it, for the status probe (under its
+/// `cluster` key) and the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterStatus {
+    /// This member's id.
+    pub id: u64,
+    /// The member that leads, as this member knows it.
+    pub leader: Option<u64>,
+    /// This member's Raft term.
+    pub term: u64,
+    /// The highest log index a majority holds; known only to the leader.
+    pub commit_index: Option<u64>,
+    /// The highest log index this member has applied.
+    pub applied_index: Option<u64>,
+    /// The log index of the membership this member goes by.
+    pub membership_index: Option<u64>,
+    /// Every member of that membership, learners included.
+    pub members: Vec<MemberProgress>,
+}
+
+/// One member of a cluster, as a member sees it (the leader asks the
+/// others; another member knows only itself).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemberProgress {
+    pub id: u64,
+    /// The address clients reach it at.
+    pub client_addr: String,
+    /// The address other members reach it at.
+    pub peer_addr: String,
+    /// Whether it votes (else it is a learner, catching up).
+    pub voter: bool,
+    /// leader, follower, candidate, learner, stopped, or unreachable.
+    pub role: String,
+    pub applied_index: Option<u64>,
+    pub last_log_index: Option<u64>,
+    /// Log entries it is behind the leader's log; reported by the leader.
+    pub lag: Option<u64>,
 }
 
 /// A server that keeps nothing: applies at once, logs nothing.

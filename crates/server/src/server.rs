@@ -4,67 +4,25 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{ConnectResponse, ErrorCode, PROTOCOL_VERSION};
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, ConfigError};
-use crate::core::{Core, Now, With};
+use crate::clock::Now;
 use crate::datadir::{DataDir, DataDirError};
 use crate::persist::{self, DurableMark, PersistError, Wal};
 use crate::replicate::{InMemory, Local, NoLogYet, Replicator, Role};
-use crate::state::Proposal;
 use crate::state::StateMachine;
-use crate::stats::{Stats, StatsSnapshot};
-
-/// What the connection tasks, the timer and the handles share.
-pub(crate) struct Shared {
-    core: Mutex<Core>,
-    pub(crate) config: Arc<Config>,
-    pub(crate) stats: Arc<Stats>,
-    /// Wakes the expiry timer when a session with an earlier deadline appears.
-    pub(crate) expiry_wake: Arc<Notify>,
-    /// How far the log is durable (`u64::MAX` for an in-memory server).
-    pub(crate) mark: Arc<DurableMark>,
-    /// A cluster member: reads wait for read barriers.
-    pub(crate) replicated: bool,
-    /// When the server was built.
-    pub(crate) started: std::time::Instant,
-    /// Set when the server stops: handshakes under way and the expiry timer
-    /// watch it (attached connections hear it through their outboxes).
-    pub(crate) stopping: watch::Sender<bool>,
-    /// One permit per connection that may still be served. A connection's
-    /// permit is forgotten when accepted and added back when it closes.
-    pub(crate) connection_slots: Semaphore,
-    /// TLS settings for new connections, if clients must use TLS; replaced
-    /// by a reload.
-    tls: std::sync::RwLock<Option<Arc<rustls::ServerConfig>>>,
-    /// One backup at a time: each holds a whole encoded snapshot.
-    pub(crate) backups: Semaphore,
-}
-
-impl Shared {
-    /// The TLS settings a new connection uses, if any.
-    pub(crate) fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
-        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-impl Shared {
-    /// Locks the core. Nothing awaits while holding it.
-    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
-        // The core's methods keep it consistent at every return; a panic in
-        // one (a bug) must not stop every other client.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+use crate::shared::{Applier, ServerHandle, Shared};
+use crate::stats::Stats;
 
 /// Why a server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -99,106 +57,6 @@ pub struct Server {
     /// Kept by an in-memory server, whose log never fails, so that
     /// `log_failed` never reports a closed channel.
     _no_log: Option<watch::Sender<Option<String>>>,
-}
-
-/// What a replicated log needs of the member it feeds: apply committed
-/// proposals, copy and install the state, and say when it leads.
-#[derive(Clone)]
-pub struct Applier {
-    shared: Arc<Shared>,
-}
-
-impl Applier {
-    /// Applies committed proposals, in log order, under one hold of the
-    /// core; answers each request that was made here. Returns the revision
-    /// after them.
-    pub fn apply(&self, proposals: &[Proposal]) -> u64 {
-        let mut core = self.shared.core();
-        let mut revision = core.revision();
-        let now = Now::real();
-        for proposal in proposals {
-            revision = core.apply_committed(proposal, now);
-        }
-        revision
-    }
-
-    /// A copy of the state, in O(1), to write a snapshot from.
-    pub fn state(&self) -> StateMachine {
-        self.shared.core().state()
-    }
-
-    /// Replaces the state with one from a snapshot.
-    pub fn install(&self, sm: StateMachine) {
-        self.shared.core().install(sm, Now::real());
-    }
-
-    /// This member leads now, has proven it, and has applied everything
-    /// committed: it serves clients, giving every session a full timeout.
-    pub fn lead(&self) {
-        self.shared.core().lead(Now::real());
-        self.shared.expiry_wake.notify_one();
-    }
-
-    /// This member does not lead: clients are sent to `leader` (a client
-    /// address), and those connected now are told so and closed.
-    pub fn follow(&self, leader: Option<String>) {
-        self.shared.core().follow(leader);
-    }
-
-    /// Sets how this member proposes changes.
-    pub fn set_log(&self, log: Arc<dyn Replicator>) {
-        self.shared.core().set_log(log);
-    }
-
-    /// The state's revision now.
-    pub fn revision(&self) -> u64 {
-        self.shared.core().revision()
-    }
-
-    /// The server's counters and sizes.
-    pub fn stats(&self) -> StatsSnapshot {
-        self.shared.core().stats_snapshot()
-    }
-
-    #[cfg(feature = "sim")]
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-}
-
-/// A cheap handle to a running server, for reading its counters.
-#[derive(Clone)]
-pub struct ServerHandle {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for ServerHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerHandle").finish_non_exhaustive()
-    }
-}
-
-impl ServerHandle {
-    /// The server's counters and current sizes.
-    pub fn stats(&self) -> StatsSnapshot {
-        self.shared.core().stats_snapshot()
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
-    /// Replaces the TLS settings (renewed certificates, say): connections
-    /// made from now on use them, those open keep theirs. Returns false,
-    /// changing nothing, on a server that takes plaintext connections.
-    pub fn reload_tls(&self, config: Arc<rustls::ServerConfig>) -> bool {
-        let mut tls = self.shared.tls.write().unwrap_or_else(|e| e.into_inner());
-        if tls.is_none() {
-            return false;
-        }
-        *tls = Some(config);
-        true
-    }
 }
 
 impl Server {
@@ -239,9 +97,7 @@ impl Server {
     /// An invalid configuration.
     pub fn member(listener: TcpListener, config: Config) -> Result<(Self, Applier), ServerError> {
         let server = Parts::member(config)?.assemble(listener);
-        let applier = Applier {
-            shared: server.shared.clone(),
-        };
+        let applier = Applier::new(server.shared.clone());
         Ok((server, applier))
     }
 
@@ -255,9 +111,7 @@ impl Server {
     }
 
     pub fn handle(&self) -> ServerHandle {
-        ServerHandle {
-            shared: self.shared.clone(),
-        }
+        ServerHandle::new(self.shared.clone())
     }
 
     /// Serves until `shutdown` completes, then tells every client, waits (up
@@ -440,32 +294,8 @@ impl Parts {
         log_failed: watch::Receiver<Option<String>>,
         no_log: Option<watch::Sender<Option<String>>>,
     ) -> Parts {
-        let config = Arc::new(config);
-        let connection_slots = Semaphore::new(config.max_connections);
-        let expiry_wake = Arc::new(Notify::new());
-        let log_applies_at_once = log.applies_at_once();
-        let with = With {
-            config: config.clone(),
-            stats: stats.clone(),
-            mark: mark.clone(),
-            expiry_wake: expiry_wake.clone(),
-        };
-        let tls = config.tls.clone();
-        let core = Core::new(sm, log, role, with, Now::real());
         Parts {
-            shared: Arc::new(Shared {
-                core: Mutex::new(core),
-                config,
-                stats,
-                expiry_wake,
-                mark,
-                connection_slots,
-                replicated: !log_applies_at_once,
-                stopping: watch::channel(false).0,
-                started: std::time::Instant::now(),
-                tls: std::sync::RwLock::new(tls),
-                backups: Semaphore::new(1),
-            }),
+            shared: Arc::new(Shared::new(sm, log, role, Arc::new(config), stats, mark)),
             data_dir,
             log_failed,
             _no_log: no_log,

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::replicate::Role;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// How many locks the status names, busiest first.
 const BUSIEST_LOCKS: usize = 20;
@@ -49,7 +49,7 @@ pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
         (Role::Follower { leader }, _) => ("follower", leader),
     };
     let cluster: Value = cluster
-        .and_then(|c| serde_json::from_str(&c).ok())
+        .and_then(|c| serde_json::to_value(c).ok())
         .unwrap_or(Value::Null);
     json!({
         "server": "baton",

@@ -26,12 +26,12 @@ mod watching;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use baton_proto::{ErrorCode, ErrorReply, EventKind, Reply, SessionId, SessionSecret};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
 use crate::persist::DurableMark;
@@ -136,30 +136,6 @@ pub(crate) struct With {
     pub(crate) mark: Arc<DurableMark>,
     /// Wakes the expiry timer.
     pub(crate) expiry_wake: Arc<Notify>,
-}
-
-/// The time a call into the core happens at, on both clocks: the
-/// monotonic instant that sessions' liveness and expiry count from, and the
-/// wall-clock time (milliseconds since the Unix epoch) stamped on the
-/// changes it proposes. The caller reads them (the real clocks, or a
-/// simulation's): the core reads no clock of its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Now {
-    pub(crate) at: Instant,
-    pub(crate) wall_ms: u64,
-}
-
-impl Now {
-    /// The clocks as they are: tokio's monotonic clock (which a test's
-    /// paused runtime controls) and the system's wall clock.
-    pub(crate) fn real() -> Now {
-        Now {
-            at: Instant::now(),
-            wall_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        }
-    }
 }
 
 impl Core {

@@ -20,10 +20,11 @@ use tokio::time::timeout;
 
 use super::{frames_of, Down, Up};
 use crate::conn::is_change;
-use crate::core::{Connecting, Now};
+use crate::clock::Now;
+use crate::core::Connecting;
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;
-use crate::server::{Applier, Shared};
+use crate::shared::{Applier, Shared};
 
 /// Serves one simulated connection to the server behind `applier`: reads
 /// what the client sends from `ups` (the connection ends when it closes)

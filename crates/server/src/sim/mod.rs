@@ -34,7 +34,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::core::{Connecting, Core, Now, With};
+use crate::clock::Now;
+use crate::core::{Connecting, Core, With};
 use crate::outbox::{Drained, Outbox};
 use crate::persist::DurableMark;
 use crate::replicate::{Proposed, Replicator, Role};

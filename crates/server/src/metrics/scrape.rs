@@ -1,13 +1,8 @@
-//! Metrics for Prometheus, served over HTTP (`baton serve --metrics-listen`).
-//!
-//! The hot path only adds to atomics: counters per operation and result,
-//! and fixed-bucket histograms ([`Histogram`]). A scrape reads them and the
-//! state's sizes and encodes everything with `prometheus-client`, in the
-//! OpenMetrics text format that Prometheus reads.
+//! A scrape: the server's counters, instruments and sizes, read at once and
+//! encoded with `prometheus-client` in the OpenMetrics text format that
+//! Prometheus reads.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use baton_proto::{ErrorCode, OpCode};
 use prometheus_client::collector::Collector;
@@ -16,118 +11,30 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn};
+use tracing::warn;
 
+use super::instruments::{Histogram, Metrics, OPS, RESULTS};
 use crate::locks::LockView;
-use crate::server::Shared;
+use crate::replicate::{ClusterStatus, Role};
 use crate::ServerHandle;
 
-/// Upper bounds of the latency buckets, in nanoseconds: 1 µs to 10 s.
-const LATENCY_NS: &[u64] = &[
-    1_000,
-    2_500,
-    5_000,
-    10_000,
-    25_000,
-    50_000,
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-];
+/// How many locks the metrics name (by path, so label values stay few),
+/// busiest first.
+const BUSIEST_LOCKS: usize = 10;
 
-/// Upper bounds of the log batch size buckets, in bytes: 64 B to 16 MiB.
-const BATCH_BYTES: &[u64] = &[
-    64,
-    256,
-    1 << 10,
-    4 << 10,
-    16 << 10,
-    64 << 10,
-    256 << 10,
-    1 << 20,
-    4 << 20,
-    16 << 20,
-];
-
-/// Upper bounds of the snapshot duration buckets, in nanoseconds: 1 ms to
-/// 5 minutes.
-const SNAPSHOT_NS: &[u64] = &[
-    1_000_000,
-    10_000_000,
-    100_000_000,
-    1_000_000_000,
-    10_000_000_000,
-    60_000_000_000,
-    300_000_000_000,
-];
-
-/// Observations counted in fixed buckets with relaxed atomics: two adds
-/// and a binary search over a few bounds per observation.
-#[derive(Debug)]
-pub(crate) struct Histogram {
-    bounds: &'static [u64],
-    /// One per bound, then one past the last.
-    counts: Box<[AtomicU64]>,
-    sum: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [u64]) -> Self {
-        Histogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn observe(&self, value: u64) {
-        let bucket = self.bounds.partition_point(|&b| b < value);
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
-    }
-
-    pub(crate) fn observe_duration(&self, took: Duration) {
-        self.observe(took.as_nanos().min(u64::MAX as u128) as u64);
-    }
-
-    /// Encodes the histogram, its values divided by `scale` (1e9 to give
-    /// nanoseconds in seconds).
-    fn encode(
-        &self,
-        encoder: &mut DescriptorEncoder<'_>,
-        name: &str,
-        help: &str,
-        unit: Option<&Unit>,
-        scale: f64,
-    ) -> Result<(), std::fmt::Error> {
-        let mut buckets = Vec::with_capacity(self.counts.len());
-        let mut count = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            let n = c.load(Ordering::Relaxed);
-            count += n;
-            let bound = self.bounds.get(i).map_or(f64::MAX, |&b| b as f64 / scale);
-            buckets.push((bound, n));
-        }
-        let sum = self.sum.load(Ordering::Relaxed) as f64 / scale;
-        let metric = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
-        metric_histogram(metric, sum, count, &buckets)
-    }
+/// Encodes histogram `h`, its values divided by `scale` (1e9 to give
+/// nanoseconds in seconds).
+fn histogram(
+    encoder: &mut DescriptorEncoder<'_>,
+    h: &Histogram,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    scale: f64,
+) -> Result<(), std::fmt::Error> {
+    let (buckets, count, sum) = h.read(scale);
+    let metric = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
+    metric_histogram(metric, sum, count, &buckets)
 }
 
 fn metric_histogram(
@@ -137,61 +44,6 @@ fn metric_histogram(
     buckets: &[(f64, u64)],
 ) -> Result<(), std::fmt::Error> {
     metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, buckets, None)
-}
-
-/// How many locks the metrics name (by path, so label values stay few),
-/// busiest first.
-const BUSIEST_LOCKS: usize = 10;
-
-/// Operations by wire number (0 for one the server does not know).
-const OPS: usize = 16;
-/// Results: 0 for success, then the error codes by wire number, then one
-/// for any other code.
-const RESULTS: usize = 27;
-
-/// What the server measures beyond its plain counters.
-#[derive(Debug)]
-pub(crate) struct Metrics {
-    /// Replies by operation and result.
-    replies: Box<[AtomicU64]>,
-    /// Time to handle a request: from decoded to answered or proposed.
-    pub(crate) handle: Histogram,
-    /// Syncs of the log.
-    pub(crate) log_sync: Histogram,
-    /// Bytes per log batch (one write, and under `--fsync always` one sync).
-    pub(crate) log_batch: Histogram,
-    /// Time to write a snapshot.
-    pub(crate) snapshot: Histogram,
-    /// Size of the last snapshot written, in bytes.
-    pub(crate) snapshot_bytes: AtomicU64,
-    /// Sessions resumed on a new connection.
-    pub(crate) sessions_resumed: AtomicU64,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            replies: (0..OPS * RESULTS).map(|_| AtomicU64::new(0)).collect(),
-            handle: Histogram::new(LATENCY_NS),
-            log_sync: Histogram::new(LATENCY_NS),
-            log_batch: Histogram::new(BATCH_BYTES),
-            snapshot: Histogram::new(SNAPSHOT_NS),
-            snapshot_bytes: AtomicU64::new(0),
-            sessions_resumed: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Metrics {
-    /// Counts a reply to operation `op` with `error` (`None`: success).
-    pub(crate) fn replied(&self, op: u8, error: Option<ErrorCode>) {
-        let op = if (op as usize) < OPS { op as usize } else { 0 };
-        let result = match error {
-            None => 0,
-            Some(code) => (code.to_u16() as usize).min(RESULTS - 1),
-        };
-        self.replies[op * RESULTS + result].fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// A label value as the text format needs it: `\`, `"` and line feeds
@@ -265,7 +117,7 @@ fn gauge(
 
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let shared: &Shared = self.handle.shared();
+        let shared: &crate::shared::Shared = self.handle.shared();
         let (stats, role, cluster, queue_watches, locks) = {
             let core = shared.core();
             (
@@ -277,9 +129,9 @@ impl Collector for Scrape {
             )
         };
         let role = match (role, shared.replicated) {
-            (crate::replicate::Role::Leader, false) => "single",
-            (crate::replicate::Role::Leader, true) => "leader",
-            (crate::replicate::Role::Follower { .. }, _) => "follower",
+            (Role::Leader, false) => "single",
+            (Role::Leader, true) => "leader",
+            (Role::Follower { .. }, _) => "follower",
         };
         let info = [
             ("version", env!("CARGO_PKG_VERSION").to_string()),
@@ -371,8 +223,9 @@ impl Collector for Scrape {
             MetricType::Counter,
         )?;
         encode_replies(replies, m)?;
-        m.handle.encode(
+        histogram(
             &mut e,
+            &m.handle,
             "baton_request_handle",
             "Time to handle a request, from decoded to answered (a read) or handed to the log (a change).",
             Some(&Unit::Seconds),
@@ -411,15 +264,17 @@ impl Collector for Scrape {
             stats.slow_client_disconnects,
         )?;
 
-        m.log_sync.encode(
+        histogram(
             &mut e,
+            &m.log_sync,
             "baton_log_sync",
             "Time to sync the log (fdatasync), per batch.",
             Some(&Unit::Seconds),
             1e9,
         )?;
-        m.log_batch.encode(
+        histogram(
             &mut e,
+            &m.log_batch,
             "baton_log_batch",
             "Bytes per log batch: one write, and under --fsync always one sync.",
             Some(&Unit::Bytes),
@@ -431,8 +286,9 @@ impl Collector for Scrape {
             "fsync and fdatasync calls on the log, snapshots and the data directory.",
             stats.syncs,
         )?;
-        m.snapshot.encode(
+        histogram(
             &mut e,
+            &m.snapshot,
             "baton_snapshot_duration",
             "Time to write a snapshot.",
             Some(&Unit::Seconds),
@@ -454,8 +310,8 @@ impl Collector for Scrape {
         )?;
 
         encode_locks(&mut e, &locks)?;
-        if let Some(cluster) = cluster.and_then(|c| serde_json::from_str::<Value>(&c).ok()) {
-            encode_cluster(&mut e, &cluster)?;
+        if let Some(cluster) = &cluster {
+            encode_cluster(&mut e, cluster)?;
         }
         Ok(())
     }
@@ -467,7 +323,7 @@ fn encode_replies(
 ) -> Result<(), std::fmt::Error> {
     for op in 0..OPS {
         for result in 0..RESULTS {
-            let n = m.replies[op * RESULTS + result].load(Ordering::Relaxed);
+            let n = m.replies(op, result);
             if n == 0 {
                 continue;
             }
@@ -546,43 +402,37 @@ fn encode_locks(e: &mut DescriptorEncoder<'_>, locks: &[LockView]) -> Result<(),
 
 /// A cluster member's view: its term, indexes and, on the leader, each
 /// member's lag.
-fn encode_cluster(e: &mut DescriptorEncoder<'_>, c: &Value) -> Result<(), std::fmt::Error> {
-    let n = |v: &Value| v.as_u64().map(|n| n as i64);
-    if let Some(term) = n(&c["term"]) {
-        gauge(e, "baton_cluster_term", "The member's Raft term.", term)?;
-    }
-    if let Some(commit) = n(&c["commit_index"]) {
+fn encode_cluster(e: &mut DescriptorEncoder<'_>, c: &ClusterStatus) -> Result<(), std::fmt::Error> {
+    gauge(e, "baton_cluster_term", "The member's Raft term.", c.term as i64)?;
+    if let Some(commit) = c.commit_index {
         gauge(
             e,
             "baton_cluster_commit_index",
             "The highest log index known committed (on the leader).",
-            commit,
+            commit as i64,
         )?;
     }
-    if let Some(applied) = n(&c["applied_index"]) {
+    if let Some(applied) = c.applied_index {
         gauge(
             e,
             "baton_cluster_applied_index",
             "The highest log index this member has applied.",
-            applied,
+            applied as i64,
         )?;
     }
-    if let Some(leader) = n(&c["leader"]) {
+    if let Some(leader) = c.leader {
         gauge(
             e,
             "baton_cluster_leader",
             "The id of the member that leads, as this member knows it.",
-            leader,
+            leader as i64,
         )?;
     }
-    let members: Vec<(String, i64)> = c["members"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .filter_map(|m| Some((m["id"].as_u64()?.to_string(), n(&m["lag"])?)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let members: Vec<(String, i64)> = c
+        .members
+        .iter()
+        .filter_map(|m| Some((m.id.to_string(), m.lag? as i64)))
+        .collect();
     if !members.is_empty() {
         let mut family = e.encode_descriptor(
             "baton_cluster_member_lag",
@@ -611,128 +461,9 @@ pub fn render(handle: &ServerHandle) -> String {
     out
 }
 
-/// Most bytes of an HTTP request read before it is refused.
-const MAX_HTTP_REQUEST: usize = 8 << 10;
-/// How long a metrics client may take to send its request.
-const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long one metrics connection may last in all, reading and writing.
-const HTTP_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
-/// Most metrics connections served at once.
-const HTTP_CONNECTIONS: usize = 64;
-
-/// Serves `GET /metrics` on `listener` until the server behind `handle`
-/// stops. Each connection gets one answer and is closed.
-pub async fn serve(listener: TcpListener, handle: ServerHandle) {
-    if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving metrics at http://{addr}/metrics");
-    }
-    let mut stopping = handle.shared().stopping.subscribe();
-    let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS));
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = stopping.wait_for(|s| *s) => return,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                // Past the limit a connection is closed unanswered.
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    continue;
-                };
-                let handle = handle.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HTTP_ANSWER_TIMEOUT, answer(stream, &handle)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => debug!("metrics request failed: {e}"),
-                        Err(_) => debug!("metrics request abandoned: not answered within {HTTP_ANSWER_TIMEOUT:?}"),
-                    }
-                    drop(slot);
-                });
-            }
-            Err(e) => {
-                warn!("accepting a metrics connection failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Reads one HTTP request and answers it.
-async fn answer(mut stream: TcpStream, handle: &ServerHandle) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let head_read = async {
-        loop {
-            if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.len() > MAX_HTTP_REQUEST {
-                return Ok::<_, std::io::Error>(true);
-            }
-            let mut chunk = [0u8; 1024];
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(false);
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    };
-    match tokio::time::timeout(HTTP_READ_TIMEOUT, head_read).await {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) | Err(_) => return Ok(()),
-        Ok(Err(e)) => return Err(e),
-    }
-    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut words = line.split_whitespace();
-    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status, content_type, body) = if buf.len() > MAX_HTTP_REQUEST {
-        (
-            "431 Request Header Fields Too Large",
-            "text/plain; charset=utf-8",
-            "request too large\n".to_string(),
-        )
-    } else if method != "GET" && method != "HEAD" {
-        (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "only GET is served here\n".to_string(),
-        )
-    } else if path == "/metrics" {
-        (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            render(handle),
-        )
-    } else {
-        (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "Baton serves its metrics at /metrics\n".to_string(),
-        )
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_histogram_counts_each_value_in_the_first_bucket_that_holds_it() {
-        let h = Histogram::new(&[10, 100]);
-        for v in [0, 10, 11, 100, 101, 5_000] {
-            h.observe(v);
-        }
-        let counts: Vec<u64> = h.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        assert_eq!(counts, [2, 2, 2]);
-        assert_eq!(h.sum.load(Ordering::Relaxed), 5_222);
-    }
 
     #[test]
     fn labels_name_every_operation_and_result() {
@@ -744,3 +475,4 @@ mod tests {
         assert_eq!(result_label(RESULTS - 1), "other");
     }
 }
+
