@@ -16,8 +16,31 @@ use baton_server::persist::disk_faults::DiskFault;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cluster::LocalArgs;
 use crate::{CliError, CliResult};
+
+/// Start a whole cluster on this machine, to try it out.
+///
+/// Starts MEMBERS `baton serve` processes, each on free loopback ports
+/// with its data directory under --data-dir, prints one line per member
+/// (`member ID client ADDR peer ADDR pid PID`) and runs until Ctrl-C, when
+/// it stops them all, saying which member leads whenever that changes. A
+/// member that dies (kill one to see a failover) is reported and not
+/// restarted; start it again by hand with the command printed at the top of
+/// its log (DIR/member-ID.log). Clients use all the client addresses:
+/// `baton --server A,B,C ...`.
+#[derive(clap::Args)]
+pub struct LocalArgs {
+    /// How many members: 3 or 5 survive the loss of 1 or 2.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub(crate) members: u64,
+    /// Directory for the members' data directories and logs.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: std::path::PathBuf,
+    /// Each member's election timeout (a duration; a bare number is
+    /// milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
+    pub(crate) election_timeout: u64,
+}
 
 /// One member process of a local cluster.
 pub struct LocalMember {

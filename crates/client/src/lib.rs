@@ -21,6 +21,7 @@ mod client;
 mod deadline;
 mod error;
 mod link;
+mod pending;
 mod probe;
 mod queue;
 pub mod recipes;

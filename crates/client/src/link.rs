@@ -17,7 +17,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::session::{Pending, Registration, ReplySlot};
+use crate::pending::{Pending, Registration, ReplySlot};
 use crate::wire::Wire;
 
 /// Most bytes buffered for writing before new requests wait.

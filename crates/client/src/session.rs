@@ -17,7 +17,7 @@ use baton_proto::{
 };
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tracing::{debug, info, warn};
@@ -25,75 +25,11 @@ use tracing::{debug, info, warn};
 use crate::deadline::Liveness;
 use crate::error::{Error, Result};
 use crate::link::{Link, Outbound, Route};
-use crate::queue::{QueueRequest, QueueTable};
+use crate::pending::{Answer, Confirmed, Pending};
+use crate::queue::QueueTable;
 use crate::state::SessionState;
-use crate::watcher::{WatchKind, WatchRequest, WatchTable};
+use crate::watcher::WatchTable;
 use crate::wire::{ClientTls, ReadSide, Wire};
-
-/// A successful reply.
-#[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) reply: Reply,
-}
-
-pub(crate) type ReplySlot = oneshot::Sender<Result<Answer>>;
-
-/// A request written and not yet answered.
-pub(crate) struct Pending {
-    pub(crate) xid: u32,
-    /// When the request was queued: the server heard it no earlier.
-    pub(crate) sent: Instant,
-    /// The request, kept to be sent again (with the same xid) if the
-    /// connection breaks before it is answered; `None` for the session's
-    /// own pings and watch resets, which are not sent again.
-    pub(crate) request: Option<Request>,
-    /// How many connections the request was sent on.
-    pub(crate) sends: u8,
-    pub(crate) reply: Option<ReplySlot>,
-    pub(crate) watch: Option<Registration>,
-}
-
-/// A watch that a request sets, registered locally once the reply confirms
-/// it; each carries the request's path.
-pub(crate) enum Registration {
-    Watch(String, WatchRequest),
-    Queue(String, QueueRequest),
-}
-
-/// A watch a reply confirms, and where it goes: its path and kind, or its
-/// queue node and whether the node heads its queue.
-enum Confirmed {
-    Watch(String, WatchKind, WatchRequest),
-    Queue(String, bool, QueueRequest),
-}
-
-impl Registration {
-    /// The watch `reply` confirms, if the server set one.
-    fn confirmed(self, reply: &Reply) -> Option<Confirmed> {
-        match self {
-            Registration::Watch(path, w) => {
-                let (path, kind) = match reply {
-                    Reply::Exists(None) => (path, WatchKind::Exist),
-                    Reply::GetChildren { .. } => (path, WatchKind::Child),
-                    // The watch is on the predecessor, if there is one.
-                    Reply::Predecessor(Some((pred, _))) => (pred.clone(), WatchKind::Data),
-                    Reply::Predecessor(None) => return None,
-                    _ => (path, WatchKind::Data),
-                };
-                Some(Confirmed::Watch(path, kind, w))
-            }
-            Registration::Queue(path, q) => match reply {
-                Reply::Enqueue {
-                    path, predecessor, ..
-                } => Some(Confirmed::Queue(path.clone(), predecessor.is_none(), q)),
-                Reply::Predecessor(predecessor) => {
-                    Some(Confirmed::Queue(path, predecessor.is_none(), q))
-                }
-                _ => None,
-            },
-        }
-    }
-}
 
 /// An open connection with its session granted.
 pub(crate) struct Connection {
@@ -837,10 +773,12 @@ fn shows_session_alive(result: &Result<Reply, baton_proto::ErrorReply>) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pending::{Registration, ReplySlot};
     use crate::queue::QueueWatch;
     use crate::watcher::Watcher;
     use baton_proto::frame::HEADER_LEN;
     use baton_proto::{ErrorReply, ReplyFrame, Stat};
+    use tokio::sync::oneshot;
 
     /// A session task with no connection, fed frames by hand.
     fn task() -> SessionTask {

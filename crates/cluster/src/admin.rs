@@ -14,9 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::{ChangeMembers, ServerState};
-use serde::{Deserialize, Serialize};
 use baton_server::replicate::{ClusterStatus, MemberProgress};
+use openraft::{ChangeMembers, ServerState};
 use tokio::sync::watch;
 
 use crate::network::{self, MemberStatus};
@@ -34,15 +33,7 @@ const CATCH_UP: Duration = Duration::from_secs(100);
 /// step, however large.
 const NO_PROGRESS: Duration = Duration::from_secs(30);
 
-/// A change of membership, asked of the leader.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Change {
-    /// Add this member: as a learner, then, once it has caught up, as a
-    /// voter.
-    Add { id: NodeId, member: Member },
-    /// Remove this member from the voters (and the cluster).
-    Remove { id: NodeId },
-}
+pub use crate::network::Change;
 
 /// The latest description of the cluster. What this member says of itself
 /// is read when asked; what the leader gathered from the others is up to

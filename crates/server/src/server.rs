@@ -15,13 +15,13 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::{debug, error, info, warn};
 
-use crate::config::{Config, ConfigError};
 use crate::clock::Now;
+use crate::config::{Config, ConfigError};
 use crate::datadir::{DataDir, DataDirError};
 use crate::persist::{self, DurableMark, PersistError, Wal};
 use crate::replicate::{InMemory, Local, NoLogYet, Replicator, Role};
-use crate::state::StateMachine;
 use crate::shared::{Applier, ServerHandle, Shared};
+use crate::state::StateMachine;
 use crate::stats::Stats;
 
 /// Why a server could not start or stopped.

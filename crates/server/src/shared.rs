@@ -93,7 +93,6 @@ impl Shared {
     }
 }
 
-
 /// What a replicated log needs of the member it feeds: apply committed
 /// proposals, copy and install the state, and say when it leads.
 #[derive(Clone)]
@@ -201,4 +200,3 @@ impl ServerHandle {
         true
     }
 }
-

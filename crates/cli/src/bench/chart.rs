@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::herd::{Recipe, Run};
+use super::herd_run::{Recipe, Run};
 
 const W: f64 = 460.0;
 const H: f64 = 320.0;

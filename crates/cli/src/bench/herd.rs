@@ -15,38 +15,14 @@ use std::time::{Duration, Instant};
 
 use baton_client::{Client, CreateMode, Error, Lock};
 use baton_server::persist::FsyncPolicy;
-use serde::Serialize;
 use tokio::sync::{watch, Semaphore};
 
 use super::durability::fdatasync_floor;
+use super::herd_run::{Recipe, Run, Split};
 use super::ops::tcp_floor;
 use super::server::ChildServer;
 use super::{progress, Summary};
 use crate::CliError;
-
-/// How contenders wait for the lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Recipe {
-    /// Baton's lock: each waiter watches its predecessor alone.
-    Predecessor,
-    /// The naive lock: every waiter watches the lock's children and checks
-    /// again on every change.
-    WatchAll,
-    /// No queue: retry a non-blocking acquire every --poll-ms, as a loop
-    /// around Redis `SET NX` does.
-    Poll,
-}
-
-impl Recipe {
-    fn name(self) -> &'static str {
-        match self {
-            Recipe::Predecessor => "predecessor",
-            Recipe::WatchAll => "watch-all",
-            Recipe::Poll => "poll",
-        }
-    }
-}
 
 /// Measure the thundering herd: handovers per second, waits, and the
 /// server's notifications, bytes and CPU time per handover, for several
@@ -97,56 +73,6 @@ pub struct HerdArgs {
     /// Also write the results (results.json) and a chart (herd.svg) here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-}
-
-/// The path of a change through the server, from the server's counters:
-/// handling (decode, apply, queue the answers), the log writer (waiting for
-/// it, writing, syncing; `--fsync always` only), and the time from the
-/// durable mark's move to the held frames' write.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Split {
-    pub handle_us_per_handover: f64,
-    pub log_batches_per_handover: f64,
-    pub log_wait_us_per_batch: f64,
-    /// Share of the batches that found the log writer idle, and its
-    /// wake-up for those.
-    pub log_woken_fraction: f64,
-    pub log_wake_us: f64,
-    pub log_write_us_per_batch: f64,
-    pub log_sync_us_per_batch: f64,
-    pub durable_send_us: f64,
-}
-
-/// One run's results.
-#[derive(Clone, Debug, Serialize)]
-pub struct Run {
-    pub recipe: Recipe,
-    pub waiters: usize,
-    pub handovers: u64,
-    pub seconds: f64,
-    pub handovers_per_s: f64,
-    pub wait_us_p50: f64,
-    pub wait_us_p99: f64,
-    pub wait_us_max: f64,
-    pub notifications_per_handover: f64,
-    pub server_bytes_per_handover: f64,
-    pub server_cpu_us_per_handover: f64,
-    /// Server CPU time while the queue formed (every waiter joining, and
-    /// the grants made meanwhile), per waiter. A run that counts the
-    /// joining in its handovers pays about this times waiters / handovers
-    /// more per handover.
-    pub server_cpu_us_per_join: f64,
-    /// Where a handover's time goes on the server (see [`Split`]).
-    pub split: Split,
-    pub fifo_fraction: f64,
-    pub violations: u64,
-    /// The run ended at --max-seconds before reaching --handovers.
-    pub timed_out: bool,
-    /// Why the run could not be measured, if it could not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed: Option<String>,
-    pub floor_rtt_us: f64,
-    pub floor_fdatasync_us: f64,
 }
 
 pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError> {

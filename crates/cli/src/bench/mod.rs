@@ -9,6 +9,7 @@ mod chart;
 mod cluster;
 mod durability;
 mod herd;
+mod herd_run;
 mod ops;
 mod server;
 

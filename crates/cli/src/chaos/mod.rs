@@ -589,7 +589,7 @@ async fn final_reads(servers: &str, recorder: &Recorder, workloads: &[Workload])
         registers.push(workloads::FENCED);
     }
     if workloads.contains(&Workload::Supervised) {
-        registers.push(supervised::RESOURCE);
+        registers.push(workloads::SUPERVISED_RESOURCE);
     }
     for key in registers {
         let t = recorder.now();

@@ -26,9 +26,7 @@ use tokio::time::Instant;
 use super::record::{Recorder, Rng};
 use super::workloads::Ctx;
 
-/// The lock the supervised holders take, and the resource they write.
-pub const LOCK: &str = "/chaos/locks/supervised";
-pub const RESOURCE: &str = "/chaos/supervised";
+use super::workloads::{SUPERVISED_LOCK as LOCK, SUPERVISED_RESOURCE as RESOURCE};
 
 /// What the held command does: prints the token, waits, writes the
 /// resource with it and prints the outcome. Arguments: the `baton`

@@ -69,6 +69,9 @@ pub const LOCK: &str = "/chaos/locks/fenced";
 pub const FENCED: &str = "/chaos/fenced";
 pub const ELECTION: &str = "/chaos/election";
 pub const LEADER_RESOURCE: &str = "/chaos/leader-resource";
+/// The lock the supervised holders take, and the resource they write.
+pub const SUPERVISED_LOCK: &str = "/chaos/locks/supervised";
+pub const SUPERVISED_RESOURCE: &str = "/chaos/supervised";
 pub const QUEUE: &str = "/chaos/queue";
 pub const EPHEMERALS: &str = "/chaos/ephemeral";
 /// A node no workload checks, for the large writes some faults make.
@@ -94,16 +97,10 @@ pub async fn set_up(servers: &str) -> baton_client::Result<()> {
         FENCED,
         LEADER_RESOURCE,
         BALLAST,
-        super::supervised::RESOURCE,
+        SUPERVISED_RESOURCE,
     ] {
         let data = if path.starts_with("/chaos/reg/")
-            || [
-                COUNTER,
-                FENCED,
-                LEADER_RESOURCE,
-                super::supervised::RESOURCE,
-            ]
-            .contains(&path)
+            || [COUNTER, FENCED, LEADER_RESOURCE, SUPERVISED_RESOURCE].contains(&path)
         {
             "0"
         } else {

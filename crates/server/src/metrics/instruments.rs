@@ -101,10 +101,13 @@ impl Histogram {
             let bound = self.bounds.get(i).map_or(f64::MAX, |&b| b as f64 / scale);
             buckets.push((bound, n));
         }
-        (buckets, count, self.sum.load(Ordering::Relaxed) as f64 / scale)
+        (
+            buckets,
+            count,
+            self.sum.load(Ordering::Relaxed) as f64 / scale,
+        )
     }
 }
-
 
 /// Operations by wire number (0 for one the server does not know).
 pub(crate) const OPS: usize = 16;

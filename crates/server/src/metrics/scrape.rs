@@ -403,7 +403,12 @@ fn encode_locks(e: &mut DescriptorEncoder<'_>, locks: &[LockView]) -> Result<(),
 /// A cluster member's view: its term, indexes and, on the leader, each
 /// member's lag.
 fn encode_cluster(e: &mut DescriptorEncoder<'_>, c: &ClusterStatus) -> Result<(), std::fmt::Error> {
-    gauge(e, "baton_cluster_term", "The member's Raft term.", c.term as i64)?;
+    gauge(
+        e,
+        "baton_cluster_term",
+        "The member's Raft term.",
+        c.term as i64,
+    )?;
     if let Some(commit) = c.commit_index {
         gauge(
             e,
@@ -475,4 +480,3 @@ mod tests {
         assert_eq!(result_label(RESULTS - 1), "other");
     }
 }
-

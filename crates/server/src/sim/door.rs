@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 use super::{frames_of, Down, Up};
-use crate::conn::is_change;
 use crate::clock::Now;
+use crate::conn::is_change;
 use crate::core::Connecting;
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;

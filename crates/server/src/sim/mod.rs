@@ -33,8 +33,8 @@ use bytes::{Buf, BytesMut};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::Config;
 use crate::clock::Now;
+use crate::config::Config;
 use crate::core::{Connecting, Core, With};
 use crate::outbox::{Drained, Outbox};
 use crate::persist::DurableMark;

@@ -1,17 +1,18 @@
-//! `baton serve`: run a server until SIGINT or SIGTERM.
+//! `baton serve`'s settings: its flags, variables and file, read into the
+//! [`Settings`] a server or a cluster member runs with.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
+use baton_cluster::Member;
 use baton_server::auth::{Identities, Identity, Rights};
 use baton_server::persist::FsyncPolicy;
 use baton_server::tls::TlsFiles;
-use baton_server::{Config, Server};
+use baton_server::Config;
 use serde::{Deserialize, Serialize};
-use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{CliError, CliResult};
+use crate::CliError;
 
 /// Run a Baton server in the foreground until SIGINT (Ctrl-C) or SIGTERM.
 ///
@@ -489,8 +490,7 @@ impl Settings {
             }
         }
         if let Some(peers) = &s.peers {
-            let members =
-                crate::cluster::parse_members(peers).map_err(|e| bad("peers", e.to_string()))?;
+            let members = parse_members(peers).map_err(|e| bad("peers", e.to_string()))?;
             for (id, m) in members {
                 for addr in [&m.peer, &m.client] {
                     check_addr(addr).map_err(|why| bad("peers", format!("member {id}: {why}")))?;
@@ -498,9 +498,7 @@ impl Settings {
             }
         }
         if let Some(routes) = &s.route {
-            for (id, addr) in
-                crate::cluster::parse_routes(routes).map_err(|e| bad("route", e.to_string()))?
-            {
+            for (id, addr) in parse_routes(routes).map_err(|e| bad("route", e.to_string()))? {
                 check_addr(&addr).map_err(|why| bad("route", format!("member {id}: {why}")))?;
             }
         }
@@ -669,136 +667,70 @@ pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
         .map_err(|_| bad(&format!("{port:?} is not a port number")))
 }
 
-pub async fn run(args: Settings) -> CliResult {
-    let config = args.server_config();
-    if let Some(file) = &args.test_disk_faults {
-        tracing::warn!(file = %file.display(), "disk faults are injected as this file says (--test-disk-faults, a flag for testing only)");
-        baton_server::persist::disk_faults::arm(file.clone());
-    }
-    // Ports are taken (or found taken) before the data directory is
-    // touched: a busy port must not leave a new directory behind.
-    let metrics = bind_metrics(&args).await?;
-    if let Some(id) = args.node_id {
-        return crate::cluster::serve_member(id, &args, config, metrics).await;
-    }
-    let server = match args.listen_fd {
-        Some(fd) => Server::new(inherited(fd, "--listen-fd")?, config)?,
-        None => {
-            let listen = args.listen.as_deref().unwrap_or(crate::DEFAULT_SERVER);
-            // The server binds after recovering its log (clients that come
-            // meanwhile are refused, not kept waiting); whether it can is
-            // found out now.
-            std::net::TcpListener::bind(listen)
-                .map_err(|e| CliError::msg(format!("cannot listen on {listen} (listen): {e}")))?;
-            Server::bind(listen, config).await?
-        }
-    };
-    let addr = server
-        .local_addr()
-        .map_err(|e| CliError::msg(e.to_string()))?;
-    serve_metrics(metrics, server.handle());
-    reload_on_sighup(&args, server.handle())?;
-    if args.identities.is_none() && !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "this server is open to anyone who can reach {addr}: no identity is configured ([[identity]] in the config file; docs/operations.md)");
-    }
-    tracing::info!(%addr, tls = args.tls.is_some(), "baton server ready; stop with Ctrl-C or SIGTERM");
-    say_listening(&addr.to_string());
-    server.run(shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// On SIGHUP, reads the TLS certificate and key again (renewed ones, say):
-/// new connections use them. If they do not load, the old ones stay.
-pub fn reload_on_sighup(
-    settings: &Settings,
-    handle: baton_server::ServerHandle,
-) -> Result<(), CliError> {
-    let mut hangups = signal(SignalKind::hangup())
-        .map_err(|e| CliError::msg(format!("cannot listen for SIGHUP: {e}")))?;
-    let files = settings.tls_files.clone();
-    tokio::spawn(async move {
-        while hangups.recv().await.is_some() {
-            let Some(files) = &files else {
-                tracing::info!("SIGHUP: nothing to reload (no TLS)");
-                continue;
-            };
-            // Reads files: not on a runtime thread.
-            let read = files.clone();
-            let loaded =
-                tokio::task::spawn_blocking(move || baton_server::tls::server_config(&read))
-                    .await
-                    .unwrap_or_else(|e| Err(format!("reading the files failed: {e}")));
-            match loaded {
-                Ok(config) => {
-                    handle.reload_tls(config);
-                    tracing::info!(cert = %files.cert.display(), "SIGHUP: TLS certificate reloaded; new connections use it");
-                }
-                Err(e) => {
-                    tracing::error!("SIGHUP: TLS certificate not reloaded, the one loaded before stays in use: {e}")
-                }
-            }
-        }
-    });
-    Ok(())
-}
-
-/// The metrics endpoint's listener, if `--metrics-listen` asks for one.
-pub async fn bind_metrics(
-    settings: &Settings,
-) -> Result<Option<tokio::net::TcpListener>, CliError> {
-    let Some(addr) = &settings.metrics_listen else {
-        return Ok(None);
-    };
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map(Some)
-        .map_err(|e| {
+/// Parses `ID=PEER/CLIENT,...`.
+pub fn parse_members(spec: &str) -> Result<BTreeMap<u64, Member>, CliError> {
+    let mut members = BTreeMap::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = |why: &str| {
             CliError::msg(format!(
-                "cannot listen for metrics on {addr} (metrics-listen): {e}"
+                "--peers: {item:?} {why}; write each member as ID=PEER_HOST:PEER_PORT/CLIENT_HOST:CLIENT_PORT, for example 1=10.0.0.1:4190/10.0.0.1:4181"
             ))
-        })
-}
-
-/// Serves the metrics endpoint on `listener`, if there is one.
-pub fn serve_metrics(
-    listener: Option<tokio::net::TcpListener>,
-    handle: baton_server::ServerHandle,
-) {
-    if let Some(listener) = listener {
-        tokio::spawn(baton_server::metrics::serve(listener, handle));
-    }
-}
-
-/// Prints `listening on ADDR` on stdout, for scripts and supervisors (and
-/// for a port 0 to be found out).
-pub fn say_listening(addr: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "listening on {addr}").and_then(|()| out.flush());
-}
-
-/// A listener inherited as file descriptor `fd`.
-pub fn inherited(fd: i32, flag: &str) -> Result<tokio::net::TcpListener, CliError> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: the descriptor was passed to this process to be used as its
-    // listener and is used by nothing else.
-    let std = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-    std.set_nonblocking(true)
-        .and_then(|()| tokio::net::TcpListener::from_std(std))
-        .map_err(|e| CliError::msg(format!("{flag} {fd} is not a listening socket: {e}")))
-}
-
-pub async fn shutdown_signal() {
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM: {e}; only Ctrl-C stops the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+        };
+        let (id, addrs) = item.split_once('=').ok_or_else(|| bad("has no '='"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| *id > 0)
+            .ok_or_else(|| bad("does not start with a positive member id"))?;
+        let (peer, client) = addrs
+            .split_once('/')
+            .ok_or_else(|| bad("has no '/' between the peer and the client address"))?;
+        if peer.is_empty() || client.is_empty() {
+            return Err(bad("has an empty address"));
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
+        let member = Member {
+            peer: peer.trim().to_owned(),
+            client: client.trim().to_owned(),
+        };
+        if members.insert(id, member).is_some() {
+            return Err(bad("repeats a member id"));
+        }
+    }
+    if members.is_empty() {
+        return Err(CliError::msg("--peers names no member"));
+    }
+    Ok(members)
+}
+
+pub(crate) fn parse_routes(spec: &str) -> Result<BTreeMap<u64, String>, CliError> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (id, addr) = item
+                .split_once('=')
+                .ok_or_else(|| CliError::msg(format!("--route: {item:?} is not ID=HOST:PORT")))?;
+            let id = id.trim().parse().map_err(|_| {
+                CliError::msg(format!("--route: {item:?} does not start with a member id"))
+            })?;
+            Ok((id, addr.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_bad_ones_say_how_to_write_them() {
+        let m = parse_members("1=127.0.0.1:4190/127.0.0.1:4181, 2=h:2/h:3").unwrap();
+        assert_eq!(m[&1].peer, "127.0.0.1:4190");
+        assert_eq!(m[&2].client, "h:3");
+        for bad in ["1=a", "x=a/b", "0=a/b", "1=a/b,1=c/d", "1=/b", ""] {
+            let e = parse_members(bad).unwrap_err().to_string();
+            assert!(e.contains("--peers"), "{bad}: {e}");
+        }
     }
 }
