@@ -17,3 +17,6 @@ pub use baton_client::*;
 pub use baton_cluster as cluster;
 pub use baton_proto as proto;
 pub use baton_server as server;
+
+#[cfg(test)]
+mod layout;
