@@ -16,9 +16,9 @@
 pub mod auth;
 mod clock;
 pub mod config;
-mod conn;
 mod core;
 pub mod datadir;
+mod front;
 mod locks;
 pub mod metrics;
 mod outbox;

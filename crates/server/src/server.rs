@@ -173,8 +173,8 @@ impl Server {
             };
             slot.forget(); // given back when the connection's state drops
             Stats::add(&shared.stats.connections_accepted, 1);
-            let conn = crate::conn::Conn::new(shared.clone(), stream);
-            tokio::spawn(crate::conn::serve(conn));
+            let conn = crate::front::native::Conn::new(shared.clone(), stream);
+            tokio::spawn(crate::front::native::serve(conn));
         }
 
         info!("shutting down");

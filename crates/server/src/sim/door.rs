@@ -20,8 +20,8 @@ use tokio::time::timeout;
 
 use super::{frames_of, Down, Up};
 use crate::clock::Now;
-use crate::conn::is_change;
 use crate::core::Connecting;
+use crate::front::native::is_change;
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;
 use crate::shared::{Applier, Shared};

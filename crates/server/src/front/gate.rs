@@ -1,0 +1,88 @@
+//! What holds back the reads of a cluster leader's connection, for every
+//! front end: a read waits for the changes its session proposed before it
+//! to be applied, and for a read barrier begun after it arrived (so that it
+//! sees every change committed before it, and this server has proven it
+//! still leads).
+//!
+//! Requests are counted in bytes of the connection's stream from its first
+//! byte, the handshake included: where a request starts is what was
+//! received less what is still buffered, so that the count of what a
+//! barrier covers and the place of a request are one and the same.
+
+use std::task::{Context, Poll};
+
+use sync_wrapper::SyncWrapper;
+
+use crate::outbox::Outbox;
+use crate::replicate::Barrier;
+use crate::shared::Shared;
+
+/// A cluster member's read gate (see the module's documentation).
+#[derive(Default)]
+pub(crate) struct ReadGate {
+    /// Bytes read from the socket (their plaintext, with TLS).
+    pub(crate) received: u64,
+    /// Requests that end at or before this byte are covered by a barrier.
+    covered: u64,
+    /// A barrier under way, and the byte it covers up to once complete.
+    /// (Wrapped: the connection's state is shared by reference across its
+    /// awaits, and a barrier need not be `Sync`; it is only ever polled.)
+    barrier: Option<(SyncWrapper<Barrier>, u64)>,
+    /// The last barrier found that this server does not lead.
+    not_leading: bool,
+}
+
+impl ReadGate {
+    /// Whether the request that ends at byte `end` of the stream may be
+    /// handled now. A change may (it is proposed in request order); any
+    /// other request waits for the changes its session proposed before it
+    /// and for a read barrier that covers it, which this starts if none is
+    /// under way.
+    pub(crate) fn admits(
+        &mut self,
+        end: u64,
+        is_change: bool,
+        outbox: &Outbox,
+        shared: &Shared,
+    ) -> bool {
+        if is_change {
+            return true;
+        }
+        if outbox.changes_in_flight() > 0 {
+            return false; // woken once they are applied
+        }
+        if end <= self.covered {
+            return true;
+        }
+        if self.barrier.is_none() && !self.not_leading {
+            let barrier = shared.core().log().read_barrier();
+            self.barrier = Some((SyncWrapper::new(barrier), self.received));
+        }
+        false
+    }
+
+    /// Whether the last barrier found that this server does not lead.
+    pub(crate) fn not_leading(&self) -> bool {
+        self.not_leading
+    }
+
+    /// Polls the barrier under way, if any: ready once it completed (the
+    /// requests it covers may go) or found this server not leading.
+    pub(crate) fn poll_barrier(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((barrier, covers)) = &mut self.barrier else {
+            return Poll::Pending;
+        };
+        let covers = *covers;
+        match barrier.get_mut().as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                self.barrier = None;
+                match result {
+                    Ok(()) => self.covered = self.covered.max(covers),
+                    Err(_) => self.not_leading = true,
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+}
