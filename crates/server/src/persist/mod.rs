@@ -17,6 +17,7 @@
 pub mod disk_faults;
 mod log;
 pub mod record;
+mod recovery;
 pub mod restore;
 pub mod segment;
 pub mod snapshot;
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use log::Wal;
-pub use log::{recover, Recovery};
+pub use recovery::{recover, Recovery};
 
 use crate::outbox::Outbox;
 use crate::stats::Stats;
