@@ -121,9 +121,9 @@ async fn save(servers: &str, args: SaveArgs) -> CliResult {
             "no server could take the backup; the last said: {last}"
         )));
     };
-    snapshot::decode(&backup.bytes).map_err(|(at, why)| {
+    snapshot::decode(&backup.bytes).map_err(|c| {
         CliError::msg(format!(
-            "{addr} sent a snapshot that does not check out (at byte {at}: {why}); nothing was written"
+            "{addr} sent a snapshot that does not check out ({c}); nothing was written"
         ))
     })?;
     write_durably(&args.file, &backup.bytes)?;

@@ -36,9 +36,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use baton_server::persist::disk_faults;
-use baton_server::persist::record::{self, Frame};
-use baton_server::persist::segment::{self, Kind, LayoutError};
-use baton_server::persist::FsyncPolicy;
+use baton_state::format::record::{self, Frame};
+use baton_state::format::segment::{self, Kind, LayoutError};
+use baton_state::format::FsyncPolicy;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;

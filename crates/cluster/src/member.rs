@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_server::datadir::DataDir;
-use baton_server::persist::FsyncPolicy;
 use baton_server::replicate::{Barrier, ClusterStatus, NotLeading, Proposed, Replicator};
-use baton_server::state::Proposal;
 use baton_server::{Applier, Config, Server, ServerError};
+use baton_state::format::FsyncPolicy;
+use baton_state::Proposal;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use openraft::ServerState;
@@ -393,7 +393,7 @@ pub const MAX_MEMBER_DATA: usize = 64 << 20;
 
 /// About how many bytes a proposal takes in an entry.
 fn proposal_bytes(p: &Proposal) -> usize {
-    use baton_server::state::Command;
+    use baton_state::Command;
     let carried = match &p.command {
         Command::Create { path, data, .. }
         | Command::SetData { path, data, .. }

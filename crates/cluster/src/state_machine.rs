@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use baton_server::persist::disk_faults;
-use baton_server::persist::record::{self, Frame};
-use baton_server::persist::snapshot;
 use baton_server::Applier;
+use baton_state::format::record::{self, Frame};
+use baton_state::format::snapshot;
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
 use tracing::info;
@@ -124,7 +124,7 @@ impl StateMachineStore {
         let meta: SnapshotMeta = bincode::deserialize(payload)
             .map_err(|e| format!("the snapshot's metadata does not decode: {e}"))?;
         let sm = snapshot::decode(&bytes[size..])
-            .map_err(|(offset, what)| format!("damaged at byte {}: {what}", offset + size))?;
+            .map_err(|c| format!("damaged at byte {}: {}", c.offset + size, c.what))?;
         let mut applied = self.applied();
         self.inner.applier.install(sm);
         applied.last = meta.last_log_id;
@@ -171,7 +171,7 @@ pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, String> {
 
 /// A member's snapshot file: the metadata's record (`header`, bincode),
 /// then `state` in Baton's snapshot format.
-fn encode(header: &[u8], state: &baton_server::state::StateMachine) -> std::io::Result<Vec<u8>> {
+fn encode(header: &[u8], state: &baton_state::StateMachine) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     record::frame(&mut out, |o| o.extend_from_slice(header));
     let mut cursor = Cursor::new(out);
@@ -192,7 +192,7 @@ pub fn write_seed(
     raft_dir: &Path,
     id: crate::NodeId,
     member: crate::Member,
-    state: &baton_server::state::StateMachine,
+    state: &baton_state::StateMachine,
 ) -> Result<(), String> {
     let first = LogId::new(openraft::CommittedLeaderId::new(0, 0), 0);
     let voters = std::collections::BTreeSet::from([id]);
@@ -216,7 +216,7 @@ pub fn write_seed(
 pub fn write_snapshot(
     raft_dir: &Path,
     meta: &SnapshotMeta,
-    state: &baton_server::state::StateMachine,
+    state: &baton_state::StateMachine,
 ) -> Result<(), String> {
     let header = bincode::serialize(meta).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(raft_dir)

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::io::Cursor;
 
-use baton_server::persist::record::{decode_proposal, encode_proposal};
-use baton_server::state::Proposal;
+use baton_state::format::record::{decode_proposal, encode_proposal};
+use baton_state::Proposal;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A member's id in the cluster, chosen by the operator (`--node-id`).
@@ -96,7 +96,7 @@ fn decode_change(mut bytes: &[u8]) -> Result<Vec<Proposal>, String> {
             return Err("an entry ends inside a proposal".into());
         }
         let (body, rest) = rest.split_at(len);
-        out.push(decode_proposal(body)?);
+        out.push(decode_proposal(body).map_err(|e| e.to_string())?);
         bytes = rest;
     }
     Ok(out)
@@ -149,7 +149,7 @@ mod serde_bytes_like {
 mod tests {
     use super::*;
     use baton_proto::SessionId;
-    use baton_server::state::{Command, Origin};
+    use baton_state::{Command, Origin};
 
     #[test]
     fn a_change_of_several_proposals_round_trips_and_damage_is_refused() {

@@ -218,7 +218,7 @@ async fn the_stored_membership_is_the_newer_of_the_log_and_the_snapshot_and_read
         last_membership: openraft::StoredMembership::new(Some(log_id(40)), m),
         snapshot_id: "t".into(),
     };
-    let state = baton_server::state::StateMachine::new();
+    let state = baton_state::StateMachine::new();
     baton_cluster::state_machine::write_snapshot(&dir, &meta, &state).unwrap();
     // A torn last write, which only the member itself may cut off.
     let last = segments(&dir).pop().unwrap();
@@ -315,7 +315,7 @@ async fn a_vote_kept_the_earlier_way_is_read_and_moved_into_slots() {
     std::fs::create_dir_all(&dir).unwrap();
     let payload = bincode::serialize(&vote(3)).unwrap();
     let mut framed = Vec::new();
-    baton_server::persist::record::frame(&mut framed, |o| o.extend_from_slice(&payload));
+    baton_state::format::record::frame(&mut framed, |o| o.extend_from_slice(&payload));
     std::fs::write(dir.join("vote"), &framed).unwrap();
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), Some(vote(3)));

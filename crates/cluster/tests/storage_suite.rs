@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use baton_cluster::log_store::LogStore;
 use baton_cluster::state_machine::StateMachineStore;
 use baton_cluster::types::{StorageError, TypeConfig};
-use baton_server::persist::FsyncPolicy;
 use baton_server::{Config, Server};
+use baton_state::format::FsyncPolicy;
 use openraft::testing::{StoreBuilder, Suite};
 
 /// A scratch directory, removed when the suite's store is dropped.

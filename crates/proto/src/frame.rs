@@ -12,6 +12,7 @@
 //! that ends the connection.
 
 use bytes::{BufMut, BytesMut};
+#[cfg(feature = "codec")]
 use tokio_util::codec::LengthDelimitedCodec;
 
 use crate::{DEFAULT_MAX_DATA, REQUEST_OVERHEAD};
@@ -28,6 +29,7 @@ pub const DEFAULT_MAX_REQUEST_FRAME: usize = DEFAULT_MAX_DATA + REQUEST_OVERHEAD
 pub const MAX_RESPONSE_FRAME: usize = 64 << 20;
 
 /// A length-delimited codec that refuses frames longer than `max_frame`.
+#[cfg(feature = "codec")]
 pub fn frame_codec(max_frame: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .length_field_length(HEADER_LEN)

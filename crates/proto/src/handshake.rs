@@ -117,7 +117,7 @@ impl ConnectRequest {
     /// # Errors
     /// [`DecodeError`] if the payload is not exactly a connect request.
     pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(payload);
+        let mut r = Reader::new(&payload);
         if r.array::<4>("magic")? != MAGIC {
             return Err(DecodeError::BadMagic);
         }
@@ -146,7 +146,7 @@ impl ConnectRequest {
                     value: token.len() as u64,
                 });
             }
-            Some(Token(token))
+            Some(Token(payload.slice_ref(token)))
         };
         r.finish()?;
         let resume = (id != 0).then_some((SessionId(id), secret));
@@ -206,7 +206,7 @@ impl ConnectResponse {
     /// # Errors
     /// [`DecodeError`] if the payload is not exactly a connect response.
     pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(payload);
+        let mut r = Reader::new(&payload);
         let status = r.u16("status")?;
         let version = r.u16("version")?;
         let result = if status == 0 {

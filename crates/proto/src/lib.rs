@@ -20,10 +20,12 @@ pub mod pem;
 pub mod probe;
 pub mod request;
 pub mod response;
-mod wire;
+pub mod wire;
 
 pub use error::{DecodeError, ErrorCode};
-pub use frame::{frame_codec, MAX_RESPONSE_FRAME};
+#[cfg(feature = "codec")]
+pub use frame::frame_codec;
+pub use frame::MAX_RESPONSE_FRAME;
 pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret, Token};
 pub use path::PathError;
 pub use request::{

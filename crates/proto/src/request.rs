@@ -457,7 +457,7 @@ impl RequestFrame {
     /// otherwise a [`RequestDecodeError::Reject`] with the code to answer:
     /// unknown operation, invalid path or malformed request.
     pub fn decode(payload: Bytes) -> Result<Self, RequestDecodeError> {
-        let mut r = Reader::new(payload);
+        let mut r = Reader::new(&payload);
         let (Ok(xid), Ok(op)) = (r.u32("xid"), r.u8("op")) else {
             return Err(RequestDecodeError::NoHeader);
         };
@@ -486,7 +486,7 @@ impl RequestFrame {
 
 fn read_path(r: &mut Reader) -> Result<String, DecodeError> {
     let raw = r.raw16("path")?;
-    Ok(path::validate_bytes(&raw)?.to_owned())
+    Ok(path::validate_bytes(raw)?.to_owned())
 }
 
 fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {

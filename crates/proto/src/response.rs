@@ -546,7 +546,7 @@ impl ServerMessage {
     /// # Errors
     /// [`DecodeError`] if the payload is not exactly one server message.
     pub fn decode(payload: Bytes) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(payload);
+        let mut r = Reader::new(&payload);
         let msg = match r.u8("kind")? {
             KIND_REPLY => {
                 let xid = r.u32("xid")?;

@@ -4,39 +4,58 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::DecodeError;
 
-/// A cursor over one frame's payload; every read checks the remaining length,
-/// so a short or lying frame yields [`DecodeError::Truncated`], never a panic.
-pub(crate) struct Reader {
-    buf: Bytes,
+/// A checked big-endian reader: every read checks the remaining length, so a
+/// short or lying payload yields [`DecodeError::Truncated`] naming the field,
+/// never a panic. It reads frames of the protocol and Baton's files alike.
+///
+/// Over a frame ([`Reader::new`]) byte fields share the frame's memory; over
+/// borrowed bytes ([`Reader::over`], a file read whole, say) they are copied
+/// out, so that what is kept does not hold on to the whole input.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    shared: Option<&'a Bytes>,
 }
 
-impl Reader {
-    pub(crate) fn new(buf: Bytes) -> Self {
-        Reader { buf }
+impl<'a> Reader<'a> {
+    /// A reader over a frame's payload; byte fields share its memory.
+    pub fn new(frame: &'a Bytes) -> Self {
+        Reader {
+            buf: &frame[..],
+            shared: Some(frame),
+        }
     }
 
-    fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+    /// A reader over borrowed bytes; byte fields are copied out.
+    pub fn over(bytes: &'a [u8]) -> Self {
+        Reader {
+            buf: bytes,
+            shared: None,
+        }
+    }
+
+    /// The next `n` bytes.
+    ///
+    /// # Errors
+    /// [`DecodeError::Truncated`] naming `what` if fewer are left.
+    pub fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
             return Err(DecodeError::Truncated { what });
         }
-        Ok(self.buf.split_to(n))
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
     }
 
-    pub(crate) fn array<const N: usize>(
-        &mut self,
-        what: &'static str,
-    ) -> Result<[u8; N], DecodeError> {
-        let bytes = self.take(N, what)?;
-        let mut out = [0u8; N];
-        out.copy_from_slice(&bytes);
-        Ok(out)
+    pub fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(N, what)?.try_into().expect("N bytes"))
     }
 
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(what)?[0])
     }
 
-    pub(crate) fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+    /// A byte that must be 0 or 1.
+    pub fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
@@ -47,20 +66,20 @@ impl Reader {
         }
     }
 
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+    pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
         Ok(u16::from_be_bytes(self.array(what)?))
     }
 
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         Ok(u32::from_be_bytes(self.array(what)?))
     }
 
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.array(what)?))
     }
 
     /// An optional u32: a presence byte (0 or 1), then the value if present.
-    pub(crate) fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
+    pub fn opt_u32(&mut self, what: &'static str) -> Result<Option<u32>, DecodeError> {
         if self.bool(what)? {
             Ok(Some(self.u32(what)?))
         } else {
@@ -69,7 +88,7 @@ impl Reader {
     }
 
     /// An optional u64: a presence byte (0 or 1), then the value if present.
-    pub(crate) fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
+    pub fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
         if self.bool(what)? {
             Ok(Some(self.u64(what)?))
         } else {
@@ -78,30 +97,43 @@ impl Reader {
     }
 
     /// A u16 length followed by that many raw bytes.
-    pub(crate) fn raw16(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
+    pub fn raw16(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
         let len = self.u16(what)? as usize;
         self.take(len, what)
     }
 
-    /// A u32 length followed by that many bytes, shared with the frame (no copy).
-    pub(crate) fn bytes32(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
+    /// A u32 length followed by that many bytes: shared with a frame, copied
+    /// from borrowed bytes.
+    pub fn bytes32(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
         let len = self.u32(what)? as usize;
-        self.take(len, what)
+        let bytes = self.take(len, what)?;
+        Ok(match self.shared {
+            Some(frame) => frame.slice_ref(bytes),
+            None => Bytes::copy_from_slice(bytes),
+        })
     }
 
     /// A u16 length followed by that many bytes of UTF-8.
-    pub(crate) fn str16(&mut self, what: &'static str) -> Result<String, DecodeError> {
+    pub fn str16(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let raw = self.raw16(what)?;
         String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::InvalidUtf8 { what })
     }
 
+    /// How many bytes are left.
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Whether every byte has been read.
-    pub(crate) fn at_end(&self) -> bool {
+    pub fn at_end(&self) -> bool {
         self.buf.is_empty()
     }
 
-    /// Fails if bytes are left over: a frame must be exactly its message.
-    pub(crate) fn finish(self) -> Result<(), DecodeError> {
+    /// Fails if bytes are left over: a message must be exactly its bytes.
+    ///
+    /// # Errors
+    /// [`DecodeError::TrailingBytes`] with their count.
+    pub fn finish(self) -> Result<(), DecodeError> {
         if self.buf.is_empty() {
             Ok(())
         } else {

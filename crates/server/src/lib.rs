@@ -30,10 +30,13 @@ mod shared;
 #[cfg(any(test, feature = "sim"))]
 #[doc(hidden)]
 pub mod sim;
-pub mod state;
 mod stats;
 mod status;
 pub mod tls;
+
+/// The deterministic state machine and its file formats (the `baton-state`
+/// crate).
+pub use baton_state as state;
 mod watches;
 
 pub use config::{Config, ConfigError};

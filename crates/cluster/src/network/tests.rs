@@ -17,7 +17,7 @@ use tokio_util::codec::Framed;
 use crate::types::{LogId, Member, TypeConfig, Vote};
 
 use crate::types::{Change, Entry};
-use baton_server::state::{Command, Proposal};
+use baton_state::{Command, Proposal};
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn entry(index: u64, data: usize) -> Entry {

@@ -83,8 +83,10 @@ pub enum RestoreError {
 /// # Errors
 /// [`RestoreError`]: the bytes are damaged, or the skip too large.
 pub fn prepare(backup: &[u8], skip: Option<u64>) -> Result<Restored, RestoreError> {
-    let mut state =
-        super::snapshot::decode(backup).map_err(|(at, why)| RestoreError::Damaged { at, why })?;
+    let mut state = super::snapshot::decode(backup).map_err(|c| RestoreError::Damaged {
+        at: c.offset,
+        why: c.what,
+    })?;
     let saved_revision = state.revision();
     let skipped = skip.unwrap_or_else(|| default_skip(state.last_now_ms(), wall_clock_ms()));
     if saved_revision.saturating_add(skipped) > REVISION_CEILING {

@@ -29,12 +29,12 @@
 
 use super::record::{self, Read as RecordRead};
 use super::FsyncPolicy;
-use crate::state::Proposal;
+use crate::Proposal;
 
 const MAGIC: &[u8; 8] = b"BATNLOG\0";
 const FORMAT: u16 = 2;
 /// Bytes of a format-2 segment header.
-pub(crate) const HEADER: usize = 16;
+pub const HEADER: usize = 16;
 const BATCH_MAGIC: [u8; 4] = *b"BTCH";
 /// Bytes of a batch header.
 pub const BATCH_HEADER: usize = 12;
@@ -49,7 +49,7 @@ pub enum Kind {
 }
 
 /// A format-2 segment header for a writer with `fsync`.
-pub(crate) fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
+pub fn header(fsync: FsyncPolicy) -> [u8; HEADER] {
     header_of(fsync, Kind::Changes)
 }
 
@@ -172,9 +172,9 @@ pub fn end_batch(out: &mut [u8], start: usize) {
 }
 
 /// One record as read back: a proposal and the revision it produced.
-pub(crate) struct Logged {
-    pub(crate) revision: u64,
-    pub(crate) proposal: Proposal,
+pub struct Logged {
+    pub revision: u64,
+    pub proposal: Proposal,
 }
 
 /// Reads the unit at `at`: a whole batch (format 2) or one record (format
@@ -182,11 +182,7 @@ pub(crate) struct Logged {
 ///
 /// # Errors
 /// What is wrong with the unit; nothing of a damaged unit is returned.
-pub(crate) fn read_unit(
-    buf: &[u8],
-    at: usize,
-    layout: Layout,
-) -> Result<(Vec<Logged>, usize), String> {
+pub fn read_unit(buf: &[u8], at: usize, layout: Layout) -> Result<(Vec<Logged>, usize), String> {
     let (body, end) = if layout.format == 1 {
         (&buf[at..], None)
     } else {
@@ -261,7 +257,7 @@ pub fn unit_after(buf: &[u8], at: usize, layout: Layout) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Command;
+    use crate::Command;
     use baton_proto::SessionId;
 
     fn close(r: u64) -> Proposal {

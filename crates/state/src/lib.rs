@@ -14,6 +14,7 @@
 //! so passes over revisions until the name is free: revisions then grow by
 //! more than one, still deterministically.)
 
+pub mod format;
 mod node;
 mod pmap;
 mod proposal;
@@ -25,7 +26,8 @@ use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, Sessi
 use bytes::Bytes;
 
 pub use node::{Ephemerals, Node};
-pub(crate) use pmap::Unshared;
+#[doc(hidden)]
+pub use pmap::Unshared;
 use proposal::Kept;
 pub use proposal::{LastReply, Origin, Proposal};
 

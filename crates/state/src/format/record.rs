@@ -24,20 +24,20 @@
 //! The length has its own checksum so that a flipped bit in it is found out
 //! rather than taken for a record running past the end of the file.
 
-use baton_proto::{CreateMode, SessionId, SessionSecret};
-use bytes::Bytes;
+use baton_proto::wire::Reader;
+use baton_proto::{CreateMode, DecodeError, SessionId, SessionSecret};
 
-use crate::state::{Command, Origin, Proposal};
+use crate::{Command, Origin, Proposal};
 
 /// Bytes of a record's header.
-pub(crate) const HEADER: usize = 12;
+pub const HEADER: usize = 12;
 
 /// Largest payload a record may have: more is taken as corruption.
-pub(crate) const MAX_PAYLOAD: usize = 128 << 20;
+pub const MAX_PAYLOAD: usize = 128 << 20;
 
 /// Appends one framed record to `out`: the proposal that produced
 /// `revision`.
-pub(crate) fn encode(out: &mut Vec<u8>, revision: u64, proposal: &Proposal) {
+pub fn encode(out: &mut Vec<u8>, revision: u64, proposal: &Proposal) {
     frame(out, |out| {
         put_u64(out, revision);
         encode_proposal(out, proposal);
@@ -178,7 +178,7 @@ const ORIGIN: u8 = 0x80;
 
 /// What reading a record at some offset of a log found.
 #[derive(Debug)]
-pub(crate) enum Read {
+pub enum Read {
     /// A whole, valid record of `size` bytes (header included).
     Record {
         revision: u64,
@@ -192,7 +192,7 @@ pub(crate) enum Read {
 }
 
 /// Reads the record at the start of `buf`.
-pub(crate) fn read(buf: &[u8]) -> Read {
+pub fn read(buf: &[u8]) -> Read {
     match read_frame(buf) {
         Frame::Short => Read::Short,
         Frame::Invalid(why) => Read::Invalid(why),
@@ -207,84 +207,89 @@ pub(crate) fn read(buf: &[u8]) -> Read {
     }
 }
 
-fn decode_payload(payload: &[u8]) -> Result<(u64, Proposal), String> {
-    let mut r = Cursor(payload);
-    let revision = r.u64()?;
+fn decode_payload(payload: &[u8]) -> Result<(u64, Proposal), DecodeError> {
+    let mut r = Reader::over(payload);
+    let revision = r.u64("revision")?;
     let proposal = read_proposal(&mut r)?;
-    if !r.0.is_empty() {
-        return Err(format!("{} bytes after the command", r.0.len()));
-    }
+    r.finish()?;
     Ok((revision, proposal))
 }
 
-/// Reads a proposal written by [`encode_proposal`], which must fill `bytes`.
+/// Decodes a proposal encoded by [`encode_proposal`].
 ///
 /// # Errors
-/// What does not decode.
-pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, String> {
-    let mut r = Cursor(bytes);
+/// A [`DecodeError`] naming the field that is cut short or out of range,
+/// or the bytes left over after the proposal.
+pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, DecodeError> {
+    let mut r = Reader::over(bytes);
     let proposal = read_proposal(&mut r)?;
-    if !r.0.is_empty() {
-        return Err(format!("{} bytes after the command", r.0.len()));
-    }
+    r.finish()?;
     Ok(proposal)
 }
 
-fn read_proposal(r: &mut Cursor) -> Result<Proposal, String> {
-    let now_ms = r.u64()?;
-    let tag = r.u8()?;
+fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
+    let now_ms = r.u64("time")?;
+    let tag = r.u8("command tag")?;
     let origin = if tag & ORIGIN != 0 {
         Some(Origin {
-            session: SessionId(r.u64()?),
-            xid: r.u32()?,
+            session: SessionId(r.u64("origin session")?),
+            xid: r.u32("origin xid")?,
         })
     } else {
         None
     };
     let command = match tag & !ORIGIN {
         1 => Command::OpenSession {
-            timeout_ms: r.u32()?,
-            secret: SessionSecret(r.array()?),
+            timeout_ms: r.u32("timeout")?,
+            secret: SessionSecret(r.array("secret")?),
         },
         2 => Command::CloseSession {
-            session: SessionId(r.u64()?),
+            session: SessionId(r.u64("session")?),
         },
         3 => Command::ExpireSession {
-            session: SessionId(r.u64()?),
+            session: SessionId(r.u64("session")?),
         },
         4 => {
-            let session = SessionId(r.u64()?);
-            let path = r.str()?;
-            let data = r.bytes()?;
-            let mode = r.u8()?;
+            let session = SessionId(r.u64("session")?);
+            let path = r.str16("path")?;
+            let data = r.bytes32("data")?;
+            let mode = r.u8("create mode")?;
             if mode > 3 {
-                return Err(format!("create mode {mode}"));
+                return Err(DecodeError::BadValue {
+                    what: "create mode",
+                    value: mode.into(),
+                });
             }
             Command::Create {
                 session,
                 path,
                 data,
                 mode: CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0),
-                fence: r.opt64()?,
+                fence: r.opt_u64("fence")?,
             }
         }
         5 => Command::Delete {
-            path: r.str()?,
-            version: r.opt32()?,
-            fence: r.opt64()?,
+            path: r.str16("path")?,
+            version: r.opt_u32("version")?,
+            fence: r.opt_u64("fence")?,
         },
         6 => Command::SetData {
-            path: r.str()?,
-            data: r.bytes()?,
-            version: r.opt32()?,
-            fence: r.opt64()?,
+            path: r.str16("path")?,
+            data: r.bytes32("data")?,
+            version: r.opt_u32("version")?,
+            fence: r.opt_u64("fence")?,
         },
         7 => Command::Enqueue {
-            session: SessionId(r.u64()?),
-            path: r.str()?,
-            data: r.bytes()?,
+            session: SessionId(r.u64("session")?),
+            path: r.str16("path")?,
+            data: r.bytes32("data")?,
         },
-        tag => return Err(format!("unknown command tag {tag}")),
+        tag => {
+            return Err(DecodeError::BadValue {
+                what: "command tag",
+                value: tag.into(),
+            })
+        }
     };
     Ok(Proposal {
         now_ms,
@@ -327,69 +332,10 @@ fn put_opt64(out: &mut Vec<u8>, v: Option<u64>) {
     }
 }
 
-/// A checked reader over a payload (shared with the snapshot reader).
-pub(crate) struct Cursor<'a>(pub(crate) &'a [u8]);
-
-impl Cursor<'_> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        if self.0.len() < n {
-            return Err(format!("{n} bytes needed, {} left", self.0.len()));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        Ok(self.take(N)?.try_into().expect("N bytes"))
-    }
-
-    pub(crate) fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    pub(crate) fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_be_bytes(self.array()?))
-    }
-
-    pub(crate) fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_be_bytes(self.array()?))
-    }
-
-    pub(crate) fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_be_bytes(self.array()?))
-    }
-
-    pub(crate) fn str(&mut self) -> Result<String, String> {
-        let len = u16::from_be_bytes(self.array()?) as usize;
-        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| "path is not UTF-8".to_string())
-    }
-
-    pub(crate) fn bytes(&mut self) -> Result<Bytes, String> {
-        let len = self.u32()? as usize;
-        Ok(Bytes::copy_from_slice(self.take(len)?))
-    }
-
-    fn opt32(&mut self) -> Result<Option<u32>, String> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some(self.u32()?)),
-            b => Err(format!("presence byte {b}")),
-        }
-    }
-
-    fn opt64(&mut self) -> Result<Option<u64>, String> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some(self.u64()?)),
-            b => Err(format!("presence byte {b}")),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn proposals() -> Vec<Proposal> {
         let commands = vec![

@@ -801,8 +801,8 @@ mod apply_fuzz {
             }
             // A snapshot of the end state reads back the same.
             let mut out = std::io::Cursor::new(Vec::new());
-            crate::persist::snapshot::encode(&sm, &mut out).unwrap();
-            let back = crate::persist::snapshot::decode(out.get_ref()).unwrap();
+            crate::format::snapshot::encode(&sm, &mut out).unwrap();
+            let back = crate::format::snapshot::decode(out.get_ref()).unwrap();
             prop_assert_eq!(image(&back), image(&sm));
             prop_assert_eq!(back.revision(), sm.revision());
         }
