@@ -14,7 +14,9 @@
 //! so passes over revisions until the name is free: revisions then grow by
 //! more than one, still deterministically.)
 
+mod command;
 pub mod format;
+mod image;
 mod node;
 mod pmap;
 mod proposal;
@@ -22,103 +24,15 @@ mod proposal;
 use std::sync::Arc;
 
 use baton_proto::path;
-use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret, Stat};
-use bytes::Bytes;
+use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret};
 
+pub use command::{Applied, Command, Outcome, Trigger};
+pub use image::{NodeImage, SessionImage};
 pub use node::{Ephemerals, Node};
 #[doc(hidden)]
 pub use pmap::Unshared;
 use proposal::Kept;
 pub use proposal::{LastReply, Origin, Proposal};
-
-/// A change to the state. Reads are not commands: they change nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Opens a session; its id is the revision of this command.
-    OpenSession {
-        timeout_ms: u32,
-        secret: SessionSecret,
-    },
-    /// Ends a session at its client's request.
-    CloseSession { session: SessionId },
-    /// Ends a session whose client fell silent for its whole timeout.
-    ExpireSession { session: SessionId },
-    /// Creates a node. With `fence`, the parent must accept the token.
-    Create {
-        session: SessionId,
-        path: String,
-        data: Bytes,
-        mode: CreateMode,
-        fence: Option<u64>,
-    },
-    /// Deletes a node. With `fence`, the node must accept the token.
-    Delete {
-        path: String,
-        version: Option<u32>,
-        fence: Option<u64>,
-    },
-    /// Replaces a node's data. With `fence`, the node must accept the token.
-    SetData {
-        path: String,
-        data: Bytes,
-        version: Option<u32>,
-        fence: Option<u64>,
-    },
-    /// Joins a queue: creates an ephemeral sequential node of `session`
-    /// under the queue's path, and reports the node created just before it.
-    Enqueue {
-        session: SessionId,
-        path: String,
-        data: Bytes,
-    },
-}
-
-/// The successful result of a command.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    SessionOpened(SessionId),
-    /// The session ended; these ephemeral nodes went with it.
-    SessionEnded {
-        deleted: Vec<Arc<str>>,
-    },
-    Created {
-        path: Arc<str>,
-        sequence: Option<u64>,
-        stat: Stat,
-    },
-    /// A queue was joined: the created node, and the one created just before
-    /// it, if any.
-    Enqueued {
-        path: Arc<str>,
-        sequence: u64,
-        stat: Stat,
-        predecessor: Option<(Arc<str>, Stat)>,
-    },
-    Deleted,
-    DataSet(Stat),
-}
-
-/// A change that fires the watches set on `path` for `kind`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trigger {
-    pub kind: EventKind,
-    pub path: Arc<str>,
-}
-
-/// What [`StateMachine::apply`] did.
-#[derive(Debug)]
-pub struct Applied {
-    /// The command's result; an error changes nothing and takes no revision.
-    pub result: Result<Outcome, ErrorReply>,
-    /// Watches to fire, in order; empty when the command failed.
-    pub triggers: Vec<Trigger>,
-    /// The revision after the command (unchanged if it failed).
-    pub revision: u64,
-    /// Whether the command changed the state (took a revision). A failed
-    /// command, and a request answered from its session's last reply, did
-    /// not: neither is logged.
-    pub changed: bool,
-}
 
 /// A live session as the state machine knows it.
 #[derive(Clone, Debug)]
@@ -154,32 +68,6 @@ impl Session {
             reply: kept.reply(id),
         })
     }
-}
-
-/// A session as a snapshot holds it (its ephemerals come with the nodes).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionImage {
-    pub id: SessionId,
-    pub timeout_ms: u32,
-    pub secret: SessionSecret,
-    pub last: Option<LastReply>,
-}
-
-/// A node as a snapshot holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeImage {
-    pub path: String,
-    pub data: Bytes,
-    pub czxid: u64,
-    pub mzxid: u64,
-    pub pzxid: u64,
-    pub ctime: u64,
-    pub mtime: u64,
-    pub version: u32,
-    pub cversion: u32,
-    /// Owning session, 0 if persistent.
-    pub owner: u64,
-    pub fence: u64,
 }
 
 /// A persistent (structurally shared) map: a clone costs O(1), and a
@@ -227,97 +115,6 @@ impl StateMachine {
     /// The revision of the last successful change.
     pub fn revision(&self) -> u64 {
         self.revision
-    }
-
-    /// Every node, each after its parent (the root first): the order a
-    /// snapshot stores them in.
-    pub fn nodes_parent_first(&self) -> impl Iterator<Item = NodeImage> + '_ {
-        let mut queue: std::collections::VecDeque<&str> = std::collections::VecDeque::from(["/"]);
-        std::iter::from_fn(move || {
-            let path = queue.pop_front()?;
-            let node = self.nodes.get(path).expect("children exist");
-            queue.extend(node.children().map(|c| &**c));
-            let stat = node.stat();
-            Some(NodeImage {
-                path: path.to_owned(),
-                data: node.data(),
-                czxid: stat.czxid,
-                mzxid: stat.mzxid,
-                pzxid: stat.pzxid,
-                ctime: stat.ctime,
-                mtime: stat.mtime,
-                version: stat.version,
-                cversion: stat.cversion,
-                owner: stat.ephemeral_owner,
-                fence: node.fence(),
-            })
-        })
-    }
-
-    /// Rebuilds a state machine from a snapshot's contents: the revision and
-    /// the time of the latest change, the sessions, and the nodes, each after
-    /// its parent.
-    ///
-    /// # Errors
-    /// A description of the first inconsistency: a node before its parent, an
-    /// ephemeral owned by an unknown session, a duplicate.
-    pub fn restore(
-        revision: u64,
-        last_now_ms: u64,
-        sessions: impl IntoIterator<Item = SessionImage>,
-        nodes: impl IntoIterator<Item = NodeImage>,
-    ) -> Result<StateMachine, String> {
-        let mut sm = StateMachine {
-            nodes: Map::new(),
-            sessions: Map::new(),
-            revision,
-            last_now_ms,
-        };
-        for SessionImage {
-            id,
-            timeout_ms,
-            secret,
-            last,
-        } in sessions
-        {
-            let mut session = Session::new(timeout_ms, secret);
-            if let Some(last) = last {
-                session.last_xid = last.xid;
-                session.last = Some(Box::new(Kept::of(id, &last.reply)));
-            }
-            if sm.sessions.contains_key(&id) {
-                return Err(format!("session {id} appears twice"));
-            }
-            sm.sessions.insert(id, session);
-        }
-        for image in nodes {
-            let node = Node::restore(&image);
-            let path: Arc<str> = Arc::from(image.path.as_str());
-            if let Some(parent_path) = path::parent(&path) {
-                let parent = sm
-                    .nodes
-                    .get_mut(parent_path)
-                    .ok_or_else(|| format!("{path} comes before its parent"))?;
-                parent.add_child(node.czxid, path.clone());
-            } else if !sm.nodes.is_empty() {
-                return Err("the root is not the first node".into());
-            }
-            if let Some(owner) = node.owner() {
-                sm.sessions
-                    .get_mut(&owner)
-                    .ok_or_else(|| format!("{path} is owned by unknown session {owner}"))?
-                    .ephemerals
-                    .insert(path.clone());
-            }
-            if sm.nodes.contains_key(&path) {
-                return Err(format!("{path} appears twice"));
-            }
-            sm.nodes.insert(path.clone(), node);
-        }
-        if !sm.nodes.contains_key("/") {
-            return Err("the root node is missing".into());
-        }
-        Ok(sm)
     }
 
     /// Moves the revision `by` further on, as if that many changes had

@@ -1,4 +1,6 @@
 use super::*;
+use baton_proto::Stat;
+use bytes::Bytes;
 
 fn open(sm: &mut StateMachine) -> SessionId {
     match sm

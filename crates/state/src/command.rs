@@ -1,0 +1,95 @@
+//! What the state machine is asked to do, and what it answers.
+
+use std::sync::Arc;
+
+use baton_proto::{CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat};
+use bytes::Bytes;
+
+/// A change to the state. Reads are not commands: they change nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Opens a session; its id is the revision of this command.
+    OpenSession {
+        timeout_ms: u32,
+        secret: SessionSecret,
+    },
+    /// Ends a session at its client's request.
+    CloseSession { session: SessionId },
+    /// Ends a session whose client fell silent for its whole timeout.
+    ExpireSession { session: SessionId },
+    /// Creates a node. With `fence`, the parent must accept the token.
+    Create {
+        session: SessionId,
+        path: String,
+        data: Bytes,
+        mode: CreateMode,
+        fence: Option<u64>,
+    },
+    /// Deletes a node. With `fence`, the node must accept the token.
+    Delete {
+        path: String,
+        version: Option<u32>,
+        fence: Option<u64>,
+    },
+    /// Replaces a node's data. With `fence`, the node must accept the token.
+    SetData {
+        path: String,
+        data: Bytes,
+        version: Option<u32>,
+        fence: Option<u64>,
+    },
+    /// Joins a queue: creates an ephemeral sequential node of `session`
+    /// under the queue's path, and reports the node created just before it.
+    Enqueue {
+        session: SessionId,
+        path: String,
+        data: Bytes,
+    },
+}
+
+/// The successful result of a command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    SessionOpened(SessionId),
+    /// The session ended; these ephemeral nodes went with it.
+    SessionEnded {
+        deleted: Vec<Arc<str>>,
+    },
+    Created {
+        path: Arc<str>,
+        sequence: Option<u64>,
+        stat: Stat,
+    },
+    /// A queue was joined: the created node, and the one created just before
+    /// it, if any.
+    Enqueued {
+        path: Arc<str>,
+        sequence: u64,
+        stat: Stat,
+        predecessor: Option<(Arc<str>, Stat)>,
+    },
+    Deleted,
+    DataSet(Stat),
+}
+
+/// A change that fires the watches set on `path` for `kind`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub kind: EventKind,
+    pub path: Arc<str>,
+}
+
+/// What [`StateMachine::apply`] did.
+#[derive(Debug)]
+pub struct Applied {
+    /// The command's result; an error changes nothing and takes no revision.
+    pub result: Result<Outcome, ErrorReply>,
+    /// Watches to fire, in order; empty when the command failed.
+    pub triggers: Vec<Trigger>,
+    /// The revision after the command (unchanged if it failed).
+    pub revision: u64,
+    /// Whether the command changed the state (took a revision). A failed
+    /// command, and a request answered from its session's last reply, did
+    /// not: neither is logged.
+    pub changed: bool,
+}
