@@ -20,6 +20,7 @@ mod image;
 mod node;
 mod pmap;
 mod proposal;
+mod restore;
 
 use std::sync::Arc;
 
