@@ -5,10 +5,21 @@
 //! `crate::` or `super::` path (in `use` items and in expressions alike);
 //! test modules and `#[cfg(test)]` items are left out, and a name a module
 //! re-exports (`pub use config::Config;`) leads on to where it is defined.
+//!
+//! No source file of the core crates holds more than [`MAX_LINES`] lines
+//! before its tests; and the state machine's crate names no clock, file,
+//! socket, thread or process (its dependencies hold no async runtime
+//! either: see its Cargo.toml), so that it stays deterministic and I/O-free.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+
+/// Lines a source file of a core crate may hold before its tests.
+const MAX_LINES: usize = 800;
+
+/// The crates whose files [`MAX_LINES`] bounds.
+const CORE_CRATES: &[&str] = &["proto", "state", "server", "client", "cluster"];
 
 /// Each module's re-exports: the name brought in, and the absolute path of
 /// what it names.
@@ -468,6 +479,19 @@ fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     walk.found
 }
 
+/// The lines of `text` before its first `#[cfg(test)]` item at the top level
+/// (a file's tests come last).
+fn lines_before_tests(text: &str) -> usize {
+    let mut count = 0;
+    for line in text.lines() {
+        if line.starts_with("#[cfg(test)]") {
+            break;
+        }
+        count += 1;
+    }
+    count
+}
+
 #[test]
 fn no_crate_has_a_module_cycle() {
     let mut found = Vec::new();
@@ -492,6 +516,65 @@ fn no_crate_has_a_module_cycle() {
         found.is_empty(),
         "modules that depend on each other, through `crate::` or `super::` paths \
          (move what they share into a module of its own):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn no_core_source_file_is_longer_than_the_bound_before_its_tests() {
+    let mut long = Vec::new();
+    for (name, src) in crate_dirs() {
+        if !CORE_CRATES.contains(&name.as_str()) {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        // A file of tests only (`tests.rs`) is all tests.
+        for file in files.into_iter().filter(|f| !f.ends_with("tests.rs")) {
+            let lines = lines_before_tests(&fs::read_to_string(&file).unwrap());
+            if lines > MAX_LINES {
+                long.push(format!("{} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "source files longer than {MAX_LINES} lines before their tests (split them by job):\n  {}",
+        long.join("\n  ")
+    );
+}
+
+/// What the state machine's crate must not name: clocks, the file system,
+/// sockets, threads, processes, the environment, randomness.
+const NOT_IN_STATE: &[&str] = &[
+    "std::fs",
+    "std::net",
+    "std::thread",
+    "std::process",
+    "std::env",
+    "Instant",
+    "SystemTime",
+    "tokio",
+    "getrandom",
+];
+
+#[test]
+fn the_state_crate_reads_no_clock_and_does_no_io() {
+    let src = workspace().join("crates/state/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let text = strip_comments_and_strings(&fs::read_to_string(&file).unwrap());
+        for name in NOT_IN_STATE {
+            if text.contains(name) {
+                found.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the state machine reads no clock and does no I/O; its callers pass time and bytes in:\n  {}",
         found.join("\n  ")
     );
 }
