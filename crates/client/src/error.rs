@@ -35,9 +35,17 @@ pub enum Error {
     /// of a session that could not be resumed in time.
     #[error("connection lost: {0}")]
     ConnectionLoss(String),
-    /// No server could be reached to open the session.
+    /// No server could be reached to open the session. `reason` says why
+    /// in words (the cause's own words included); `cause`, when there is
+    /// one, is the error underneath (an [`std::io::Error`] whose kind a
+    /// program can test, say), also given by `source()`.
     #[error("cannot connect to {addr}: {reason}")]
-    Connect { addr: String, reason: String },
+    Connect {
+        addr: String,
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// The cluster member reached does not lead, and no member that leads
     /// could be reached (or none leads right now, during an election).
     #[error("no cluster member that leads could be reached: {0}")]
@@ -65,15 +73,105 @@ pub enum Error {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     /// TLS settings that cannot be used: a file that cannot be read, or a
-    /// certificate and key that do not go together.
-    #[error("TLS settings: {0}")]
-    Tls(String),
+    /// certificate and key that do not go together. `reason` names the file
+    /// and what is wrong; `cause`, when there is one, is the error
+    /// underneath (rustls's, say).
+    #[error("TLS settings: {reason}")]
+    Tls {
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Any other error code the server sent.
     #[error("{code}: {message}")]
     Server { code: ErrorCode, message: String },
 }
 
+/// The error underneath another, kept so that [`Error`] stays `Clone`: two
+/// causes are equal when they say the same.
+#[derive(Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl Cause {
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Cause(std::sync::Arc::new(error))
+    }
+
+    /// The error underneath, to downcast (`cause.get().downcast_ref::<std::io::Error>()`).
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
 impl Error {
+    /// A connection failure at `addr`, for `reason`, with no error under it.
+    pub(crate) fn connect(addr: &str, reason: impl Into<String>) -> Self {
+        Error::Connect {
+            addr: addr.to_owned(),
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// A connection failure at `addr`, said as `reason`, because of
+    /// `cause` (kept, and named in the reason by the caller).
+    pub(crate) fn connect_because(
+        addr: &str,
+        reason: String,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Connect {
+            addr: addr.to_owned(),
+            reason,
+            cause: Some(Cause::new(cause)),
+        }
+    }
+
+    /// Unusable TLS settings, for `reason`, with no error under it.
+    pub(crate) fn tls(reason: impl Into<String>) -> Self {
+        Error::Tls {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// Unusable TLS settings, said as `reason`, because of `cause`.
+    pub(crate) fn tls_because(
+        reason: String,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Tls {
+            reason,
+            cause: Some(Cause::new(cause)),
+        }
+    }
+
     /// The error for a code and message received from the server.
     pub fn from_wire(code: ErrorCode, message: String) -> Self {
         match code {
@@ -146,3 +244,38 @@ impl Error {
 
 /// Shorthand for results of client calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused connection keeps the operating system's error under it, so
+    /// that a program can tell a refusal from a timeout by its kind.
+    #[tokio::test]
+    async fn a_refused_connection_keeps_its_io_error_as_the_cause() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let Err(e) = crate::wire::connect(&addr, None).await else {
+            panic!("connected to a closed port");
+        };
+        let Error::Connect {
+            cause: Some(ref cause),
+            ref reason,
+            ..
+        } = e
+        else {
+            panic!("{e:?}");
+        };
+        let io = cause
+            .get()
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(reason, &io.to_string());
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), io.to_string());
+        // Still Clone and comparable, cause and all.
+        assert_eq!(e.clone(), e);
+    }
+}

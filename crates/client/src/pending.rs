@@ -62,15 +62,14 @@ impl Registration {
                 };
                 Some(Confirmed::Watch(path, kind, w))
             }
-            Registration::Queue(path, q) => match reply {
-                Reply::Enqueue {
-                    path, predecessor, ..
-                } => Some(Confirmed::Queue(path.clone(), predecessor.is_none(), q)),
-                Reply::Predecessor(predecessor) => {
-                    Some(Confirmed::Queue(path, predecessor.is_none(), q))
-                }
-                _ => None,
-            },
+            Registration::Queue(path, q) => {
+                let heads = reply.heads_queue()?;
+                let node = match reply {
+                    Reply::Enqueue { path, .. } => path.clone(),
+                    _ => path,
+                };
+                Some(Confirmed::Queue(node, heads, q))
+            }
         }
     }
 }

@@ -40,17 +40,14 @@ pub async fn probe_as(
     tls: Option<&ClientTls>,
     token: Option<&[u8]>,
 ) -> Result<String> {
-    let failed = |reason: String| Error::Connect {
-        addr: addr.to_owned(),
-        reason,
-    };
+    let failed = |reason: String| Error::connect(addr, reason);
     let ask = async {
-        let (wire, read) = crate::wire::connect(addr, tls).await.map_err(failed)?;
+        let (wire, read) = crate::wire::connect(addr, tls).await?;
         let mut buf = BytesMut::new();
         encode_probe(&mut buf, token);
         wire.write_all(&mut buf)
             .await
-            .map_err(|e| failed(format!("sending the probe: {e}")))?;
+            .map_err(|e| Error::connect_because(addr, format!("sending the probe: {e}"), e))?;
         let mut frames = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
         match frames.next().await {
             Some(Ok(frame)) => {
@@ -64,7 +61,7 @@ pub async fn probe_as(
                 }
                 Ok(answer)
             }
-            Some(Err(e)) => Err(failed(format!("reading the answer: {e}"))),
+            Some(Err(e)) => Err(Error::connect_because(addr, format!("reading the answer: {e}"), e)),
             None => Err(failed(
                 "the server closed the connection without answering (a server too old for the probe?)".into(),
             )),
@@ -108,27 +105,23 @@ pub async fn backup(
     token: Option<&[u8]>,
 ) -> Result<Backup> {
     use baton_proto::probe::{encode_backup_request, BACKUP_CHUNK};
-    let failed = |reason: String| Error::Connect {
-        addr: addr.to_owned(),
-        reason,
-    };
+    let failed = |reason: String| Error::connect(addr, reason);
     let timed =
         |what: &'static str| move |_| failed(format!("no {what} within {} ms", limit.as_millis()));
     let (wire, read) = tokio::time::timeout(limit, crate::wire::connect(addr, tls))
         .await
-        .map_err(timed("connection"))?
-        .map_err(failed)?;
+        .map_err(timed("connection"))??;
     let mut buf = BytesMut::new();
     encode_backup_request(&mut buf, token);
     wire.write_all(&mut buf)
         .await
-        .map_err(|e| failed(format!("sending the request: {e}")))?;
+        .map_err(|e| Error::connect_because(addr, format!("sending the request: {e}"), e))?;
     let mut frames = FramedRead::new(read, frame_codec(BACKUP_CHUNK.max(MAX_RESPONSE_FRAME)));
     let mut next = async || {
         match tokio::time::timeout(limit, frames.next()).await {
         Err(_) => Err(failed(format!("no answer within {} ms", limit.as_millis()))),
         Ok(None) => Err(failed("the server closed the connection before the backup's end (a server too old for backups?)".into())),
-        Ok(Some(Err(e))) => Err(failed(format!("reading the backup: {e}"))),
+        Ok(Some(Err(e))) => Err(Error::connect_because(addr, format!("reading the backup: {e}"), e)),
         Ok(Some(Ok(frame))) => Ok(frame),
     }
     };

@@ -47,31 +47,39 @@ pub(crate) async fn open(
     connect_timeout: Duration,
     tls: Option<&ClientTls>,
 ) -> Result<Connection> {
-    let failed = |reason: String| Error::Connect {
-        addr: addr.to_owned(),
-        reason,
-    };
+    let failed = |reason: String| Error::connect(addr, reason);
     let sent = Instant::now();
     let attempt = async {
-        let (writer, read) = crate::wire::connect(addr, tls).await.map_err(failed)?;
+        let (writer, read) = crate::wire::connect(addr, tls).await?;
         let mut buf = BytesMut::new();
         request.encode(&mut buf);
         writer
             .write_all(&mut buf)
             .await
-            .map_err(|e| failed(format!("sending the handshake: {e}")))?;
+            .map_err(|e| Error::connect_because(addr, format!("sending the handshake: {e}"), e))?;
         let mut reader = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
         let frame = match reader.next().await {
             Some(Ok(frame)) => frame.freeze(),
-            Some(Err(e)) => return Err(failed(format!("reading the handshake answer: {e}"))),
+            Some(Err(e)) => {
+                return Err(Error::connect_because(
+                    addr,
+                    format!("reading the handshake answer: {e}"),
+                    e,
+                ))
+            }
             None => {
                 return Err(failed(
                     "the server closed the connection during the handshake".into(),
                 ))
             }
         };
-        let response = ConnectResponse::decode(frame)
-            .map_err(|e| failed(format!("not a Baton server? bad handshake answer: {e}")))?;
+        let response = ConnectResponse::decode(frame).map_err(|e| {
+            Error::connect_because(
+                addr,
+                format!("not a Baton server? bad handshake answer: {e}"),
+                e,
+            )
+        })?;
         match response.result {
             Ok(grant) => Ok(Connection {
                 reader,
@@ -203,10 +211,7 @@ pub(crate) async fn open_leader(
             let waited = deadline.saturating_duration_since(*started);
             answers.push((
                 addr.clone(),
-                Error::Connect {
-                    addr: addr.clone(),
-                    reason: format!("no answer within {} ms", waited.as_millis()),
-                },
+                Error::connect(addr, format!("no answer within {} ms", waited.as_millis())),
             ));
         }
     }
@@ -224,10 +229,7 @@ fn summary(mut answers: Vec<(String, Error)>) -> Error {
         };
     }
     if answers.is_empty() {
-        return Error::Connect {
-            addr: String::new(),
-            reason: "no server address given".into(),
-        };
+        return Error::connect("", "no server address given");
     }
     let said = |e: &Error| match e {
         Error::NotLeader(why) => why.clone(),
@@ -247,10 +249,7 @@ fn summary(mut answers: Vec<(String, Error)>) -> Error {
             "no member leads right now, or the one named does not answer (an election under way, fewer than a majority of members up, or the leader paused); each member said: {each}"
         ))
     } else {
-        Error::Connect {
-            addr: format!("any of the {} servers", answers.len()),
-            reason: each,
-        }
+        Error::connect(&format!("any of the {} servers", answers.len()), each)
     }
 }
 

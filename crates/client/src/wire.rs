@@ -36,28 +36,28 @@ impl ClientTls {
     /// [`Error::Tls`] naming the file and what is wrong with it.
     pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self> {
         let mut roots = RootCertStore::empty();
-        for cert in baton_proto::pem::read_certs(ca).map_err(Error::Tls)? {
+        for cert in baton_proto::pem::read_certs(ca).map_err(Error::tls)? {
             roots.add(cert).map_err(|e| {
-                Error::Tls(format!(
-                    "{}: not a usable CA certificate: {e}",
-                    ca.display()
-                ))
+                Error::tls_because(
+                    format!("{}: not a usable CA certificate: {e}", ca.display()),
+                    e,
+                )
             })?;
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Tls(e.to_string()))?
+            .map_err(|e| Error::tls_because(e.to_string(), e))?
             .with_root_certificates(roots);
         let config = match identity {
             Some((cert, key)) => {
-                let certs = baton_proto::pem::read_certs(cert).map_err(Error::Tls)?;
-                let key = baton_proto::pem::read_key(key).map_err(Error::Tls)?;
+                let certs = baton_proto::pem::read_certs(cert).map_err(Error::tls)?;
+                let key = baton_proto::pem::read_key(key).map_err(Error::tls)?;
                 builder.with_client_auth_cert(certs, key).map_err(|e| {
-                    Error::Tls(format!(
-                        "{} and its key do not go together: {e}",
-                        cert.display()
-                    ))
+                    Error::tls_because(
+                        format!("{} and its key do not go together: {e}", cert.display()),
+                        e,
+                    )
                 })?
             }
             None => builder.with_no_client_auth(),
@@ -103,11 +103,13 @@ fn tls_error(e: rustls::Error) -> io::Error {
 }
 
 /// Connects to `addr`, and with `tls` completes the TLS handshake.
-pub(crate) async fn connect(
-    addr: &str,
-    tls: Option<&ClientTls>,
-) -> std::result::Result<(Arc<Wire>, ReadSide), String> {
-    let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+///
+/// # Errors
+/// [`Error::Connect`] saying why, with the error underneath as its cause.
+pub(crate) async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<(Arc<Wire>, ReadSide)> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| Error::connect_because(addr, e.to_string(), e))?;
     let _ = stream.set_nodelay(true);
     let (mut read, write) = stream.into_split();
     let Some(tls) = tls else {
@@ -117,14 +119,16 @@ pub(crate) async fn connect(
         });
         return Ok((wire, ReadSide::Plain(read)));
     };
-    let name = server_name(addr)?;
-    let conn = ClientConnection::new(tls.config.clone(), name).map_err(|e| e.to_string())?;
+    let name = server_name(addr).map_err(|reason| Error::connect(addr, reason))?;
+    let conn = ClientConnection::new(tls.config.clone(), name)
+        .map_err(|e| Error::connect_because(addr, e.to_string(), e))?;
     let wire = Arc::new(Wire {
         half: write,
         tls: Some(Mutex::new(conn)),
     });
     let mut raw = BytesMut::with_capacity(16 * 1024);
-    let failed = |e: String| format!("TLS handshake failed: {e}");
+    let failed =
+        |e: io::Error| Error::connect_because(addr, format!("TLS handshake failed: {e}"), e);
     let plaintext = "(does the server take TLS? One started without --tls-cert speaks plaintext)";
     loop {
         let (handshaking, wants_write) = {
@@ -132,34 +136,28 @@ pub(crate) async fn connect(
             (c.is_handshaking(), c.wants_write())
         };
         if wants_write {
-            wire.write_all(&mut BytesMut::new())
-                .await
-                .map_err(|e| failed(e.to_string()))?;
+            wire.write_all(&mut BytesMut::new()).await.map_err(failed)?;
             continue;
         }
         if !handshaking {
             break;
         }
         raw.reserve(16 * 1024);
-        if read
-            .read_buf(&mut raw)
-            .await
-            .map_err(|e| failed(e.to_string()))?
-            == 0
-        {
-            return Err(failed(format!(
-                "the server closed the connection {plaintext}"
-            )));
+        if read.read_buf(&mut raw).await.map_err(failed)? == 0 {
+            return Err(Error::connect(
+                addr,
+                format!("TLS handshake failed: the server closed the connection {plaintext}"),
+            ));
         }
         let mut c = wire.tls();
         while !raw.is_empty() && c.is_handshaking() {
             let mut records = &raw[..];
-            let taken = c
-                .read_tls(&mut records)
-                .map_err(|e| failed(e.to_string()))?;
+            let taken = c.read_tls(&mut records).map_err(failed)?;
             raw.advance(taken);
-            c.process_new_packets()
-                .map_err(|e| failed(handshake_failure(&e, plaintext)))?;
+            c.process_new_packets().map_err(|e| {
+                let reason = format!("TLS handshake failed: {}", handshake_failure(&e, plaintext));
+                Error::connect_because(addr, reason, e)
+            })?;
             if taken == 0 {
                 break;
             }

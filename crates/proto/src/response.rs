@@ -221,8 +221,10 @@ pub enum Reply {
     /// Named counters.
     Stats(Vec<(String, u64)>),
     RemoveWatches,
-    /// The node created in the queue, and the node just before it, if any
-    /// (none: the new node heads the queue).
+    /// The node created in the queue, and the member it waits on under
+    /// its queue's rule (for an exclusive queue, the node just before it),
+    /// none once it heads the queue: the server's decision, which the client
+    /// reads ([`Reply::heads_queue`]).
     Enqueue {
         path: String,
         sequence: u64,
@@ -233,6 +235,19 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// Whether the node of a queue reply heads its queue, as the server
+    /// decided: an enqueue's reply, and the reply to a predecessor request
+    /// that set a queue watch, name the member the node waits on, and none
+    /// once it heads. `None` for a reply that is neither.
+    pub fn heads_queue(&self) -> Option<bool> {
+        match self {
+            Reply::Enqueue { predecessor, .. } | Reply::Predecessor(predecessor) => {
+                Some(predecessor.is_none())
+            }
+            _ => None,
+        }
+    }
+
     pub fn op(&self) -> OpCode {
         match self {
             Reply::Create { .. } => OpCode::Create,

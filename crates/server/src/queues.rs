@@ -1,13 +1,14 @@
 //! Queue watches: a waiter's place in a queue of sibling nodes.
 //!
 //! A queue watch on node C (a lock contender, an election candidate) fires
-//! *head* once C has no predecessor left among its siblings, and then
-//! *deleted* if C is deleted by anyone but its own session. While C waits,
-//! the watch sits on C's current predecessor; when that goes, the server
-//! looks up C's new predecessor itself and moves the watch there, waking
-//! nobody unless C now heads the queue. A handover therefore costs exactly
-//! one notification, and a waiter that leaves the middle of the queue costs
-//! none.
+//! *head* once C heads its queue under the rule it joined by (for an
+//! exclusive queue, once it has no predecessor left among its siblings; see
+//! `baton_state::queue`), and then *deleted* if C is deleted by anyone but
+//! its own session. While C waits, the watch sits on the one member the rule
+//! says C waits on; when that one goes, the server applies the rule again
+//! and moves the watch on, waking nobody unless C now heads the queue. A
+//! handover therefore costs exactly one notification, and a waiter that
+//! leaves the middle of the queue costs none.
 //!
 //! Like other watches, queue watches belong to this server, not to the
 //! state machine; they are dropped with their session or connection, and the
@@ -18,12 +19,15 @@ use std::sync::Arc;
 
 use baton_proto::{EventKind, SessionId};
 
+use crate::state::queue::{QueueRule, Standing};
 use crate::state::StateMachine;
 
 #[derive(Debug)]
 struct Entry {
     session: SessionId,
-    /// The predecessor the watch waits on; `None` once the node heads.
+    /// The rule the node joined its queue by.
+    rule: QueueRule,
+    /// The member the watch waits on; `None` once the node heads.
     waiting_on: Option<Arc<str>>,
 }
 
@@ -35,12 +39,14 @@ pub(crate) struct QueueWatches {
 }
 
 impl QueueWatches {
-    /// Sets `session`'s queue watch on `node`, waiting on `predecessor`
-    /// (`None`: the node heads its queue already).
+    /// Sets `session`'s queue watch on `node`, which joined its queue by
+    /// `rule` and waits on `predecessor` (`None`: it heads its queue
+    /// already).
     pub(crate) fn set(
         &mut self,
         session: SessionId,
         node: Arc<str>,
+        rule: QueueRule,
         predecessor: Option<Arc<str>>,
     ) {
         self.forget(&node);
@@ -58,6 +64,7 @@ impl QueueWatches {
             node,
             Entry {
                 session,
+                rule,
                 waiting_on: predecessor,
             },
         );
@@ -95,8 +102,8 @@ impl QueueWatches {
 
     /// Reacts to the deletion of `path` by `actor` (`None`: a session's
     /// expiry or close): a queue node deleted by another session reports
-    /// *deleted* to its owner, and the waiters on a deleted predecessor move
-    /// on to their new predecessor, or report *head*. `sm` is the state after
+    /// *deleted* to its owner, and the waiters on the deleted node move on
+    /// to the member their rule now says they wait on, or report *head*. `sm` is the state after
     /// the change. Notifications are appended to `out`.
     pub(crate) fn on_deleted(
         &mut self,
@@ -114,10 +121,10 @@ impl QueueWatches {
             return;
         };
         for node in waiters {
-            let Some(session) = self.by_node.get(&node).map(|e| e.session) else {
+            let Some((session, rule)) = self.by_node.get(&node).map(|e| (e.session, e.rule)) else {
                 continue;
             };
-            match sm.predecessor(&node) {
+            match sm.standing(&node, rule).map(Standing::waits_on) {
                 Ok(Some((p, _))) => {
                     let p = p.clone();
                     self.by_predecessor
@@ -215,7 +222,12 @@ mod tests {
         let mut q = QueueWatches::default();
         for i in 0..4 {
             let pred = (i > 0).then(|| n[i - 1].clone());
-            q.set(SessionId(10 + i as u64), n[i].clone(), pred);
+            q.set(
+                SessionId(10 + i as u64),
+                n[i].clone(),
+                QueueRule::Exclusive,
+                pred,
+            );
         }
         let mut out = Vec::new();
         // Waiter 2 leaves (its own session deletes its node): nobody hears.

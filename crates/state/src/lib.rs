@@ -20,6 +20,7 @@ mod image;
 mod node;
 mod pmap;
 mod proposal;
+pub mod queue;
 mod restore;
 
 use std::sync::Arc;
@@ -162,6 +163,28 @@ impl StateMachine {
         Ok(parent
             .child_before(node.czxid)
             .map(|p| (p, self.nodes.get(&**p).expect("children exist"))))
+    }
+
+    /// Where the node at `path` stands in its queue (its siblings, in the
+    /// order they were created) under `rule`: whether it heads, or which
+    /// sibling it waits on. See [`queue::standing`].
+    ///
+    /// # Errors
+    /// As [`predecessor`](Self::predecessor).
+    pub fn standing(
+        &self,
+        path: &str,
+        rule: queue::QueueRule,
+    ) -> Result<queue::Standing<(&Arc<str>, &Node)>, ErrorReply> {
+        let first = self.predecessor(path)?;
+        let parent = path::parent(path).expect("a node with a predecessor has a parent");
+        let parent = self.nodes.get(parent).expect("a node's parent exists");
+        let ahead = std::iter::successors(first, |(_, n)| {
+            parent
+                .child_before(n.czxid)
+                .map(|p| (p, self.nodes.get(&**p).expect("children exist")))
+        });
+        Ok(queue::standing(rule, ahead))
     }
 
     /// The child of `parent` created at revision `token`, if it still exists.

@@ -506,6 +506,60 @@ fn predecessor_is_the_sibling_created_just_before() {
     assert!(sm.child_created_at("/l", token + 100).unwrap().is_none());
 }
 
+/// The standing of a queue's members under the exclusive rule: the first
+/// heads, each other waits on the member just ahead of it, and a member that
+/// leaves the middle hands its waiter on to the one ahead of it.
+#[test]
+fn in_an_exclusive_queue_the_first_heads_and_each_other_waits_on_the_one_ahead() {
+    use crate::queue::{QueueRule, Standing};
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/q", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let nodes: Vec<String> = (0..3)
+        .map(|_| created_path(create(&mut sm, s, "/q/n-", CreateMode::EphemeralSequential)).0)
+        .collect();
+    let standing = |sm: &StateMachine, p: &str| {
+        sm.standing(p, QueueRule::Exclusive)
+            .unwrap()
+            .map(|(on, _)| on.to_string())
+    };
+    assert_eq!(standing(&sm, &nodes[0]), Standing::Heads);
+    assert_eq!(
+        standing(&sm, &nodes[2]),
+        Standing::Waits {
+            on: nodes[1].clone()
+        }
+    );
+    sm.apply(
+        &Command::Delete {
+            path: nodes[1].clone(),
+            version: None,
+            fence: None,
+        },
+        0,
+    )
+    .result
+    .unwrap();
+    assert_eq!(
+        standing(&sm, &nodes[2]),
+        Standing::Waits {
+            on: nodes[0].clone()
+        }
+    );
+    assert_eq!(
+        sm.standing("/q/none", QueueRule::Exclusive)
+            .unwrap_err()
+            .code,
+        ErrorCode::NoNode
+    );
+    assert_eq!(
+        sm.standing("/", QueueRule::Exclusive).unwrap_err().code,
+        ErrorCode::BadArguments
+    );
+}
+
 #[test]
 fn a_restored_state_machine_equals_the_original() {
     let mut sm = StateMachine::new();

@@ -47,11 +47,20 @@ pub struct Created {
 pub struct Enqueued {
     /// The node created in the queue.
     pub node: Created,
-    /// The node just before it, if any: `None` means it heads the queue.
+    /// The member it waits on, as the server decided by the queue's rule
+    /// (for an exclusive queue, the node just before it): `None` means it
+    /// heads the queue.
     pub predecessor: Option<(String, Stat)>,
     /// Tells when the node heads the queue, and whether someone else
     /// deletes it.
     pub watch: QueueWatch,
+}
+
+impl Enqueued {
+    /// Whether the node headed its queue when it joined.
+    pub fn heads(&self) -> bool {
+        self.predecessor.is_none()
+    }
 }
 
 /// Settings for opening a session. Start with [`Client::builder`].
@@ -110,10 +119,7 @@ impl ClientBuilder {
     /// server is full.
     pub async fn connect(self) -> Result<Client> {
         if self.addrs.is_empty() {
-            return Err(Error::Connect {
-                addr: String::new(),
-                reason: "no server address given".into(),
-            });
+            return Err(Error::connect("", "no server address given"));
         }
         if let Some(bad) = self.addrs.iter().find(|a| !has_port(a)) {
             return Err(Error::BadArguments(format!(

@@ -109,7 +109,9 @@ impl Client {
 
     /// Sets a queue watch on `node`, one of this session's own ephemeral
     /// nodes (as [`enqueue`](Self::enqueue) does for the node it creates),
-    /// and returns the node just before it, if any.
+    /// and returns the member it waits on as the server decided by the
+    /// queue's rule (for an exclusive queue, the node just before it), none
+    /// if it heads the queue.
     ///
     /// # Errors
     /// [`Error::NoNode`] if there is no such node, [`Error::BadArguments`] if

@@ -439,10 +439,11 @@ struct Joined {
 impl From<Enqueued> for Joined {
     fn from(enqueued: Enqueued) -> Self {
         let token = enqueued.node.sequence.expect("queue nodes are sequential");
+        let heads = enqueued.heads();
         Joined {
             node: enqueued.node.path,
             token: FencingToken(token),
-            heads: enqueued.predecessor.is_none(),
+            heads,
             watch: enqueued.watch,
         }
     }
@@ -468,11 +469,12 @@ async fn join_queue(
         if unsure {
             if let Some((node, token)) = find_own(client, lock, prefix, &mut retries).await? {
                 match client.queue_watch(&node).await {
-                    Ok((predecessor, watch)) => {
+                    // The member it waits on, none if it heads.
+                    Ok((waits_on, watch)) => {
                         return Ok(Joined {
                             node,
                             token,
-                            heads: predecessor.is_none(),
+                            heads: waits_on.is_none(),
                             watch,
                         })
                     }

@@ -37,6 +37,7 @@ use crate::outbox::{Out, Outbox};
 use crate::persist::DurableMark;
 use crate::queues::QueueWatches;
 use crate::replicate::{Replicator, Role};
+use crate::state::queue::QueueRule;
 use crate::state::{Applied, Command, Origin, Outcome, Proposal, StateMachine, Unshared};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::Watches;
@@ -127,6 +128,10 @@ pub(crate) struct Core {
     /// stamps and counts from, however deep in the call.
     now: Now,
 }
+
+/// The rule every queue member joins by: protocol version 1 carries no
+/// other, so every queue is exclusive (one member heads at a time).
+pub(crate) const RULE: QueueRule = QueueRule::Exclusive;
 
 /// What a core shares with the rest of the server.
 pub(crate) struct With {

@@ -9,7 +9,7 @@ use baton_proto::{
 };
 use tokio::time::Instant;
 
-use super::{no_node, Core, Flow, Now};
+use super::{no_node, Core, Flow, Now, RULE};
 use crate::outbox::Outbox;
 use crate::state::{Command, Origin, Proposal};
 use crate::watches::Kinds;
@@ -245,7 +245,8 @@ impl Core {
         Ok(reply)
     }
 
-    /// The node's predecessor among its siblings, with a watch if asked:
+    /// The node's predecessor among its siblings (with a queue watch, the
+    /// member it waits on under its queue's rule), with a watch if asked:
     /// looked up and watched in one step, so that its deletion cannot slip
     /// between the two.
     pub(super) fn predecessor(
@@ -254,10 +255,20 @@ impl Core {
         path: &str,
         watch: PredecessorWatch,
     ) -> Result<Reply, ErrorReply> {
-        let found = self
-            .sm
-            .predecessor(path)?
-            .map(|(p, n)| (p.clone(), n.stat()));
+        let found = match watch {
+            PredecessorWatch::None | PredecessorWatch::Predecessor => self
+                .sm
+                .predecessor(path)?
+                .map(|(p, n)| (p.clone(), n.stat())),
+            // With a queue watch, the member the node waits on under its
+            // queue's rule (none once it heads): the watch waits there, and
+            // the client reads from the reply whether the node heads.
+            PredecessorWatch::Queue => self
+                .sm
+                .standing(path, RULE)?
+                .waits_on()
+                .map(|(p, n)| (p.clone(), n.stat())),
+        };
         match watch {
             PredecessorWatch::None => {}
             PredecessorWatch::Predecessor => {
@@ -276,8 +287,8 @@ impl Core {
                         format!("{path} is not an ephemeral node of this session; a queue watch is set on one's own place in a queue"),
                     ));
                 }
-                self.queues
-                    .set(session, node, found.as_ref().map(|(p, _)| p.clone()));
+                let waits_on = found.as_ref().map(|(p, _)| p.clone());
+                self.queues.set(session, node, RULE, waits_on);
             }
         }
         Ok(Reply::Predecessor(
@@ -295,11 +306,11 @@ impl Core {
         sequence: u64,
         stat: baton_proto::Stat,
     ) -> Result<Reply, ErrorReply> {
-        let (node, predecessor) = match self.sm.node_entry(path) {
+        let (node, standing) = match self.sm.node_entry(path) {
             Some((k, n)) if n.owner() == Some(session) => (
                 k.clone(),
                 self.sm
-                    .predecessor(path)?
+                    .standing(path, RULE)?
                     .map(|(p, n)| (p.clone(), n.stat())),
             ),
             _ => {
@@ -309,11 +320,18 @@ impl Core {
                 ))
             }
         };
-        if predecessor.is_none() {
+        if standing.heads() {
             self.locks.granted(&node, sequence, stat.ctime, self.now);
         }
-        self.queues
-            .set(session, node, predecessor.as_ref().map(|(p, _)| p.clone()));
+        // The reply names the member this one waits on, none if it heads:
+        // the client reads the server's decision from it.
+        let predecessor = standing.waits_on();
+        self.queues.set(
+            session,
+            node,
+            RULE,
+            predecessor.as_ref().map(|(p, _)| p.clone()),
+        );
         Ok(Reply::Enqueue {
             path: path.to_string(),
             sequence,

@@ -123,13 +123,14 @@ impl Core {
                 self.notify(outbox, EventKind::Deleted, revision, Arc::from(path));
                 continue;
             };
-            let predecessor = self
+            let standing = self
                 .sm
-                .predecessor(&node)
+                .standing(&node, super::RULE)
                 .expect("the node exists")
                 .map(|(p, _)| p.clone());
-            let heads = predecessor.is_none();
-            self.queues.set(session, node.clone(), predecessor);
+            let heads = standing.heads();
+            self.queues
+                .set(session, node.clone(), super::RULE, standing.waits_on());
             if heads && !headed {
                 self.granted(&node);
                 self.notify(outbox, EventKind::Head, revision, node);
