@@ -53,7 +53,8 @@ impl Drop for OnDir {
 
 #[test]
 fn a_backup_taken_under_load_restores_every_change_acknowledged_before_it() {
-    let dir = scratch("load");
+    let dir_kept = scratch("load");
+    let dir = dir_kept.path().to_path_buf();
     let s = Served::start();
     s.ok(&["create", "/load"]);
     let file = dir.join("backup.snap");
@@ -175,7 +176,8 @@ fn a_backup_taken_under_load_restores_every_change_acknowledged_before_it() {
 
 #[test]
 fn a_damaged_backup_or_a_used_directory_is_refused_and_nothing_is_written() {
-    let dir = scratch("damaged");
+    let dir_kept = scratch("damaged");
+    let dir = dir_kept.path().to_path_buf();
     let s = Served::start();
     s.ok(&["create", "/kept", "v"]);
     let file = dir.join("backup.snap");
@@ -300,7 +302,8 @@ fn restore_into(file: &Path, data: &Path, extra: &[&str]) -> String {
 /// neither does a second restore of the same backup.
 #[test]
 fn a_restored_backup_never_hands_out_a_token_again() {
-    let dir = scratch("tokens");
+    let dir_kept = scratch("tokens");
+    let dir = dir_kept.path().to_path_buf();
     let s = Served::start();
     let first = lock_token(&s.addr, "/locks/report");
     let file = dir.join("backup.snap");

@@ -30,7 +30,8 @@ fn ops(summary: &serde_json::Value, kind: &str) -> u64 {
 
 #[test]
 fn a_short_run_against_a_single_server_keeps_every_promise_and_leaves_its_history() {
-    let dir = scratch("chaos-single");
+    let dir_kept = scratch("chaos-single");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(&dir, &["--seconds", "6", "--seed", "1"]);
     assert_eq!(summary["violations"], 0, "{summary}");
     for kind in [
@@ -92,7 +93,8 @@ fn check_again(history: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn a_short_run_against_a_cluster_keeps_every_promise() {
-    let dir = scratch("chaos-cluster");
+    let dir_kept = scratch("chaos-cluster");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[
@@ -121,7 +123,8 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
 /// clients) and between the clients and a member: every promise kept.
 #[test]
 fn a_short_run_with_links_cut_keeps_every_promise() {
-    let dir = scratch("chaos-net");
+    let dir_kept = scratch("chaos-net");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[
@@ -160,7 +163,8 @@ fn a_short_run_with_slow_and_full_disks_keeps_every_promise() {
         ("1", "4", "full-disk,no-new-files"),
         ("3", "5", "slow-disk,full-disk,no-new-files"),
     ] {
-        let dir = scratch(&format!("chaos-disk-{members}"));
+        let dir_kept = scratch(&format!("chaos-disk-{members}"));
+        let dir = dir_kept.path().to_path_buf();
         let summary = chaos(
             &dir,
             &[
@@ -221,7 +225,8 @@ fn a_short_run_with_client_clocks_jumping_keeps_every_promise() {
     if !faketime_here() {
         return;
     }
-    let dir = scratch("chaos-clock");
+    let dir_kept = scratch("chaos-clock");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[
@@ -251,7 +256,8 @@ fn a_short_run_with_client_clocks_jumping_keeps_every_promise() {
 /// what to install; among the defaults it would be left out with a warning.
 #[test]
 fn the_clock_fault_without_libfaketime_says_what_to_install() {
-    let dir = scratch("chaos-no-faketime");
+    let dir_kept = scratch("chaos-no-faketime");
+    let dir = dir_kept.path().to_path_buf();
     let out = baton()
         .env("BATON_LIBFAKETIME", dir.join("no-such-library.so"))
         .args([
@@ -283,7 +289,8 @@ fn the_clock_fault_without_libfaketime_says_what_to_install() {
 /// applied that one.
 #[test]
 fn a_member_removed_and_added_again_never_leads_from_a_membership_of_its_past() {
-    let dir = scratch("chaos-membership");
+    let dir_kept = scratch("chaos-membership");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[
@@ -316,7 +323,8 @@ fn a_member_removed_and_added_again_never_leads_from_a_membership_of_its_past() 
 /// follower, which stops; it is removed, emptied and added again.
 #[test]
 fn a_follower_put_back_from_an_old_copy_is_stopped_and_nothing_is_lost() {
-    let dir = scratch("chaos-stale-copy");
+    let dir_kept = scratch("chaos-stale-copy");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[
@@ -349,7 +357,8 @@ fn a_follower_put_back_from_an_old_copy_is_stopped_and_nothing_is_lost() {
 #[test]
 fn pointed_at_a_running_server_it_injects_only_its_clients_faults() {
     let served = Served::start();
-    let dir = scratch("chaos-pointed");
+    let dir_kept = scratch("chaos-pointed");
+    let dir = dir_kept.path().to_path_buf();
     let refused = served.run(&["chaos", "--seconds", "3", "--nemesis", "kill,client-pause"]);
     assert_eq!(refused.status.code(), Some(3), "{refused:?}");
     let said = String::from_utf8_lossy(&refused.stderr);
@@ -408,7 +417,8 @@ fn pointed_at_a_running_server_it_injects_only_its_clients_faults() {
 /// CPU in some, and every promise holds.
 #[test]
 fn crash_rounds_with_the_first_follower_killed_and_the_leader_starved_lose_nothing() {
-    let dir = scratch("chaos-crash-rounds");
+    let dir_kept = scratch("chaos-crash-rounds");
+    let dir = dir_kept.path().to_path_buf();
     let summary = chaos(
         &dir,
         &[

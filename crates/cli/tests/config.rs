@@ -73,7 +73,8 @@ fn scrape(addr: &str) -> String {
 
 #[test]
 fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
-    let dir = scratch("layers");
+    let dir_kept = scratch("layers");
+    let dir = dir_kept.path().to_path_buf();
     let data_dir = dir.join("data");
     let metrics_addr = free_addr();
     let file = write(
@@ -133,7 +134,8 @@ fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
 
 #[test]
 fn printed_settings_read_back_as_the_same_settings() {
-    let dir = scratch("round-trip");
+    let dir_kept = scratch("round-trip");
+    let dir = dir_kept.path().to_path_buf();
     let first = printed(
         &[
             "--fsync",
@@ -168,7 +170,8 @@ fn printed_settings_read_back_as_the_same_settings() {
 
 #[test]
 fn bad_keys_and_values_are_refused_naming_the_key() {
-    let dir = scratch("bad");
+    let dir_kept = scratch("bad");
+    let dir = dir_kept.path().to_path_buf();
     let cases = [
         // An unknown key, with the line it is on.
         (
@@ -227,7 +230,8 @@ fn bad_keys_and_values_are_refused_naming_the_key() {
 
 #[test]
 fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
-    let dir = scratch("identities");
+    let dir_kept = scratch("identities");
+    let dir = dir_kept.path().to_path_buf();
     let admin_token = write(&dir, "admin.token", "admin-token-0123456789abcdef\n");
     let file = write(
         &dir,
@@ -337,12 +341,9 @@ fn the_shipped_example_configuration_is_accepted() {
     let shown = printed(&["--config", example], &[]);
     assert!(shown.contains("data-dir = \"/var/lib/baton\""), "{shown}");
     // Uncommented: the keys it mentions exist (the TLS files are made here).
-    let dir = scratch("example");
-    let pki = {
-        #[path = "../../../tests/common/pki.rs"]
-        mod pki;
-        pki::make_pki(&dir, "example")
-    };
+    let dir_kept = scratch("example");
+    let dir = dir_kept.path().to_path_buf();
+    let pki = baton_testkit::pki::make_pki(&dir, "example");
     let text = std::fs::read_to_string(example)
         .unwrap()
         .lines()
@@ -378,7 +379,8 @@ fn the_shipped_example_configuration_is_accepted() {
 /// number stays milliseconds), and a bad one is refused naming the setting.
 #[test]
 fn durations_take_units_everywhere() {
-    let dir = scratch("durations");
+    let dir_kept = scratch("durations");
+    let dir = dir_kept.path().to_path_buf();
     let file = write(
         &dir,
         "d.toml",
@@ -412,7 +414,8 @@ fn durations_take_units_everywhere() {
 /// serve would.
 #[test]
 fn bad_or_busy_addresses_are_refused_before_the_data_directory_is_made() {
-    let dir = scratch("addresses");
+    let dir_kept = scratch("addresses");
+    let dir = dir_kept.path().to_path_buf();
     let data = dir.join("data");
     let data_arg = data.to_str().unwrap();
     for (flag, value) in [

@@ -3,14 +3,12 @@
 //! SIGHUP makes the server load a renewed certificate.
 
 mod common;
-#[path = "../../../tests/common/pki.rs"]
-mod pki;
 
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
 
+use baton_testkit::pki::make_pki;
 use common::{baton, eventually, scratch, stop};
-use pki::make_pki;
 
 /// `baton serve` with TLS from `cert` and `key` (and client certificates
 /// checked against `client_ca`), and its address.
@@ -43,7 +41,8 @@ fn run(addr: &str, tls: &[&Path], args: &[&str]) -> Output {
 
 #[test]
 fn commands_work_over_tls_and_a_plaintext_one_is_told_what_to_do() {
-    let dir = scratch("commands");
+    let dir_kept = scratch("commands");
+    let dir = dir_kept.path().to_path_buf();
     let pki = make_pki(&dir, "a");
     let (server, addr) = serve_tls(&dir, &pki.server_cert, &pki.server_key, None);
     let ca: &[&Path] = &[&pki.ca];
@@ -94,7 +93,8 @@ fn commands_work_over_tls_and_a_plaintext_one_is_told_what_to_do() {
 
 #[test]
 fn client_certificates_are_checked_when_the_server_has_an_authority() {
-    let dir = scratch("mutual");
+    let dir_kept = scratch("mutual");
+    let dir = dir_kept.path().to_path_buf();
     let (ours, theirs) = (make_pki(&dir, "ours"), make_pki(&dir, "theirs"));
     let (server, addr) = serve_tls(&dir, &ours.server_cert, &ours.server_key, Some(&ours.ca));
     let without = run(&addr, &[&ours.ca], &["create", "/x"]);
@@ -121,7 +121,8 @@ fn client_certificates_are_checked_when_the_server_has_an_authority() {
 
 #[test]
 fn sighup_loads_a_renewed_certificate_and_a_bad_one_changes_nothing() {
-    let dir = scratch("sighup");
+    let dir_kept = scratch("sighup");
+    let dir = dir_kept.path().to_path_buf();
     let (old, new) = (make_pki(&dir, "old"), make_pki(&dir, "new"));
     // The files the server reads, renewed in place below.
     let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
@@ -162,7 +163,8 @@ fn sighup_loads_a_renewed_certificate_and_a_bad_one_changes_nothing() {
 /// demand client certificates.
 #[test]
 fn tls_messages_name_the_cause_and_the_server_has_its_own_variables() {
-    let dir = scratch("messages");
+    let dir_kept = scratch("messages");
+    let dir = dir_kept.path().to_path_buf();
     let (ours, theirs) = (make_pki(&dir, "ours"), make_pki(&dir, "theirs"));
     let (server, addr) = serve_tls(&dir, &ours.server_cert, &ours.server_key, None);
     let out = run(&addr, &[&theirs.ca], &["get", "/"]);

@@ -155,15 +155,13 @@ fn sync_parent(path: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("baton-joining-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    }
-
     #[test]
     fn memberships_before_the_one_that_added_it_do_not_count() {
-        let dir = scratch("old");
+        let dir_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "old"))
+            .tempdir()
+            .unwrap();
+        let dir = dir_kept.path().join("dir");
         let j = Joining::open(&dir, 3, true).unwrap().expect("joining");
         // Memberships of its earlier times in the cluster, a learner once,
         // then the only voter: not its addition.
@@ -180,12 +178,15 @@ mod tests {
         assert!(j.added());
         j.finish().unwrap();
         assert!(Joining::open(&dir, 3, false).unwrap().is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_restart_halfway_through_the_catch_up_is_still_joining_and_remembers_what_it_was_told() {
-        let dir = scratch("restart");
+        let dir_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "restart"))
+            .tempdir()
+            .unwrap();
+        let dir = dir_kept.path().join("dir");
         assert!(!Joining::pending(&dir));
         let first = Joining::open(&dir, 4, true).unwrap().expect("joining");
         assert!(Joining::pending(&dir));
@@ -205,8 +206,11 @@ mod tests {
         third.finish().unwrap();
         assert!(!Joining::pending(&dir));
         // A member that never joined is not joining.
-        let other = scratch("other");
+        let other_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "other"))
+            .tempdir()
+            .unwrap();
+        let other = other_kept.path().join("dir");
         assert!(Joining::open(&other, 5, false).unwrap().is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

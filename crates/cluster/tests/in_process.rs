@@ -16,9 +16,6 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
-#[path = "../../../tests/common/pki.rs"]
-mod pki;
-
 mod common;
 
 struct Cluster {
@@ -74,8 +71,8 @@ async fn members_with_mutual_tls_replicate_and_refuse_strangers() {
     let root = std::env::temp_dir().join(format!("baton-inproc-tls-pki-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let (ours, theirs) = (
-        pki::make_pki(&root.join("pki"), "members"),
-        pki::make_pki(&root.join("pki"), "strangers"),
+        baton_testkit::pki::make_pki(&root.join("pki"), "members"),
+        baton_testkit::pki::make_pki(&root.join("pki"), "strangers"),
     );
     let tls = PeerTls::from_files(&ours.server_cert, &ours.server_key, &ours.ca).unwrap();
     let (cluster, data) = cluster_with(3, "tls", Some(tls.clone())).await;

@@ -7,12 +7,6 @@ use baton_server::persist::{segment, FsyncPolicy};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, EntryPayload};
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("baton-logfiles-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
 fn log_id(index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(1, 1), index)
 }
@@ -53,7 +47,11 @@ async fn indexes(log: &mut LogStore) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_last_segment_ends_in_space_written_ahead() {
-    let dir = scratch("rotate");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "rotate"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     {
         let mut log = LogStore::open_with_segments_of(&dir, FsyncPolicy::Always, 2048).unwrap();
         for start in (0..300).step_by(10) {
@@ -91,12 +89,15 @@ async fn only_the_last_segment_ends_in_space_written_ahead() {
     drop(log);
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(indexes(&mut log).await, (0..310).collect::<Vec<_>>());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_torn_write_in_the_space_written_ahead_is_dropped() {
-    let dir = scratch("torn");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "torn"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     {
         let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
         log.blocking_append(blanks(0..50)).await.unwrap();
@@ -118,12 +119,15 @@ async fn a_torn_write_in_the_space_written_ahead_is_dropped() {
     assert_eq!(indexes(&mut log).await, (0..60).collect::<Vec<_>>());
     let state = log.get_log_state().await.unwrap();
     assert_eq!(state.last_log_id, Some(log_id(59)));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_segment_created_but_never_written_is_passed_over() {
-    let dir = scratch("empty");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "empty"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     {
         let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
         log.blocking_append(blanks(0..20)).await.unwrap();
@@ -145,12 +149,15 @@ async fn a_segment_created_but_never_written_is_passed_over() {
     drop(log);
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(indexes(&mut log).await, (0..30).collect::<Vec<_>>());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_truncation_inside_a_batch_keeps_the_entries_before_it_across_segments() {
-    let dir = scratch("truncate");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "truncate"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     {
         let mut log = LogStore::open_with_segments_of(&dir, FsyncPolicy::Always, 2048).unwrap();
         for start in (0..200).step_by(10) {
@@ -165,7 +172,6 @@ async fn a_truncation_inside_a_batch_keeps_the_entries_before_it_across_segments
     }
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(indexes(&mut log).await, (0..50).collect::<Vec<_>>());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn membership_entry(index: u64, ids: &[u64]) -> Entry {
@@ -195,7 +201,11 @@ fn membership_entry(index: u64, ids: &[u64]) -> Entry {
 async fn the_stored_membership_is_the_newer_of_the_log_and_the_snapshot_and_reading_it_writes_nothing(
 ) {
     use baton_cluster::log_store::stored_members;
-    let dir = scratch("members");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "members"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     assert_eq!(stored_members(&dir).unwrap(), None);
     {
         let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
@@ -246,7 +256,6 @@ async fn the_stored_membership_is_the_newer_of_the_log_and_the_snapshot_and_read
         before, after,
         "reading the membership changed the directory"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn vote(term: u64) -> openraft::Vote<u64> {
@@ -260,7 +269,11 @@ fn vote(term: u64) -> openraft::Vote<u64> {
 /// before it (that save never completed, so nothing acted on it).
 #[tokio::test]
 async fn votes_are_written_in_turn_and_a_torn_one_leaves_the_one_before() {
-    let dir = scratch("votes");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "votes"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), None);
     for term in 1..=5 {
@@ -304,14 +317,17 @@ async fn votes_are_written_in_turn_and_a_torn_one_leaves_the_one_before() {
         refused.contains("votes") && refused.contains("damaged"),
         "{refused}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A member's directory from before the vote had slots (one `vote` file,
 /// a framed record of the vote) is read, and its vote moved into `votes`.
 #[tokio::test]
 async fn a_vote_kept_the_earlier_way_is_read_and_moved_into_slots() {
-    let dir = scratch("old-vote");
+    let dir_kept = tempfile::Builder::new()
+        .prefix(&format!("baton-{}-", "old-vote"))
+        .tempdir()
+        .unwrap();
+    let dir = dir_kept.path().join("dir");
     std::fs::create_dir_all(&dir).unwrap();
     let payload = bincode::serialize(&vote(3)).unwrap();
     let mut framed = Vec::new();
@@ -323,5 +339,4 @@ async fn a_vote_kept_the_earlier_way_is_read_and_moved_into_slots() {
     drop(log);
     let mut log = LogStore::open(&dir, FsyncPolicy::Always).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), Some(vote(3)));
-    let _ = std::fs::remove_dir_all(&dir);
 }

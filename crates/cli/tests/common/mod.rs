@@ -106,13 +106,10 @@ pub fn free_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
-/// A fresh, empty directory for one test's files.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("baton-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+/// A fresh, empty directory for one test's files, removed when the guard
+/// is dropped.
+#[allow(unused_imports)]
+pub use baton_testkit::scratch;
 
 /// Stops a `baton serve` child with SIGTERM; it must exit 0 within `secs`
 /// seconds.

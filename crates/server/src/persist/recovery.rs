@@ -293,13 +293,6 @@ mod tests {
     use std::time::Instant;
     use tokio::sync::watch;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("baton-log-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     fn create(i: u64, len: usize) -> Proposal {
         Proposal {
             now_ms: 0,
@@ -365,7 +358,11 @@ mod tests {
     /// keeps every batch before it.
     #[test]
     fn a_group_commit_torn_out_of_order_is_dropped_whole() {
-        let dir = scratch("torn-batch");
+        let dir_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "torn-batch"))
+            .tempdir()
+            .unwrap();
+        let dir = dir_kept.path().to_path_buf();
         // A segment as the committer writes it: one batch with records 1 and
         // 2, then one with records 3 to 12.
         let mut buf = segment::header(FsyncPolicy::Always).to_vec();
@@ -391,14 +388,17 @@ mod tests {
         }
         assert_eq!(recovery.torn_bytes_dropped, (end - start) as u64);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), start as u64);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Damage with a whole batch after it is damage to synced data: the
     /// server refuses to guess, names the offset and changes nothing.
     #[test]
     fn damage_before_a_later_batch_stops_recovery() {
-        let dir = scratch("mid-damage");
+        let dir_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "mid-damage"))
+            .tempdir()
+            .unwrap();
+        let dir = dir_kept.path().to_path_buf();
         let (mut wal, mark) = start(&dir, FsyncPolicy::Always, 0);
         for i in 1..=3 {
             wal.append(i, &create(i, 100));
@@ -415,7 +415,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(std::fs::read(&path).unwrap(), buf, "nothing was changed");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A segment written under --fsync never is never synced: after a power
@@ -423,7 +422,11 @@ mod tests {
     /// the damage and sets aside the segments after it.
     #[test]
     fn damage_in_an_unsynced_segment_cuts_the_log_there() {
-        let dir = scratch("never");
+        let dir_kept = tempfile::Builder::new()
+            .prefix(&format!("baton-{}-", "never"))
+            .tempdir()
+            .unwrap();
+        let dir = dir_kept.path().to_path_buf();
         let (mut wal, mark) = start(&dir, FsyncPolicy::Never, 0);
         for i in 1..=3 {
             // Written one at a time, as three connections' changes are.
@@ -450,6 +453,5 @@ mod tests {
         let listing = list(&dir).unwrap();
         assert_eq!(listing.segments.len(), 1, "the later segment was set aside");
         assert!(dir.join(format!("{}.dropped", segment_name(4))).exists());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

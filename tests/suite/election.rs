@@ -1,13 +1,11 @@
 //! Leader election with fenced epochs, against a real server.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::recipes::{LeaseState, LostReason};
 use baton::{CreateMode, Election, Error};
-use common::*;
+use baton_testkit::*;
 use futures::{FutureExt, StreamExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,14 +2,12 @@
 //! and each request needs that identity's rights on its path, so that one
 //! team cannot read, release or fence another's locks.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton::server::auth::{Identities, Identity, Rights};
 use baton::{Client, CreateMode, Error, Lock};
-use common::*;
+use baton_testkit::*;
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const TEAM_A: &str = "team-a-token-0123456789abcdef";

@@ -1,10 +1,8 @@
 //! The metrics endpoint: scraped over HTTP like Prometheus does, and read
 //! with real parsers of the exposition format.
 
-mod common;
-
 use baton::{CreateMode, Lock};
-use common::*;
+use baton_testkit::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -134,7 +132,7 @@ fn histogram_count(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_counts_what_the_server_did_and_parses() {
-    let dir = TempDir::new("metrics");
+    let dir = scratch("metrics");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let metrics = metrics_endpoint(&server).await;
 

@@ -1,14 +1,12 @@
 //! What a server with a data directory keeps across restarts, and how it
 //! treats a damaged log.
 
-mod common;
-
 use std::time::Duration;
 
 use baton::server::persist::{recover, PersistError};
 use baton::server::{Config, Server, ServerError};
 use baton::{CreateMode, Error, Lock, SessionState};
-use common::*;
+use baton_testkit::*;
 
 /// Restarts a stopped server on the same address and directory.
 async fn restart(addr: std::net::SocketAddr, config: Config) -> TestServer {
@@ -17,7 +15,7 @@ async fn restart(addr: std::net::SocketAddr, config: Config) -> TestServer {
 
 #[tokio::test]
 async fn nodes_data_versions_and_fences_survive_a_restart() {
-    let dir = TempDir::new("restart");
+    let dir = scratch("restart");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let addr = server.addr;
     let c = server.client().await;
@@ -50,7 +48,7 @@ async fn nodes_data_versions_and_fences_survive_a_restart() {
 
 #[tokio::test]
 async fn sequence_numbers_and_lock_tokens_keep_growing_across_restarts() {
-    let dir = TempDir::new("tokens");
+    let dir = scratch("tokens");
     let mut addr = None;
     let mut last = 0;
     for _ in 0..3 {
@@ -82,7 +80,7 @@ async fn sequence_numbers_and_lock_tokens_keep_growing_across_restarts() {
 /// and the log of those passed-over revisions recovers.
 #[tokio::test]
 async fn a_queue_with_squatted_names_still_grants_and_recovers() {
-    let dir = TempDir::new("squat");
+    let dir = scratch("squat");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let addr = server.addr;
     let c = server.client().await;
@@ -129,7 +127,7 @@ async fn a_queue_with_squatted_names_still_grants_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_resume_after_a_restart_and_keep_their_ephemerals() {
-    let dir = TempDir::new("sessions");
+    let dir = scratch("sessions");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let addr = server.addr;
     let stays = server.client_with_timeout(Duration::from_secs(10)).await;
@@ -169,7 +167,7 @@ async fn sessions_resume_after_a_restart_and_keep_their_ephemerals() {
 
 #[tokio::test]
 async fn snapshots_replace_the_old_log_and_recovery_uses_them() {
-    let dir = TempDir::new("snapshots");
+    let dir = scratch("snapshots");
     let config = Config {
         snapshot_every_bytes: 4 * 1024,
         ..durable_config(dir.path())
@@ -237,7 +235,7 @@ async fn write_log(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn a_torn_last_record_is_dropped_and_everything_before_it_kept() {
-    let dir = TempDir::new("torn");
+    let dir = scratch("torn");
     let log = write_log(dir.path(), 20).await;
     let len = std::fs::metadata(&log).unwrap().len();
     // Cut into the last record (the close of the session), as a crash in
@@ -267,7 +265,7 @@ async fn a_torn_last_record_is_dropped_and_everything_before_it_kept() {
 
 #[tokio::test]
 async fn a_flipped_bit_inside_the_log_stops_the_server_and_changes_nothing() {
-    let dir = TempDir::new("bitflip");
+    let dir = scratch("bitflip");
     let log = write_log(dir.path(), 20).await;
     let mut bytes = std::fs::read(&log).unwrap();
     let middle = bytes.len() / 2;
@@ -300,7 +298,7 @@ async fn a_flipped_bit_inside_the_log_stops_the_server_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_damaged_snapshot_stops_the_server() {
-    let dir = TempDir::new("badsnap");
+    let dir = scratch("badsnap");
     let config = Config {
         snapshot_every_bytes: 2 * 1024,
         ..durable_config(dir.path())
@@ -349,7 +347,7 @@ fn files(dir: &std::path::Path, prefix: &str) -> Vec<std::path::PathBuf> {
 /// and holds everything.
 #[tokio::test]
 async fn damage_in_a_segment_the_snapshot_covers_is_passed_over() {
-    let dir = TempDir::new("covered");
+    let dir = scratch("covered");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let addr = server.addr;
     let c = server.client().await;
@@ -397,7 +395,7 @@ async fn damage_in_a_segment_the_snapshot_covers_is_passed_over() {
 /// snapshots, so it is synced (file and directory) before they go.
 #[tokio::test]
 async fn snapshots_are_synced_under_fsync_never_too() {
-    let dir = TempDir::new("never-snap");
+    let dir = scratch("never-snap");
     let config = Config {
         fsync: baton::server::persist::FsyncPolicy::Never,
         snapshot_every_bytes: 4 * 1024,
@@ -426,7 +424,7 @@ async fn snapshots_are_synced_under_fsync_never_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_sent_again_after_a_restart_is_applied_once() {
     for snapshot_every_bytes in [64 << 20, 1] {
-        let dir = TempDir::new("dedup-restart");
+        let dir = scratch("dedup-restart");
         let config = Config {
             snapshot_every_bytes,
             ..durable_config(dir.path())
@@ -489,7 +487,7 @@ async fn a_change_sent_again_after_a_restart_is_applied_once() {
 /// synced log batch, and the replies that waited for durability were sent.
 #[tokio::test]
 async fn the_durable_path_counters_account_for_each_write() {
-    let dir = TempDir::new("split");
+    let dir = scratch("split");
     let server = TestServer::with_config(durable_config(dir.path())).await;
     let c = server.client().await;
     let before = server.stats();
@@ -527,7 +525,7 @@ async fn the_durable_path_counters_account_for_each_write() {
 /// acknowledged, and a restart finds them all.
 #[tokio::test]
 async fn pipelined_changes_under_fsync_never_share_a_write() {
-    let dir = TempDir::new("never-batch");
+    let dir = scratch("never-batch");
     let config = Config {
         fsync: baton::server::persist::FsyncPolicy::Never,
         ..durable_config(dir.path())

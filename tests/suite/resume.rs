@@ -1,13 +1,11 @@
 //! Resuming a session on a new connection after the old one broke
 //! (DESIGN.md invariant 5), with the network cut by a proxy.
 
-mod common;
-
 use std::time::Duration;
 
 use baton::proto::{ErrorCode, Request};
 use baton::{Client, CreateMode, Error, EventKind, SessionState};
-use common::*;
+use baton_testkit::*;
 
 /// A client through `proxy` with a session timeout long enough to ride out
 /// a short cut.

@@ -10,8 +10,6 @@
 //! `.ci/run` starts a server (`.ci/postgres`) and sets it. Each test works in
 //! tables of its own, named after the process id, and drops them at the end.
 
-mod common;
-
 use std::env::VarError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,7 +17,7 @@ use std::time::Duration;
 
 use baton::recipes::LostReason;
 use baton::{FencingToken, Lock};
-use common::*;
+use baton_testkit::*;
 use tokio_postgres::NoTls;
 
 const ENV: &str = "BATON_TEST_POSTGRES";

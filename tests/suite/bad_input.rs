@@ -2,8 +2,6 @@
 //! 11): the server answers what it can, closes what it must, never panics,
 //! never buffers without bound, and other clients do not notice.
 
-mod common;
-
 use std::time::Duration;
 
 use baton::proto::{
@@ -12,8 +10,8 @@ use baton::proto::{
 };
 use baton::server::Config;
 use baton::{Client, Error, EventKind, SessionState};
+use baton_testkit::*;
 use bytes::{BufMut, BytesMut};
-use common::*;
 use tokio::io::AsyncWriteExt;
 
 /// A request frame's payload built by hand: xid, op, then `body`.

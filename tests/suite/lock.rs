@@ -1,7 +1,5 @@
 //! The fair, herd-free lock and its fencing tokens, against a real server.
 
-mod common;
-
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,7 +8,7 @@ use std::time::Duration;
 use baton::proto::OpCode;
 use baton::recipes::{LeaseState, LostReason};
 use baton::{Client, CreateMode, Error, FencingToken, Lock, SessionState};
-use common::*;
+use baton_testkit::*;
 use futures::FutureExt;
 
 /// Opens `n` sessions on the server.

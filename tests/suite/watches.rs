@@ -5,13 +5,11 @@
 //! request's reply, so a watcher still pending when the reply is in was not
 //! fired.
 
-mod common;
-
 use std::time::Duration;
 
 use baton::proto::{Request, ServerMessage};
 use baton::{CreateMode, EventKind, SessionState};
-use common::*;
+use baton_testkit::*;
 use futures::FutureExt;
 
 #[tokio::test]

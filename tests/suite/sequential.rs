@@ -1,13 +1,11 @@
 //! Sequential nodes: the numbers behind fencing tokens (DESIGN.md invariant 1).
 
-mod common;
-
 use std::collections::HashSet;
 
 use baton::proto::path::{name, parse_sequence};
 use baton::proto::MAX_PATH_LEN;
 use baton::{Client, CreateMode, Created, Error};
-use common::*;
+use baton_testkit::*;
 
 /// Creates a sequential node at `prefix` and checks the name it got: the
 /// requested path followed by the sequence number in 10 zero-padded digits.

@@ -3,18 +3,14 @@
 //! certificates are checked when the server asks, and a reload replaces
 //! the certificate for new connections.
 
-mod common;
-#[path = "common/pki.rs"]
-mod pki;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton::server::tls::{server_config, TlsFiles};
 use baton::{Client, ClientTls, CreateMode, Error, EventKind, Lock};
+use baton_testkit::pki::{make_pki, Pki};
+use baton_testkit::*;
 use bytes::Bytes;
-use common::*;
-use pki::{make_pki, Pki};
 
 fn files(pki: &Pki, client_ca: Option<&Pki>) -> TlsFiles {
     TlsFiles {
@@ -50,7 +46,7 @@ async fn connect(addr: &str, tls: ClientTls) -> baton::Result<Client> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_requests_watches_and_locks_work_over_tls_and_survive_a_cut() {
-    let dir = TempDir::new("tls-works");
+    let dir = scratch("tls-works");
     let pki = make_pki(dir.path(), "a");
     let server = tls_server(&pki, None).await;
     let proxy = Proxy::start(server.addr).await;
@@ -103,7 +99,7 @@ async fn sessions_requests_watches_and_locks_work_over_tls_and_survive_a_cut() {
 
 #[tokio::test]
 async fn a_plaintext_client_is_told_the_server_takes_tls_only() {
-    let dir = TempDir::new("tls-plain");
+    let dir = scratch("tls-plain");
     let pki = make_pki(dir.path(), "a");
     let server = tls_server(&pki, None).await;
     let err = within(10, "the refusal", Client::connect(&server.addr()))
@@ -138,7 +134,7 @@ async fn a_plaintext_client_is_told_the_server_takes_tls_only() {
 
 #[tokio::test]
 async fn a_tls_client_against_a_plaintext_server_fails_clearly() {
-    let dir = TempDir::new("tls-against-plain");
+    let dir = scratch("tls-against-plain");
     let pki = make_pki(dir.path(), "a");
     let server = TestServer::start().await;
     let err = connect(&server.addr(), trusting(&pki)).await.unwrap_err();
@@ -148,7 +144,7 @@ async fn a_tls_client_against_a_plaintext_server_fails_clearly() {
 
 #[tokio::test]
 async fn the_server_checks_the_certificate_and_the_client_checks_the_server() {
-    let dir = TempDir::new("tls-auth");
+    let dir = scratch("tls-auth");
     let (ours, theirs) = (make_pki(dir.path(), "ours"), make_pki(dir.path(), "theirs"));
     let server = tls_server(&ours, Some(&ours)).await;
     let addr = server.addr();
@@ -171,7 +167,7 @@ async fn the_server_checks_the_certificate_and_the_client_checks_the_server() {
 
 #[tokio::test]
 async fn a_reload_gives_new_connections_the_new_certificate() {
-    let dir = TempDir::new("tls-reload");
+    let dir = scratch("tls-reload");
     let (old, new) = (make_pki(dir.path(), "old"), make_pki(dir.path(), "new"));
     let server = tls_server(&old, None).await;
     let addr = server.addr();

@@ -2,8 +2,6 @@
 //! server certificate for 127.0.0.1 and localhost, and a client certificate,
 //! as PEM files.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 
 use rcgen::{

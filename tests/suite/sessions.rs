@@ -1,14 +1,12 @@
 //! Sessions: expiry after silence, explicit close, what a client sees once its
 //! session is gone, and timeout negotiation (DESIGN.md invariants 4 and 6).
 
-mod common;
-
 use std::time::Duration;
 
 use baton::proto::{ConnectRequest, ErrorCode, Request};
 use baton::server::Config;
 use baton::{CreateMode, Error, EventKind, SessionState};
-use common::*;
+use baton_testkit::*;
 use futures::FutureExt;
 
 #[tokio::test]

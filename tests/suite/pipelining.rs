@@ -1,13 +1,11 @@
 //! Many requests in flight on one connection, and many sessions at once.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
 use baton::{Client, CreateMode, Created, SessionState, Stat};
+use baton_testkit::*;
 use bytes::Bytes;
-use common::*;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 
