@@ -153,6 +153,15 @@ impl StateMachine {
     /// [`ErrorCode::NoNode`] if there is no node at `path`, and
     /// [`ErrorCode::BadArguments`] for the root, which has no siblings.
     pub fn predecessor(&self, path: &str) -> Result<Option<(&Arc<str>, &Node)>, ErrorReply> {
+        let (parent, node) = self.with_parent(path)?;
+        Ok(parent
+            .child_before(node.czxid)
+            .map(|p| (p, self.nodes.get(&**p).expect("children exist"))))
+    }
+
+    /// The node at `path` and its parent, with the errors of
+    /// [`predecessor`](Self::predecessor).
+    fn with_parent(&self, path: &str) -> Result<(&Node, &Node), ErrorReply> {
         let node = self
             .nodes
             .get(path)
@@ -160,9 +169,7 @@ impl StateMachine {
         let parent_path = path::parent(path)
             .ok_or_else(|| err(ErrorCode::BadArguments, "the root has no siblings".into()))?;
         let parent = self.nodes.get(parent_path).expect("a node's parent exists");
-        Ok(parent
-            .child_before(node.czxid)
-            .map(|p| (p, self.nodes.get(&**p).expect("children exist"))))
+        Ok((parent, node))
     }
 
     /// Where the node at `path` stands in its queue (its siblings, in the
@@ -176,13 +183,14 @@ impl StateMachine {
         path: &str,
         rule: queue::QueueRule,
     ) -> Result<queue::Standing<(&Arc<str>, &Node)>, ErrorReply> {
-        let first = self.predecessor(path)?;
-        let parent = path::parent(path).expect("a node with a predecessor has a parent");
-        let parent = self.nodes.get(parent).expect("a node's parent exists");
-        let ahead = std::iter::successors(first, |(_, n)| {
-            parent
-                .child_before(n.czxid)
-                .map(|p| (p, self.nodes.get(&**p).expect("children exist")))
+        let (parent, node) = self.with_parent(path)?;
+        // Each sibling ahead is looked up only when the rule asks for it.
+        let mut before = node.czxid;
+        let ahead = std::iter::from_fn(move || {
+            let p = parent.child_before(before)?;
+            let n = self.nodes.get(&**p).expect("children exist");
+            before = n.czxid;
+            Some((p, n))
         });
         Ok(queue::standing(rule, ahead))
     }
