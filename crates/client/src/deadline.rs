@@ -132,7 +132,8 @@ impl DeadlineAlarm {
     /// Resolves once the alarm has gone off.
     ///
     /// # Cancellation safety
-    /// Safe.
+    /// Safe: it only sleeps and reads the alarm's state, so dropping it
+    /// changes nothing.
     pub async fn fired(&self) {
         while !self.has_fired() {
             sleep_until(self.due()).await;

@@ -357,7 +357,8 @@ impl Client {
     /// Waits until the session is gone (expired or closed) and returns which.
     ///
     /// # Cancellation safety
-    /// Safe.
+    /// Safe: it waits on its own receiver of the session's state, so
+    /// dropping it changes nothing, and a later call sees the same end.
     pub async fn ended(&self) -> SessionState {
         let mut rx = self.inner.state.clone();
         let state = match rx.wait_for(|s| s.is_terminal()).await {

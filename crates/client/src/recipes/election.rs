@@ -17,6 +17,25 @@ use super::FencingToken;
 use crate::{Client, Error, Result, SessionId};
 
 /// An election at one path.
+///
+/// # Examples
+///
+/// A master that serves while it leads, and stops when its leadership is
+/// lost; its token fences the writes of a deposed master:
+///
+/// ```no_run
+/// # async fn serve(token: baton_client::FencingToken) {}
+/// # async fn demo() -> baton_client::Result<()> {
+/// let client = baton_client::Client::connect("127.0.0.1:4181").await?;
+/// let election = baton_client::Election::new(&client, "/elections/master");
+/// let leadership = election.campaign("host-a:9000").await?;
+/// tokio::select! {
+///     () = serve(leadership.token()) => leadership.resign().await?,
+///     reason = leadership.lost() => eprintln!("no longer the master ({reason})"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Election {
     client: Client,
@@ -70,7 +89,8 @@ impl Leadership {
     /// later calls give the same, at once.
     ///
     /// # Cancellation safety
-    /// Safe.
+    /// Safe: it only reads the leadership's state (as
+    /// [`LockGuard::lost`]), so dropping it loses nothing.
     pub async fn lost(&self) -> LostReason {
         self.guard.lost().await
     }

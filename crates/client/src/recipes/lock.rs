@@ -40,6 +40,24 @@ use crate::{Client, DeadlineAlarm, Enqueued, Error, QueueWatch, Result, SessionI
 static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(1);
 
 /// A lock at one path. Cheap to create; every `acquire` is a new contender.
+///
+/// # Examples
+///
+/// Hold the lock while writing, with its fencing token on every write, so
+/// that storage refuses a holder whose lease already ran out:
+///
+/// ```no_run
+/// # async fn demo() -> baton_client::Result<()> {
+/// let client = baton_client::Client::connect("127.0.0.1:4181").await?;
+/// let lock = baton_client::Lock::new(&client, "/locks/orders");
+/// let guard = lock.acquire().await?;
+/// client
+///     .set_data_fenced("/orders/state", "paid", guard.token().get())
+///     .await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Lock {
     client: Client,
@@ -661,8 +679,26 @@ impl LockGuard {
     /// Resolves when the lock is lost, with the reason (the first one seen:
     /// later calls give the same).
     ///
+    /// # Examples
+    ///
+    /// Stop the work the lock guards as soon as the lease is gone:
+    ///
+    /// ```no_run
+    /// # async fn work() {}
+    /// # async fn demo(lock: baton_client::Lock) -> baton_client::Result<()> {
+    /// let guard = lock.acquire().await?;
+    /// tokio::select! {
+    ///     () = work() => guard.release().await?,
+    ///     reason = guard.lost() => eprintln!("stopped: the lock was lost ({reason})"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancellation safety
-    /// Safe.
+    /// Safe: it only reads the guard's state, so dropping it (a `select!`
+    /// whose other branch won) loses nothing, and a later call resolves as
+    /// this one would have.
     pub async fn lost(&self) -> LostReason {
         loop {
             if let Some(reason) = self.lost_now() {
