@@ -103,8 +103,9 @@ impl QueueWatches {
     /// Reacts to the deletion of `path` by `actor` (`None`: a session's
     /// expiry or close): a queue node deleted by another session reports
     /// *deleted* to its owner, and the waiters on the deleted node move on
-    /// to the member their rule now says they wait on, or report *head*. `sm` is the state after
-    /// the change. Notifications are appended to `out`.
+    /// to the member their rule now says they wait on, or report *head*.
+    /// `sm` is the state after the change. Notifications are appended to
+    /// `out`.
     pub(crate) fn on_deleted(
         &mut self,
         path: &Arc<str>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use baton_proto::{ErrorReply, EventKind, SessionId};
 
-use super::{too_many_watches, Core};
+use super::{too_many_watches, Core, RULE};
 use crate::outbox::{Out, Outbox};
 use crate::state::Trigger;
 use crate::watches::Kinds;
@@ -125,12 +125,12 @@ impl Core {
             };
             let standing = self
                 .sm
-                .standing(&node, super::RULE)
+                .standing(&node, RULE)
                 .expect("the node exists")
                 .map(|(p, _)| p.clone());
             let heads = standing.heads();
             self.queues
-                .set(session, node.clone(), super::RULE, standing.waits_on());
+                .set(session, node.clone(), RULE, standing.waits_on());
             if heads && !headed {
                 self.granted(&node);
                 self.notify(outbox, EventKind::Head, revision, node);

@@ -32,6 +32,15 @@ pub(crate) struct ReadGate {
     not_leading: bool,
 }
 
+/// Where a connection counts the bytes it receives: in its read gate, or,
+/// with no gate (a single server), in `spare`, which nothing reads.
+pub(crate) fn received<'a>(gate: &'a mut Option<Box<ReadGate>>, spare: &'a mut u64) -> &'a mut u64 {
+    match gate {
+        Some(gate) => &mut gate.received,
+        None => spare,
+    }
+}
+
 impl ReadGate {
     /// Whether the request that ends at byte `end` of the stream may be
     /// handled now. A change may (it is proposed in request order); any

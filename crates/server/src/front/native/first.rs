@@ -13,6 +13,7 @@ use super::backup::backup_refusal;
 use super::{Conn, CLOSE_GRACE};
 use crate::clock::Now;
 use crate::core::{Connected, Connecting};
+use crate::front::gate::received;
 use crate::front::socket::FrameError;
 use crate::outbox::Outbox;
 use crate::stats::Stats;
@@ -242,11 +243,8 @@ impl Conn {
     /// server takes TLS only.
     async fn first_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
         if let Some(config) = self.shared.tls() {
-            let mut uncounted = 0;
-            let received = match &mut self.gate {
-                Some(gate) => &mut gate.received,
-                None => &mut uncounted,
-            };
+            let mut spare = 0;
+            let received = received(&mut self.gate, &mut spare);
             if !self
                 .socket
                 .accept_tls(config, &self.shared.stats, received)
@@ -261,11 +259,8 @@ impl Conn {
     /// Reads until the connection's first frame is buffered; `None` on a
     /// clean close. It may be at most [`MAX_FIRST_FRAME`] bytes.
     async fn read_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
-        let mut uncounted = 0;
-        let received = match &mut self.gate {
-            Some(gate) => &mut gate.received,
-            None => &mut uncounted,
-        };
+        let mut spare = 0;
+        let received = received(&mut self.gate, &mut spare);
         self.socket.read_frame(MAX_FIRST_FRAME, received).await
     }
 }

@@ -20,7 +20,7 @@ use baton_proto::{ErrorCode, RequestDecodeError, RequestFrame, SessionId};
 use tokio::time::{sleep, timeout, Sleep};
 use tracing::{debug, info, warn};
 
-use super::gate::ReadGate;
+use super::gate::{received, ReadGate};
 use super::socket::{FrameError, Socket, READ_BUDGET};
 use crate::clock::Now;
 use crate::core::Flow;
@@ -391,11 +391,8 @@ impl Conn {
     /// Reads what the socket has (see [`Socket::read_some`]), counting it
     /// for the read gate.
     fn read_some(&mut self) -> io::Result<usize> {
-        let mut uncounted = 0;
-        let received = match &mut self.gate {
-            Some(gate) => &mut gate.received,
-            None => &mut uncounted,
-        };
+        let mut spare = 0;
+        let received = received(&mut self.gate, &mut spare);
         self.socket.read_some(received)
     }
 }
