@@ -9,11 +9,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::Client;
+use baton_testkit::Evidence;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -128,23 +129,15 @@ pub struct Cluster {
     pub members: BTreeMap<u64, MemberProc>,
     /// (from, to) -> the link member `from` reaches member `to` through.
     pub links: BTreeMap<(u64, u64), Link>,
-    pub root: PathBuf,
+    pub root: Evidence,
     peers_spec: String,
     extra: Vec<String>,
 }
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
 impl Cluster {
     /// Starts `n` members, each with `extra` arguments to `baton serve`.
     pub async fn start(n: u64, extra: &[&str]) -> Cluster {
-        let root = std::env::temp_dir().join(format!(
-            "baton-cluster-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
+        let root = Evidence::new("cluster");
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
             let client = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -495,10 +488,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // The members stop before their directory goes (or is kept).
         self.members.clear();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.root);
-        }
     }
 }
 
