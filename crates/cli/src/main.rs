@@ -301,7 +301,7 @@ pub fn peer_tls() -> Result<Option<baton_cluster::network::PeerTls>, CliError> {
         (Some(ca), Some(cert), Some(key)) => {
             baton_cluster::network::PeerTls::from_files(cert, key, ca)
                 .map(Some)
-                .map_err(CliError::msg)
+                .map_err(|e| CliError::msg(e.to_string()))
         }
         // Without a certificate of its own this client cannot speak to
         // members that use TLS between them; it tries plain TCP.

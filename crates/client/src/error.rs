@@ -153,12 +153,9 @@ impl Error {
         }
     }
 
-    /// Unusable TLS settings, for `reason`, with no error under it.
-    pub(crate) fn tls(reason: impl Into<String>) -> Self {
-        Error::Tls {
-            reason: reason.into(),
-            cause: None,
-        }
+    /// A PEM file that does not give the certificates or key asked for.
+    pub(crate) fn pem(e: baton_proto::pem::PemError) -> Self {
+        Error::tls_because(e.to_string(), e)
     }
 
     /// Unusable TLS settings, said as `reason`, because of `cause`.

@@ -36,7 +36,7 @@ impl ClientTls {
     /// [`Error::Tls`] naming the file and what is wrong with it.
     pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self> {
         let mut roots = RootCertStore::empty();
-        for cert in baton_proto::pem::read_certs(ca).map_err(Error::tls)? {
+        for cert in baton_proto::pem::read_certs(ca).map_err(Error::pem)? {
             roots.add(cert).map_err(|e| {
                 Error::tls_because(
                     format!("{}: not a usable CA certificate: {e}", ca.display()),
@@ -51,8 +51,8 @@ impl ClientTls {
             .with_root_certificates(roots);
         let config = match identity {
             Some((cert, key)) => {
-                let certs = baton_proto::pem::read_certs(cert).map_err(Error::tls)?;
-                let key = baton_proto::pem::read_key(key).map_err(Error::tls)?;
+                let certs = baton_proto::pem::read_certs(cert).map_err(Error::pem)?;
+                let key = baton_proto::pem::read_key(key).map_err(Error::pem)?;
                 builder.with_client_auth_cert(certs, key).map_err(|e| {
                     Error::tls_because(
                         format!("{} and its key do not go together: {e}", cert.display()),
@@ -89,13 +89,14 @@ pub(crate) enum ReadSide {
 }
 
 /// The name `addr`'s certificate must carry: its host part.
-fn server_name(addr: &str) -> std::result::Result<ServerName<'static>, String> {
+fn server_name(addr: &str) -> Result<ServerName<'static>> {
     let host = match addr.rsplit_once(':') {
         Some((host, _)) => host.trim_start_matches('[').trim_end_matches(']'),
         None => addr,
     };
-    ServerName::try_from(host.to_owned())
-        .map_err(|e| format!("{host} is not a name TLS can check: {e}"))
+    ServerName::try_from(host.to_owned()).map_err(|e| {
+        Error::connect_because(addr, format!("{host} is not a name TLS can check: {e}"), e)
+    })
 }
 
 fn tls_error(e: rustls::Error) -> io::Error {
@@ -119,7 +120,7 @@ pub(crate) async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<(Arc<
         });
         return Ok((wire, ReadSide::Plain(read)));
     };
-    let name = server_name(addr).map_err(|reason| Error::connect(addr, reason))?;
+    let name = server_name(addr)?;
     let conn = ClientConnection::new(tls.config.clone(), name)
         .map_err(|e| Error::connect_because(addr, e.to_string(), e))?;
     let wire = Arc::new(Wire {

@@ -212,6 +212,23 @@ fn covers(prefix: &str, path: &str) -> bool {
 }
 
 /// Every identity a server knows.
+/// Why a list of identities cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("identity {0}: its token is empty")]
+    EmptyToken(String),
+    #[error("identity {0} is given twice")]
+    Twice(String),
+    #[error("identities {first} and {second} have the same token")]
+    SameToken { first: String, second: String },
+    #[error("identity {name}: rule for {prefix:?}: {source}")]
+    Rule {
+        name: String,
+        prefix: String,
+        source: baton_proto::path::PathError,
+    },
+}
+
 #[derive(Debug)]
 pub struct Identities {
     list: Vec<Arc<Identity>>,
@@ -221,26 +238,29 @@ impl Identities {
     /// Checks that names and tokens are unique and prefixes are paths.
     ///
     /// # Errors
-    /// A message naming the identity and what is wrong.
-    pub fn new(list: Vec<Identity>) -> Result<Identities, String> {
+    /// An [`IdentityError`] naming the identity and what is wrong.
+    pub fn new(list: Vec<Identity>) -> Result<Identities, IdentityError> {
         for (i, a) in list.iter().enumerate() {
             if a.token.0.is_empty() {
-                return Err(format!("identity {}: its token is empty", a.name));
+                return Err(IdentityError::EmptyToken(a.name.clone()));
             }
             for b in &list[..i] {
                 if a.name == b.name {
-                    return Err(format!("identity {} is given twice", a.name));
+                    return Err(IdentityError::Twice(a.name.clone()));
                 }
                 if a.token.matches(&b.token.0) {
-                    return Err(format!(
-                        "identities {} and {} have the same token",
-                        b.name, a.name
-                    ));
+                    return Err(IdentityError::SameToken {
+                        first: b.name.clone(),
+                        second: a.name.clone(),
+                    });
                 }
             }
             for (prefix, _) in &a.rules {
-                baton_proto::path::validate(prefix)
-                    .map_err(|e| format!("identity {}: rule for {prefix:?}: {e}", a.name))?;
+                baton_proto::path::validate(prefix).map_err(|source| IdentityError::Rule {
+                    name: a.name.clone(),
+                    prefix: prefix.clone(),
+                    source,
+                })?;
             }
         }
         Ok(Identities {
@@ -388,6 +408,7 @@ mod tests {
         let b = Identity::new("b".into(), t("one"), vec![]);
         assert!(Identities::new(vec![a, b])
             .unwrap_err()
+            .to_string()
             .contains("same token"));
         let ids = Identities::new(vec![
             Identity::new("a".into(), t("one"), vec![]),

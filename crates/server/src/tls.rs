@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_proto::pem::{read_certs, read_key};
+use baton_proto::pem::{read_certs, read_key, PemError};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 
@@ -30,16 +30,43 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Why the server's TLS settings cannot be made from its files; names the
+/// file and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    #[error("{}: not a usable CA certificate: {source}", path.display())]
+    NotCa {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("TLS settings: {0}")]
+    Settings(#[source] rustls::Error),
+    #[error("{}: {source}", path.display())]
+    ClientVerifier {
+        path: PathBuf,
+        source: rustls::server::VerifierBuilderError,
+    },
+    #[error("{} and {} do not make a certificate and its key: {source}", cert.display(), key.display())]
+    KeyMismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+}
+
 /// Reads certificate authorities into a root store.
 ///
 /// # Errors
-/// A message naming the file and what is wrong with it.
-pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
+/// A [`TlsError`] naming the file and what is wrong with it.
+pub fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in read_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+        roots.add(cert).map_err(|source| TlsError::NotCa {
+            path: path.to_owned(),
+            source,
+        })?;
     }
     Ok(roots)
 }
@@ -48,31 +75,34 @@ pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
 /// a reload (SIGHUP) picks up renewed certificates.
 ///
 /// # Errors
-/// A message naming the file and what is wrong with it, or a key that does
-/// not match the certificate.
-pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
+/// A [`TlsError`] naming the file and what is wrong with it, or a key that
+/// does not match the certificate.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = read_certs(&files.cert)?;
     let key = read_key(&files.key)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS settings: {e}"))?;
+        .map_err(TlsError::Settings)?;
     let builder = match &files.client_ca {
         Some(ca) => {
             let roots = Arc::new(read_roots(ca)?);
             let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
                 .build()
-                .map_err(|e| format!("{}: {e}", ca.display()))?;
+                .map_err(|source| TlsError::ClientVerifier {
+                    path: ca.clone(),
+                    source,
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
-    let config = builder.with_single_cert(certs, key).map_err(|e| {
-        format!(
-            "{} and {} do not make a certificate and its key: {e}",
-            files.cert.display(),
-            files.key.display()
-        )
-    })?;
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|source| TlsError::KeyMismatch {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
     Ok(Arc::new(config))
 }
 

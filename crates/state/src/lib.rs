@@ -35,6 +35,7 @@ pub use node::{Ephemerals, Node};
 pub use pmap::Unshared;
 use proposal::Kept;
 pub use proposal::{LastReply, Origin, Proposal};
+pub use restore::{Inconsistent, RevisionOverflow};
 
 /// A live session as the state machine knows it.
 #[derive(Clone, Debug)]
@@ -127,13 +128,10 @@ impl StateMachine {
     ///
     /// # Errors
     /// The revision would pass `u64::MAX`; nothing changes.
-    pub fn skip_revisions(&mut self, by: u64) -> Result<(), String> {
-        self.revision = self.revision.checked_add(by).ok_or_else(|| {
-            format!(
-                "revision {} cannot move {by} further on: it would pass {}",
-                self.revision,
-                u64::MAX
-            )
+    pub fn skip_revisions(&mut self, by: u64) -> Result<(), RevisionOverflow> {
+        self.revision = self.revision.checked_add(by).ok_or(RevisionOverflow {
+            revision: self.revision,
+            by,
         })?;
         Ok(())
     }

@@ -2,9 +2,34 @@
 
 use std::sync::Arc;
 
-use baton_proto::path;
+use baton_proto::{path, SessionId};
 
 use crate::{Kept, Map, Node, NodeImage, Session, SessionImage, StateMachine};
+
+/// Why images do not make a state machine: the first inconsistency found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistent {
+    #[error("session {0} appears twice")]
+    SessionTwice(SessionId),
+    #[error("{0} comes before its parent")]
+    BeforeParent(String),
+    #[error("the root is not the first node")]
+    RootNotFirst,
+    #[error("{path} is owned by unknown session {owner}")]
+    UnknownOwner { path: String, owner: SessionId },
+    #[error("{0} appears twice")]
+    NodeTwice(String),
+    #[error("the root node is missing")]
+    RootMissing,
+}
+
+/// A revision moved on past `u64::MAX`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("revision {revision} cannot move {by} further on: it would pass {max}", max = u64::MAX)]
+pub struct RevisionOverflow {
+    pub revision: u64,
+    pub by: u64,
+}
 
 impl StateMachine {
     /// Every node, each after its parent (the root first): the order a
@@ -37,14 +62,14 @@ impl StateMachine {
     /// its parent.
     ///
     /// # Errors
-    /// A description of the first inconsistency: a node before its parent, an
+    /// The first [`Inconsistent`] thing: a node before its parent, an
     /// ephemeral owned by an unknown session, a duplicate.
     pub fn restore(
         revision: u64,
         last_now_ms: u64,
         sessions: impl IntoIterator<Item = SessionImage>,
         nodes: impl IntoIterator<Item = NodeImage>,
-    ) -> Result<StateMachine, String> {
+    ) -> Result<StateMachine, Inconsistent> {
         let mut sm = StateMachine {
             nodes: Map::new(),
             sessions: Map::new(),
@@ -64,7 +89,7 @@ impl StateMachine {
                 session.last = Some(Box::new(Kept::of(id, &last.reply)));
             }
             if sm.sessions.contains_key(&id) {
-                return Err(format!("session {id} appears twice"));
+                return Err(Inconsistent::SessionTwice(id));
             }
             sm.sessions.insert(id, session);
         }
@@ -75,25 +100,28 @@ impl StateMachine {
                 let parent = sm
                     .nodes
                     .get_mut(parent_path)
-                    .ok_or_else(|| format!("{path} comes before its parent"))?;
+                    .ok_or_else(|| Inconsistent::BeforeParent(path.to_string()))?;
                 parent.add_child(node.czxid, path.clone());
             } else if !sm.nodes.is_empty() {
-                return Err("the root is not the first node".into());
+                return Err(Inconsistent::RootNotFirst);
             }
             if let Some(owner) = node.owner() {
                 sm.sessions
                     .get_mut(&owner)
-                    .ok_or_else(|| format!("{path} is owned by unknown session {owner}"))?
+                    .ok_or_else(|| Inconsistent::UnknownOwner {
+                        path: path.to_string(),
+                        owner,
+                    })?
                     .ephemerals
                     .insert(path.clone());
             }
             if sm.nodes.contains_key(&path) {
-                return Err(format!("{path} appears twice"));
+                return Err(Inconsistent::NodeTwice(path.to_string()));
             }
             sm.nodes.insert(path.clone(), node);
         }
         if !sm.nodes.contains_key("/") {
-            return Err("the root node is missing".into());
+            return Err(Inconsistent::RootMissing);
         }
         Ok(sm)
     }

@@ -60,10 +60,11 @@ pub fn reload_on_sighup(
             };
             // Reads files: not on a runtime thread.
             let read = files.clone();
-            let loaded =
-                tokio::task::spawn_blocking(move || baton_server::tls::server_config(&read))
-                    .await
-                    .unwrap_or_else(|e| Err(format!("reading the files failed: {e}")));
+            let loaded = tokio::task::spawn_blocking(move || {
+                baton_server::tls::server_config(&read).map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("reading the files failed: {e}")));
             match loaded {
                 Ok(config) => {
                     handle.reload_tls(config);

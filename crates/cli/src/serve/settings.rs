@@ -432,6 +432,7 @@ impl Settings {
         // Filled in by the defaults.
         let set = |what: Option<u64>| what.unwrap_or_default();
         let bad = |key: &str, why: String| CliError::msg(format!("setting {key}: {why}"));
+        let bad_because = |key: &str, why: &dyn std::fmt::Display| bad(key, why.to_string());
         let fsync_text = s.fsync.clone().unwrap_or_default();
         let fsync: FsyncPolicy = fsync_text.parse().map_err(|e: String| bad("fsync", e))?;
         if s.node_id == Some(0) {
@@ -528,7 +529,7 @@ impl Settings {
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| bad("identity", e))?;
                 Some(std::sync::Arc::new(
-                    Identities::new(built).map_err(|e| bad("identity", e))?,
+                    Identities::new(built).map_err(|e| bad_because("identity", &e))?,
                 ))
             }
         };
@@ -545,7 +546,7 @@ impl Settings {
                 (None, _) => None,
                 (Some(ca), Some(files)) => Some(
                     baton_cluster::network::PeerTls::from_files(&files.cert, &files.key, ca)
-                        .map_err(|e| bad("peer-tls-ca", e))?,
+                        .map_err(|e| bad_because("peer-tls-ca", &e))?,
                 ),
                 (Some(_), None) => return Err(bad(
                     "peer-tls-ca",
@@ -554,9 +555,9 @@ impl Settings {
                 )),
             };
         let tls = match &tls_files {
-            Some(files) => {
-                Some(baton_server::tls::server_config(files).map_err(|e| bad("tls-cert", e))?)
-            }
+            Some(files) => Some(
+                baton_server::tls::server_config(files).map_err(|e| bad_because("tls-cert", &e))?,
+            ),
             None => None,
         };
         if s.node_id.is_none() {

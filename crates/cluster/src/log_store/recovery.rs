@@ -130,8 +130,7 @@ pub(super) fn recover(
                 }
                 continue;
             }
-            Err(LayoutError::Short) => return Err(damaged(0, "the file ends inside its header")),
-            Err(LayoutError::Damaged(why)) => return Err(damaged(0, &why)),
+            Err(why) => return Err(damaged(0, &why.to_string())),
         };
         let mut info = SegmentInfo {
             first,
@@ -200,7 +199,7 @@ pub(super) fn recover(
 
 /// The entries of the batch at `at`.
 pub(super) fn read_entries(bytes: &[u8], at: usize) -> Result<(Vec<Entry>, usize), String> {
-    let (records, end) = segment::read_batch(bytes, at)?;
+    let (records, end) = segment::read_batch(bytes, at).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < records.len() {
@@ -212,7 +211,7 @@ pub(super) fn read_entries(bytes: &[u8], at: usize) -> Result<(Vec<Entry>, usize
                 pos += size;
             }
             Frame::Short => return Err("a record runs past the end of its batch".into()),
-            Frame::Invalid(why) => return Err(why),
+            Frame::Invalid(why) => return Err(why.to_string()),
         }
     }
     Ok((out, end))

@@ -258,7 +258,8 @@ impl Writer {
         File::open(&seg.path)
             .and_then(|mut f| f.read_to_end(&mut bytes))
             .map_err(|e| format!("reading {}: {e}", seg.path.display()))?;
-        let (records, _) = segment::read_batch(&bytes, offset as usize)?;
+        let (records, _) =
+            segment::read_batch(&bytes, offset as usize).map_err(|e| e.to_string())?;
         let kept = keep_before(records, from)?;
         bytes.truncate(offset as usize);
         if !kept.is_empty() {

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use baton_server::tls::TlsError;
+
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 /// A connection to or from another member: plain TCP, or TLS over it.
@@ -34,41 +36,44 @@ impl PeerTls {
     /// certificate chains to.
     ///
     /// # Errors
-    /// A message naming the file and what is wrong with it.
+    /// A [`TlsError`] naming the file and what is wrong with it.
     pub fn from_files(
         cert: &std::path::Path,
         key: &std::path::Path,
         ca: &std::path::Path,
-    ) -> Result<PeerTls, String> {
-        use rustls::{ClientConfig, RootCertStore, ServerConfig};
+    ) -> Result<PeerTls, TlsError> {
+        use rustls::{ClientConfig, ServerConfig};
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        for c in baton_proto::pem::read_certs(ca)? {
-            roots
-                .add(c)
-                .map_err(|e| format!("{}: not a usable CA certificate: {e}", ca.display()))?;
-        }
-        let roots = Arc::new(roots);
+        let roots = Arc::new(baton_server::tls::read_roots(ca)?);
         let certs = baton_proto::pem::read_certs(cert)?;
+        let key_path = key;
         let key = baton_proto::pem::read_key(key)?;
+        let mismatch = |source| TlsError::KeyMismatch {
+            cert: cert.to_owned(),
+            key: key_path.to_owned(),
+            source,
+        };
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             roots.clone(),
             provider.clone(),
         )
         .build()
-        .map_err(|e| format!("{}: {e}", ca.display()))?;
+        .map_err(|source| TlsError::ClientVerifier {
+            path: ca.to_owned(),
+            source,
+        })?;
         let server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(TlsError::Settings)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs.clone(), key.clone_key())
-            .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
+            .map_err(mismatch)?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(TlsError::Settings)?
             .with_root_certificates(roots)
             .with_client_auth_cert(certs, key)
-            .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
+            .map_err(mismatch)?;
         Ok(PeerTls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
             connector: tokio_rustls::TlsConnector::from(Arc::new(client)),

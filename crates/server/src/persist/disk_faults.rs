@@ -53,7 +53,7 @@ impl DiskFault {
 
     /// Reads a control file's text: `None` for no fault (an empty text),
     /// an error naming what is wrong for a text it does not know.
-    pub fn parse(text: &str) -> Result<Option<DiskFault>, String> {
+    pub fn parse(text: &str) -> Result<Option<DiskFault>, UnknownFault> {
         let mut words = text.split_whitespace();
         match (words.next(), words.next(), words.next()) {
             (None, _, _) => Ok(None),
@@ -62,13 +62,19 @@ impl DiskFault {
             (Some("slow"), Some(ms), None) => ms
                 .parse::<u64>()
                 .map(|ms| Some(DiskFault::Slow(Duration::from_millis(ms))))
-                .map_err(|_| format!("{ms:?} is not a number of milliseconds")),
-            _ => Err(format!(
-                "{:?}: expected \"slow MS\", \"full\", \"no-new-files\" or nothing",
-                text.trim()
-            )),
+                .map_err(|_| UnknownFault::Millis(ms.to_owned())),
+            _ => Err(UnknownFault::Line(text.trim().to_owned())),
         }
     }
+}
+
+/// A control file's text that names no fault this hook knows.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownFault {
+    #[error("{0:?} is not a number of milliseconds")]
+    Millis(String),
+    #[error("{0:?}: expected \"slow MS\", \"full\", \"no-new-files\" or nothing")]
+    Line(String),
 }
 
 /// Arms the hook: from now on `path` says what the disk does. Only the

@@ -169,7 +169,9 @@ fn replay(listing: &Listing) -> Result<Replayed, PersistError> {
         File::open(path)
             .and_then(|mut f| f.read_to_end(&mut buf))
             .map_err(|e| PersistError::io(path, "reading the log", e))?;
-        let damage = match segment::layout(&buf) {
+        let read = segment::layout(&buf);
+        let header_cut_short = matches!(read, Err(LayoutError::Short));
+        let damage = match read {
             Ok(layout) if layout.kind != segment::Kind::Changes => {
                 return Err(PersistError::Corrupt {
                     file: path.clone(),
@@ -180,11 +182,8 @@ fn replay(listing: &Listing) -> Result<Replayed, PersistError> {
                 })
             }
             Ok(layout) => replay_segment(&mut out, path, &buf, layout)?
-                .map(|(at, why)| (at, why, Some(layout))),
-            Err(LayoutError::Short) => {
-                Some((0, "the file ends inside its header".to_string(), None))
-            }
-            Err(LayoutError::Damaged(why)) => Some((0, why, None)),
+                .map(|(at, why)| (at, why.to_string(), Some(layout))),
+            Err(why) => Some((0, why.to_string(), None)),
         };
         let Some((at, why, layout)) = damage else {
             continue;
@@ -222,7 +221,7 @@ fn replay(listing: &Listing) -> Result<Replayed, PersistError> {
                 out.torn = Some(rest());
                 break;
             }
-            None if next_first.is_none() && at == 0 && why.contains("ends inside") => {
+            None if next_first.is_none() && header_cut_short => {
                 out.torn = Some(rest());
                 break;
             }
@@ -239,7 +238,7 @@ fn replay_segment(
     path: &Path,
     buf: &[u8],
     layout: segment::Layout,
-) -> Result<Option<(usize, String)>, PersistError> {
+) -> Result<Option<(usize, segment::Damage)>, PersistError> {
     let mut at = layout.start;
     while at < buf.len() {
         let (records, end) = match segment::read_unit(buf, at, layout) {

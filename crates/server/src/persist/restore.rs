@@ -72,8 +72,17 @@ pub enum RestoreError {
     #[error("not a whole Baton snapshot (at byte {at}: {why})")]
     Damaged { at: usize, why: String },
     /// The revision cannot move that far on.
-    #[error("{0}")]
-    Skip(String),
+    #[error(transparent)]
+    Skip(#[from] SkipError),
+}
+
+/// Why a restored state's revision cannot move on as far as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum SkipError {
+    #[error("skipping {skipped} revisions from revision {from} would pass {REVISION_CEILING} (2^62), leaving too little room for the revisions, sequence numbers and tokens to come")]
+    PastCeiling { from: u64, skipped: u64 },
+    #[error(transparent)]
+    Overflow(#[from] crate::state::RevisionOverflow),
 }
 
 /// The state `backup` (a snapshot file's bytes) holds, checked, with its
@@ -90,11 +99,13 @@ pub fn prepare(backup: &[u8], skip: Option<u64>) -> Result<Restored, RestoreErro
     let saved_revision = state.revision();
     let skipped = skip.unwrap_or_else(|| default_skip(state.last_now_ms(), wall_clock_ms()));
     if saved_revision.saturating_add(skipped) > REVISION_CEILING {
-        return Err(RestoreError::Skip(format!(
-            "skipping {skipped} revisions from revision {saved_revision} would pass {REVISION_CEILING} (2^62), leaving too little room for the revisions, sequence numbers and tokens to come"
-        )));
+        return Err(SkipError::PastCeiling {
+            from: saved_revision,
+            skipped,
+        }
+        .into());
     }
-    state.skip_revisions(skipped).map_err(RestoreError::Skip)?;
+    state.skip_revisions(skipped).map_err(SkipError::from)?;
     Ok(Restored {
         state,
         saved_revision,

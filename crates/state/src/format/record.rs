@@ -65,8 +65,21 @@ pub enum Frame<'a> {
     Whole { payload: &'a [u8], size: usize },
     /// The bytes end before the record does.
     Short,
-    /// A checksum or the length does not hold; the string says which.
-    Invalid(String),
+    /// A checksum or the length does not hold.
+    Invalid(Invalid),
+}
+
+/// What is wrong with a record that is all there.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("record length fails its checksum")]
+    LengthChecksum,
+    #[error("record length {0} is beyond any record")]
+    TooLong(usize),
+    #[error("record payload fails its checksum")]
+    PayloadChecksum,
+    #[error("record does not decode: {0}")]
+    Decode(#[from] DecodeError),
 }
 
 /// Reads the framed record at the start of `buf`.
@@ -77,11 +90,11 @@ pub fn read_frame(buf: &[u8]) -> Frame<'_> {
     let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
     let len_crc = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
     if crc32c::crc32c(&len_bytes) != len_crc {
-        return Frame::Invalid("record length fails its checksum".into());
+        return Frame::Invalid(Invalid::LengthChecksum);
     }
     let len = u32::from_be_bytes(len_bytes) as usize;
     if len > MAX_PAYLOAD {
-        return Frame::Invalid(format!("record length {len} is beyond any record"));
+        return Frame::Invalid(Invalid::TooLong(len));
     }
     if buf.len() < HEADER + len {
         return Frame::Short;
@@ -89,7 +102,7 @@ pub fn read_frame(buf: &[u8]) -> Frame<'_> {
     let payload = &buf[HEADER..HEADER + len];
     let payload_crc = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
     if crc32c::crc32c(payload) != payload_crc {
-        return Frame::Invalid("record payload fails its checksum".into());
+        return Frame::Invalid(Invalid::PayloadChecksum);
     }
     Frame::Whole {
         payload,
@@ -187,8 +200,8 @@ pub enum Read {
     },
     /// The bytes end before the record does (a torn tail, if at the end).
     Short,
-    /// A checksum or layout does not hold; the string says which.
-    Invalid(String),
+    /// A checksum or layout does not hold.
+    Invalid(Invalid),
 }
 
 /// Reads the record at the start of `buf`.
@@ -202,7 +215,7 @@ pub fn read(buf: &[u8]) -> Read {
                 proposal,
                 size,
             },
-            Err(e) => Read::Invalid(format!("record does not decode: {e}")),
+            Err(e) => Read::Invalid(Invalid::Decode(e)),
         },
     }
 }

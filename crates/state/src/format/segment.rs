@@ -103,38 +103,26 @@ pub fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
         return Err(if buf[..seen] == MAGIC[..seen] {
             LayoutError::Short
         } else {
-            LayoutError::Damaged("the segment header is damaged".into())
+            LayoutError::Damaged
         });
     }
     let crc = u32::from_be_bytes(buf[12..16].try_into().expect("4 bytes"));
     if buf[..8] != *MAGIC || crc32c::crc32c(&buf[..12]) != crc {
-        return Err(LayoutError::Damaged(
-            "the segment header fails its checksum".into(),
-        ));
+        return Err(LayoutError::Checksum);
     }
     let format = u16::from_be_bytes([buf[8], buf[9]]);
     if format != FORMAT {
-        return Err(LayoutError::Damaged(format!(
-            "log segment format {format}, this server reads 1 and {FORMAT}"
-        )));
+        return Err(LayoutError::Format(format));
     }
     let fsync = match buf[10] {
         0 => FsyncPolicy::Always,
         1 => FsyncPolicy::Never,
-        other => {
-            return Err(LayoutError::Damaged(format!(
-                "unknown fsync policy {other} in the segment header"
-            )))
-        }
+        other => return Err(LayoutError::Fsync(other)),
     };
     let kind = match buf[11] {
         0 => Kind::Changes,
         1 => Kind::Replicated,
-        other => {
-            return Err(LayoutError::Damaged(format!(
-                "unknown segment kind {other} in the segment header"
-            )))
-        }
+        other => return Err(LayoutError::Kind(other)),
     };
     Ok(Layout {
         format: FORMAT,
@@ -145,12 +133,23 @@ pub fn layout(buf: &[u8]) -> Result<Layout, LayoutError> {
 }
 
 /// Why a segment's header cannot be read.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
     /// The file ends inside the header.
+    #[error("the file ends inside its header")]
     Short,
-    /// The header is damaged or of an unknown format.
-    Damaged(String),
+    /// The header's bytes are not a segment header's.
+    #[error("the segment header is damaged")]
+    Damaged,
+    #[error("the segment header fails its checksum")]
+    Checksum,
+    /// A format this build does not read.
+    #[error("log segment format {0}, this server reads 1 and {FORMAT}")]
+    Format(u16),
+    #[error("unknown fsync policy {0} in the segment header")]
+    Fsync(u8),
+    #[error("unknown segment kind {0} in the segment header")]
+    Kind(u8),
 }
 
 /// Reserves a batch header at the end of `out`; returns where it starts,
@@ -171,6 +170,23 @@ pub fn end_batch(out: &mut [u8], start: usize) {
     out[start + 8..start + 12].copy_from_slice(&crc.to_be_bytes());
 }
 
+/// What is wrong with a unit of a segment (a batch, or a format-1 record).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Damage {
+    #[error("the file ends inside a record")]
+    EndsInRecord,
+    #[error("a record runs past the end of its batch")]
+    RecordPastBatch,
+    #[error("the file ends inside a batch")]
+    EndsInBatch,
+    #[error("the file ends inside a batch header")]
+    EndsInBatchHeader,
+    #[error("a batch header fails its checksum")]
+    BatchHeaderChecksum,
+    #[error(transparent)]
+    Record(#[from] record::Invalid),
+}
+
 /// One record as read back: a proposal and the revision it produced.
 pub struct Logged {
     pub revision: u64,
@@ -182,7 +198,7 @@ pub struct Logged {
 ///
 /// # Errors
 /// What is wrong with the unit; nothing of a damaged unit is returned.
-pub fn read_unit(buf: &[u8], at: usize, layout: Layout) -> Result<(Vec<Logged>, usize), String> {
+pub fn read_unit(buf: &[u8], at: usize, layout: Layout) -> Result<(Vec<Logged>, usize), Damage> {
     let (body, end) = if layout.format == 1 {
         (&buf[at..], None)
     } else {
@@ -204,11 +220,9 @@ pub fn read_unit(buf: &[u8], at: usize, layout: Layout) -> Result<(Vec<Logged>, 
                     break; // format 1: one record per unit
                 }
             }
-            RecordRead::Short if end.is_none() => {
-                return Err("the file ends inside a record".into())
-            }
-            RecordRead::Short => return Err("a record runs past the end of its batch".into()),
-            RecordRead::Invalid(why) => return Err(why),
+            RecordRead::Short if end.is_none() => return Err(Damage::EndsInRecord),
+            RecordRead::Short => return Err(Damage::RecordPastBatch),
+            RecordRead::Invalid(why) => return Err(why.into()),
         }
     }
     Ok((records, end.unwrap_or(at + pos)))
@@ -220,23 +234,23 @@ pub fn read_unit(buf: &[u8], at: usize, layout: Layout) -> Result<(Vec<Logged>, 
 /// # Errors
 /// What is wrong with the batch's header, or a batch that runs past the
 /// end of `buf`.
-pub fn read_batch(buf: &[u8], at: usize) -> Result<(&[u8], usize), String> {
+pub fn read_batch(buf: &[u8], at: usize) -> Result<(&[u8], usize), Damage> {
     let len = batch_len(&buf[at..])?;
     let end = at + BATCH_HEADER + len;
     if end > buf.len() {
-        return Err("the file ends inside a batch".into());
+        return Err(Damage::EndsInBatch);
     }
     Ok((&buf[at + BATCH_HEADER..end], end))
 }
 
 /// The length of the batch whose header starts `buf`.
-fn batch_len(buf: &[u8]) -> Result<usize, String> {
+fn batch_len(buf: &[u8]) -> Result<usize, Damage> {
     if buf.len() < BATCH_HEADER {
-        return Err("the file ends inside a batch header".into());
+        return Err(Damage::EndsInBatchHeader);
     }
     let crc = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
     if buf[..4] != BATCH_MAGIC || crc32c::crc32c(&buf[..8]) != crc {
-        return Err("a batch header fails its checksum".into());
+        return Err(Damage::BatchHeaderChecksum);
     }
     let len = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
     Ok(len)
