@@ -3,7 +3,7 @@
 //! A path is absolute (`/` then segments separated by `/`), has no empty
 //! segment and no trailing slash (except the root `/` itself), no `.` or `..`
 //! segment, no control character (NUL included), is valid UTF-8 and at most
-//! [`MAX_PATH_LEN`](crate::MAX_PATH_LEN) bytes long.
+//! [`MAX_PATH_LEN`] bytes long.
 
 use crate::MAX_PATH_LEN;
 

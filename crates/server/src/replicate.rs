@@ -34,8 +34,8 @@ pub enum Proposed {
     /// a single server.
     ApplyNow,
     /// It is on its way to being committed; it comes back through
-    /// [`Applier::apply_committed`](crate::Applier::apply_committed) on every
-    /// member (a cluster).
+    /// [`Applier::apply`](crate::Applier::apply) on every member (a
+    /// cluster).
     Later,
     /// This server cannot propose: it does not lead.
     NotLeader,

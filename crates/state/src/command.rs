@@ -79,7 +79,7 @@ pub struct Trigger {
     pub path: Arc<str>,
 }
 
-/// What [`StateMachine::apply`] did.
+/// What [`StateMachine::apply`](crate::StateMachine::apply) did.
 #[derive(Debug)]
 pub struct Applied {
     /// The command's result; an error changes nothing and takes no revision.

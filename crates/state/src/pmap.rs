@@ -571,7 +571,7 @@ fn rebalance<K: Ord + Clone, V>(inner: &mut Inner<K, V>, i: usize, make_mut: Mut
     inner.keys.remove(a);
 }
 
-/// An ordered map laid out as a [`PMap`] (entries side by side in leaves)
+/// An ordered map laid out as a `PMap` (entries side by side in leaves)
 /// that is never copied, so its values need not be `Clone`: for what this
 /// server alone keeps about each session.
 #[derive(Debug)]

@@ -223,7 +223,7 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_ca: Option<PathBuf>,
 
-    /// Identities, from the config file only ([[identity]] tables): with
+    /// Identities, from the config file only (`[[identity]]` tables): with
     /// any, a client must name one with its token, and each request needs
     /// that identity's rights on its path (docs/operations.md).
     #[arg(skip)]

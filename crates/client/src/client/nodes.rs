@@ -5,6 +5,8 @@ use baton_proto::{CreateMode, Reply, Request, Stat};
 use bytes::Bytes;
 
 use super::{unexpected, Client, Created};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::watcher::Watcher;
 

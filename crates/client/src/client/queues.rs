@@ -7,6 +7,8 @@ use baton_proto::{PredecessorWatch, Reply, Request, Stat};
 use bytes::Bytes;
 
 use super::{unexpected, Client, Created, Enqueued};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::pending::Registration;
 use crate::queue::QueueWatch;

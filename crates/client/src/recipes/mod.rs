@@ -1,4 +1,4 @@
-//! Recipes built only on the public [`Client`](crate::Client) API, as anyone
+//! Recipes built only on the public [`Client`] API, as anyone
 //! could write another.
 //!
 //! - [`Lock`]: a fair, herd-free lock whose grants carry a [`FencingToken`].

@@ -1,7 +1,7 @@
 //! Metrics for Prometheus, served over HTTP (`baton serve --metrics-listen`).
 //!
 //! The hot path only adds to atomics: counters per operation and result,
-//! and fixed-bucket histograms ([`Histogram`]). A scrape reads them and the
+//! and fixed-bucket histograms (`Histogram`). A scrape reads them and the
 //! state's sizes and encodes everything with `prometheus-client`, in the
 //! OpenMetrics text format that Prometheus reads.
 //!

@@ -4,7 +4,7 @@
 //! Every change the state machine applies is appended, under the core lock
 //! and so in apply order, to an in-memory queue. A committer thread writes
 //! the queue out and syncs it (one `fdatasync` for everything queued
-//! meanwhile: group commit), then advances the [`DurableMark`]. Replies and
+//! meanwhile: group commit), then advances the durable mark. Replies and
 //! watch events carry the revision they reflect, and a connection sends them
 //! only once the mark has reached it (invariant 9 of docs/design.md).
 //!
