@@ -171,7 +171,7 @@ fn restore(args: RestoreArgs) -> CliResult {
             let member = baton_cluster::Member { peer, client };
             let raft = dir.join("raft");
             baton_cluster::state_machine::write_seed(&raft, id, member, sm)
-                .map_err(CliError::msg)?;
+                .map_err(|e| CliError::msg(e.to_string()))?;
             format!(
                 "start it with: baton serve --node-id {id} --data-dir {} (it leads alone), then start each other member with an empty data directory and --join, and add it with baton cluster add",
                 dir.display()

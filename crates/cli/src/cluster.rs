@@ -355,7 +355,7 @@ pub async fn change_membership(servers: &str, change: Change) -> Result<String, 
     let peer_tls = crate::peer_tls()?;
     baton_cluster::network::ask_change(&peer, change, Duration::from_secs(120), peer_tls.as_ref())
         .await
-        .map_err(CliError::msg)
+        .map_err(|e| CliError::msg(e.to_string()))
 }
 
 /// The ids of the members (voters and learners) the leader lists, found

@@ -18,7 +18,7 @@ use baton_server::replicate::{ClusterStatus, MemberProgress};
 use openraft::{ChangeMembers, ServerState};
 use tokio::sync::watch;
 
-use crate::network::{self, MemberStatus};
+use crate::network::{self, CallError, MemberStatus};
 use crate::types::{Member, NodeId, Raft};
 
 /// How often the description of the cluster is refreshed.
@@ -37,7 +37,7 @@ pub use crate::network::Change;
 
 /// The latest description of the cluster. What this member says of itself
 /// is read when asked; what the leader gathered from the others is up to
-/// [`REFRESH`] old.
+/// `REFRESH` old.
 #[derive(Clone)]
 pub struct Status {
     raft: Raft,
@@ -77,7 +77,7 @@ impl Status {
     }
 
     /// Keeps the description of the cluster up to date until `stop`: every
-    /// [`REFRESH`], and at once when the member's role, its leader or the
+    /// `REFRESH`, and at once when the member's role, its leader or the
     /// membership changes.
     pub async fn refresh(self, routes: BTreeMap<NodeId, String>, mut stop: watch::Receiver<bool>) {
         let mut metrics = self.raft.metrics();
@@ -237,10 +237,105 @@ fn even_warning(voters: usize) -> String {
     )
 }
 
+/// Why a learner being added did not catch up; it stays a learner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatchUpError {
+    /// This member stopped leading while it waited.
+    #[error("member {id} was added as a learner, but this member stopped leading before the learner caught up; it stays a learner: run the same add again")]
+    StoppedLeading { id: NodeId },
+    /// The learner fell short of index `at`, holding the log up to `held`.
+    #[error("member {id} was added as a learner but {stall} (it holds {}; the membership that added it is at index {at}); it stays a learner: see that it runs and is in reach, then run the same add again", holding(.held))]
+    Stalled {
+        id: NodeId,
+        stall: Stall,
+        held: Option<u64>,
+        at: u64,
+    },
+}
+
+/// What a learner's catch-up ran out of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// The time an add waits for it as a whole.
+    TooSlow,
+    /// The time an add waits for it to make any progress.
+    NoProgress,
+}
+
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stall::TooSlow => write!(f, "has not caught up within {} s", CATCH_UP.as_secs()),
+            Stall::NoProgress => write!(f, "made no progress for {} s", NO_PROGRESS.as_secs()),
+        }
+    }
+}
+
+/// What a learner holds of the log, as [`CatchUpError`] says it.
+fn holding(held: &Option<u64>) -> String {
+    held.map_or("no entry".to_string(), |i| {
+        format!("the log up to index {i}")
+    })
+}
+
+/// Why a membership change was not made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChangeError {
+    /// This member does not lead; the leader is at peer address `leader`.
+    #[error("this member does not lead; ask the leader at peer address {leader}")]
+    NotLeader { leader: String },
+    /// This member does not lead, and knows of no leader.
+    #[error("this member does not lead and no leader is known right now; try again")]
+    NoLeader,
+    /// openraft did not add the member as a learner.
+    #[error("adding member {id} as a learner: {source}")]
+    AddLearner {
+        id: NodeId,
+        #[source]
+        source: WriteError,
+    },
+    /// The learner did not catch up.
+    #[error(transparent)]
+    CatchUp(#[from] CatchUpError),
+    /// The learner caught up, but could not be told that it was added.
+    #[error("member {id} caught up as a learner, but could not be told it was added ({source}); it stays a learner: run the same add again")]
+    NotTold {
+        id: NodeId,
+        #[source]
+        source: CallError,
+    },
+    /// openraft did not make the learner a voter.
+    #[error("making member {id} a voter: {source}")]
+    MakeVoter {
+        id: NodeId,
+        #[source]
+        source: WriteError,
+    },
+    /// The member to remove is not a voter.
+    #[error("member {id} is not a voter of this cluster")]
+    NotVoter { id: NodeId },
+    /// The member to remove is the only voter.
+    #[error("the last member cannot be removed")]
+    LastMember,
+    /// openraft did not remove the member.
+    #[error("removing member {id}: {source}")]
+    Remove {
+        id: NodeId,
+        #[source]
+        source: WriteError,
+    },
+}
+
+/// Why openraft did not make a membership change.
+pub type WriteError =
+    openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Member>>;
+
 /// Waits until learner `id` holds the log up to index `at` (as the
 /// leader knows from its replies), while this member leads, for at most
 /// [`CATCH_UP`], and at most [`NO_PROGRESS`] without any.
-async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
+async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), CatchUpError> {
     let holds = |m: &crate::types::Metrics| -> Option<u64> {
         m.replication
             .as_ref()?
@@ -261,26 +356,24 @@ async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), String> {
             .await;
         let m = raft.metrics().borrow().clone();
         if m.state != ServerState::Leader {
-            return Err(format!(
-                "member {id} was added as a learner, but this member stopped leading before the learner caught up; it stays a learner: run the same add again"
-            ));
+            return Err(CatchUpError::StoppedLeading { id });
         }
         let now = holds(&m);
         if now.is_some_and(|i| i >= at) {
             return Ok(());
         }
-        let holding = now.map_or("no entry".to_string(), |i| {
-            format!("the log up to index {i}")
-        });
         if waited.is_err() {
-            let within = if left <= NO_PROGRESS {
-                format!("has not caught up within {} s", CATCH_UP.as_secs())
+            let stall = if left <= NO_PROGRESS {
+                Stall::TooSlow
             } else {
-                format!("made no progress for {} s", NO_PROGRESS.as_secs())
+                Stall::NoProgress
             };
-            return Err(format!(
-                "member {id} was added as a learner but {within} (it holds {holding}; the membership that added it is at index {at}); it stays a learner: see that it runs and is in reach, then run the same add again"
-            ));
+            return Err(CatchUpError::Stalled {
+                id,
+                stall,
+                held: now,
+                at,
+            });
         }
         held = now;
     }
@@ -324,12 +417,13 @@ fn voters_after(
     changed.membership.as_ref().map(|m| m.voter_ids().count())
 }
 
-/// Carries out a membership change on the leader.
+/// Carries out a membership change on the leader; what it did, for the
+/// operator.
 ///
 /// # Errors
 /// What went wrong, for the operator: this member does not lead (with the
 /// leader's peer address), or the change failed.
-pub async fn change(answering: &network::Answering, change: Change) -> Result<String, String> {
+pub async fn change(answering: &network::Answering, change: Change) -> Result<String, ChangeError> {
     let raft = &answering.raft;
     let m = raft.metrics().borrow().clone();
     if m.state != ServerState::Leader {
@@ -340,10 +434,8 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
                 .map(|n| n.peer.clone())
         });
         return Err(match leader {
-            Some(addr) => {
-                format!("this member does not lead; ask the leader at peer address {addr}")
-            }
-            None => "this member does not lead and no leader is known right now; try again".into(),
+            Some(leader) => ChangeError::NotLeader { leader },
+            None => ChangeError::NoLeader,
         });
     }
     let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
@@ -363,7 +455,7 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             let added = raft
                 .add_learner(id, member.clone(), true)
                 .await
-                .map_err(|e| format!("adding member {id} as a learner: {e}"))?;
+                .map_err(|source| ChangeError::AddLearner { id, source })?;
             // openraft's blocking add returns once the learner is within
             // `replication_lag_threshold` (5,000) entries of the leader's
             // log, which a learner that holds nothing yet may well be. It
@@ -376,7 +468,7 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             // It has caught up to the membership that added it: it is told
             // where that is before it votes (see `joining`).
             let addr = answering.routes.get(&id).unwrap_or(&member.peer);
-            let mut told = Err(String::new());
+            let mut told = Ok(());
             for _ in 0..5 {
                 told = network::tell_added(
                     addr,
@@ -391,9 +483,7 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            told.map_err(|e| {
-                format!("member {id} caught up as a learner, but could not be told it was added ({e}); it stays a learner: run the same add again")
-            })?;
+            told.map_err(|source| ChangeError::NotTold { id, source })?;
             let mut next = voters;
             next.insert(id);
             // The change itself, applied to the membership as it is then:
@@ -401,7 +491,7 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             // meanwhile (two adds at once each dropped the other's member).
             let changed = change_when_free(raft, ChangeMembers::AddVoterIds(BTreeSet::from([id])))
                 .await
-                .map_err(|e| format!("making member {id} a voter: {e}"))?;
+                .map_err(|source| ChangeError::MakeVoter { id, source })?;
             let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} ({member}) added; it has caught up and votes{}",
@@ -410,16 +500,16 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
         }
         Change::Remove { id } => {
             if !voters.contains(&id) {
-                return Err(format!("member {id} is not a voter of this cluster"));
+                return Err(ChangeError::NotVoter { id });
             }
             let mut next = voters;
             next.remove(&id);
             if next.is_empty() {
-                return Err("the last member cannot be removed".into());
+                return Err(ChangeError::LastMember);
             }
             let changed = change_when_free(raft, ChangeMembers::RemoveVoters(BTreeSet::from([id])))
                 .await
-                .map_err(|e| format!("removing member {id}: {e}"))?;
+                .map_err(|source| ChangeError::Remove { id, source })?;
             let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} removed; it stops once it learns it (at once if it is running and in reach){}",

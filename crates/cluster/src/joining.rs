@@ -33,6 +33,34 @@ use crate::types::NodeId;
 /// The marker's name, in the log's directory.
 const MARKER: &str = "JOINING";
 
+/// Why the joining state could not be kept.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JoiningError {
+    /// An I/O error on the marker or its directory, named with what was
+    /// being done to it ("reading", "syncing", ...).
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The leader's word was meant for another member.
+    #[error("this is member {this}, not member {id}")]
+    OtherMember { this: NodeId, id: NodeId },
+}
+
+impl JoiningError {
+    fn io(what: &'static str, path: &Path, source: std::io::Error) -> Self {
+        JoiningError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
 /// A member that is being added, until it learns it was.
 #[derive(Debug)]
 pub struct Joining {
@@ -53,16 +81,16 @@ impl Joining {
     ///
     /// # Errors
     /// The marker cannot be written or read.
-    pub fn open(dir: &Path, id: NodeId, fresh: bool) -> Result<Option<Arc<Joining>>, String> {
+    pub fn open(dir: &Path, id: NodeId, fresh: bool) -> Result<Option<Arc<Joining>>, JoiningError> {
         let marker = dir.join(MARKER);
         if fresh && !marker.exists() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|e| JoiningError::io("creating", dir, e))?;
             write_synced(&marker, "waiting to be added to the cluster\n")?;
         }
         let text = match std::fs::read_to_string(&marker) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("reading {}: {e}", marker.display())),
+            Err(e) => return Err(JoiningError::io("reading", &marker, e)),
         };
         let told = text
             .lines()
@@ -90,9 +118,9 @@ impl Joining {
     ///
     /// # Errors
     /// Another member's id, or the marker cannot be written.
-    pub fn told(&self, id: NodeId, at: u64) -> Result<(), String> {
+    pub fn told(&self, id: NodeId, at: u64) -> Result<(), JoiningError> {
         if id != self.id {
-            return Err(format!("this is member {}, not member {id}", self.id));
+            return Err(JoiningError::OtherMember { this: self.id, id });
         }
         write_synced(
             &self.marker,
@@ -121,11 +149,11 @@ impl Joining {
     /// # Errors
     /// The marker cannot be removed (the member then stays out of
     /// elections until a restart finds it added again).
-    pub fn finish(&self) -> Result<(), String> {
+    pub fn finish(&self) -> Result<(), JoiningError> {
         match std::fs::remove_file(&self.marker) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing {}: {e}", self.marker.display())),
+            Err(e) => return Err(JoiningError::io("removing", &self.marker, e)),
         }
         sync_parent(&self.marker)
     }
@@ -133,22 +161,22 @@ impl Joining {
 
 /// Writes `text` to `path` through a file beside it, synced, then renamed
 /// over it.
-fn write_synced(path: &Path, text: &str) -> Result<(), String> {
+fn write_synced(path: &Path, text: &str) -> Result<(), JoiningError> {
     let next = path.with_extension("next");
     std::fs::write(&next, text)
         .and_then(|()| std::fs::File::open(&next)?.sync_all())
         .and_then(|()| std::fs::rename(&next, path))
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        .map_err(|e| JoiningError::io("writing", path, e))?;
     sync_parent(path)
 }
 
-fn sync_parent(path: &Path) -> Result<(), String> {
+fn sync_parent(path: &Path) -> Result<(), JoiningError> {
     let Some(dir) = path.parent() else {
         return Ok(());
     };
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| format!("syncing {}: {e}", dir.display()))
+        .map_err(|e| JoiningError::io("syncing", dir, e))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! replicated log.
 //!
 //! The member's server serves clients only while the member leads and has
-//! proven it ([`Leadership`]): on becoming leader it first confirms it with a
+//! proven it (`Leadership`): on becoming leader it first confirms it with a
 //! quorum and applies everything committed, then gives every session a full
 //! fresh timeout. A member that stops leading sends its clients to the new
 //! leader. Proposals go to openraft in the order they are made (one proposer
@@ -28,10 +28,10 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::{info, warn};
 
 use crate::admin::Status;
-use crate::joining::Joining;
-use crate::log_store::LogStore;
+use crate::joining::{Joining, JoiningError};
+use crate::log_store::{LogStore, StoreError};
 use crate::network::{self, Network};
-use crate::state_machine::StateMachineStore;
+use crate::state_machine::{SnapshotError, StateMachineStore};
 use crate::types::{Change, Member, NodeId, Raft};
 
 /// How a member is set up.
@@ -94,6 +94,15 @@ pub enum MemberError {
     Server(#[from] ServerError),
     #[error("{0}")]
     Storage(String),
+    /// The replicated log could not be read.
+    #[error(transparent)]
+    Log(#[from] StoreError),
+    /// The member's snapshot could not be read.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// The joining marker could not be kept.
+    #[error(transparent)]
+    Joining(#[from] JoiningError),
     #[error("the replicated log could not start: {0}")]
     Raft(String),
     #[error("{0}")]
@@ -142,17 +151,14 @@ impl ClusterMember {
             DataDir::open(&config.data_dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let raft_dir = config.data_dir.join("raft");
         // No membership stored and none given: a member being added.
-        let fresh = config.initial.is_none()
-            && crate::log_store::stored_members(&raft_dir)
-                .map_err(MemberError::Storage)?
-                .is_none();
-        let joining = Joining::open(&raft_dir, config.id, fresh).map_err(MemberError::Storage)?;
-        let log = LogStore::open(&raft_dir, config.fsync).map_err(MemberError::Storage)?;
+        let fresh =
+            config.initial.is_none() && crate::log_store::stored_members(&raft_dir)?.is_none();
+        let joining = Joining::open(&raft_dir, config.id, fresh)?;
+        let log = LogStore::open(&raft_dir, config.fsync)?;
         let mut server_config = config.server.clone();
         server_config.data_dir = None;
         let (server, applier) = Server::member(clients, server_config)?;
-        let sm = StateMachineStore::open(&raft_dir, applier.clone(), joining.clone())
-            .map_err(MemberError::Storage)?;
+        let sm = StateMachineStore::open(&raft_dir, applier.clone(), joining.clone())?;
         let election = config.election_timeout.as_millis() as u64;
         let raft_config = openraft::Config {
             cluster_name: "baton".into(),
@@ -247,7 +253,7 @@ impl ClusterMember {
     /// failed) stops the member too, and so does learning that it was
     /// removed from the cluster (it logs why, and returns `Ok`: there is
     /// nothing to start again), or that its log went back (see
-    /// [`network`](crate::network)).
+    /// [`network`]).
     ///
     /// # Errors
     /// As [`Server::run`], [`ServerError::ReplicationStopped`], or

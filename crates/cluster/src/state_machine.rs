@@ -62,12 +62,70 @@ struct Position {
     membership: StoredMembership,
 }
 
-fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+/// Why a member's snapshot could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The snapshot file could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The snapshot file holds something other than a snapshot.
+    #[error("{}: {why}", path.display())]
+    Damaged {
+        path: PathBuf,
+        #[source]
+        why: SnapshotDamage,
+    },
+    /// The metadata of a snapshot to write does not encode.
+    #[error(transparent)]
+    Encode(bincode::Error),
+    /// The directory of a snapshot to write could not be made.
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A snapshot could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What is wrong with a snapshot's bytes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotDamage {
+    /// The record of its metadata is damaged.
+    #[error("the snapshot's metadata is damaged")]
+    Metadata,
+    /// The record of its metadata holds but does not decode.
+    #[error("the snapshot's metadata does not decode: {0}")]
+    MetadataDecode(#[source] bincode::Error),
+    /// The state after the metadata, damaged at the offset the error
+    /// gives (from the start of the snapshot).
+    #[error("damaged {0}")]
+    State(#[source] snapshot::Corrupt),
+    /// Installed, it is not the snapshot it was sent as.
+    #[error("the snapshot's metadata does not match what was sent with it")]
+    NotAsSent,
+}
+
+/// `e` as openraft's storage error: its message first, then those of its
+/// sources.
+fn snapshot_error(verb: ErrorVerb, e: &(dyn std::error::Error + 'static)) -> StorageError {
     StorageError::IO {
         source: StorageIOError::new(
             ErrorSubject::Snapshot(None),
             verb,
-            openraft::AnyError::error(e.to_string()),
+            openraft::AnyError::error(e),
         ),
     }
 }
@@ -82,7 +140,7 @@ impl StateMachineStore {
         dir: &Path,
         applier: Applier,
         joining: Option<Arc<Joining>>,
-    ) -> Result<StateMachineStore, String> {
+    ) -> Result<StateMachineStore, SnapshotError> {
         let path = dir.join("snapshot");
         let store = StateMachineStore {
             inner: Arc::new(Inner {
@@ -96,14 +154,15 @@ impl StateMachineStore {
         };
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let meta = store
-                    .load(&bytes)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let meta = store.load(&bytes).map_err(|why| SnapshotError::Damaged {
+                    path: path.clone(),
+                    why,
+                })?;
                 info!(last = ?meta.last_log_id, "state restored from the member's snapshot");
                 *store.current() = Some((meta, Arc::new(bytes)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+            Err(source) => return Err(SnapshotError::Read { path, source }),
         }
         Ok(store)
     }
@@ -117,14 +176,18 @@ impl StateMachineStore {
     }
 
     /// Installs the state a snapshot's bytes hold, returning its metadata.
-    fn load(&self, bytes: &[u8]) -> Result<SnapshotMeta, String> {
+    fn load(&self, bytes: &[u8]) -> Result<SnapshotMeta, SnapshotDamage> {
         let Frame::Whole { payload, size } = record::read_frame(bytes) else {
-            return Err("the snapshot's metadata is damaged".into());
+            return Err(SnapshotDamage::Metadata);
         };
-        let meta: SnapshotMeta = bincode::deserialize(payload)
-            .map_err(|e| format!("the snapshot's metadata does not decode: {e}"))?;
-        let sm = snapshot::decode(&bytes[size..])
-            .map_err(|c| format!("damaged at byte {}: {}", c.offset + size, c.what))?;
+        let meta: SnapshotMeta =
+            bincode::deserialize(payload).map_err(SnapshotDamage::MetadataDecode)?;
+        let sm = snapshot::decode(&bytes[size..]).map_err(|c| {
+            SnapshotDamage::State(snapshot::Corrupt {
+                offset: c.offset + size,
+                what: c.what,
+            })
+        })?;
         let mut applied = self.applied();
         self.inner.applier.install(sm);
         applied.last = meta.last_log_id;
@@ -141,12 +204,20 @@ impl StateMachineStore {
 ///
 /// # Errors
 /// The file cannot be read, or its metadata is damaged.
-pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, String> {
+pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, SnapshotError> {
     use std::io::Read;
+    let read_error = |source| SnapshotError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let damaged = |why| SnapshotError::Damaged {
+        path: path.to_owned(),
+        why,
+    };
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        Err(e) => return Err(read_error(e)),
     };
     // The metadata record is small (the membership's addresses); read a
     // bounded prefix, not the whole state.
@@ -154,19 +225,13 @@ pub fn snapshot_meta(path: &Path) -> Result<Option<SnapshotMeta>, String> {
     (&mut file)
         .take(1 << 20)
         .read_to_end(&mut head)
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        .map_err(read_error)?;
     let Frame::Whole { payload, .. } = record::read_frame(&head) else {
-        return Err(format!(
-            "{}: the snapshot's metadata is damaged",
-            path.display()
-        ));
+        return Err(damaged(SnapshotDamage::Metadata));
     };
-    bincode::deserialize(payload).map(Some).map_err(|e| {
-        format!(
-            "{}: the snapshot's metadata does not decode: {e}",
-            path.display()
-        )
-    })
+    bincode::deserialize(payload)
+        .map(Some)
+        .map_err(|e| damaged(SnapshotDamage::MetadataDecode(e)))
 }
 
 /// A member's snapshot file: the metadata's record (`header`, bincode),
@@ -193,7 +258,7 @@ pub fn write_seed(
     id: crate::NodeId,
     member: crate::Member,
     state: &baton_state::StateMachine,
-) -> Result<(), String> {
+) -> Result<(), SnapshotError> {
     let first = LogId::new(openraft::CommittedLeaderId::new(0, 0), 0);
     let voters = std::collections::BTreeSet::from([id]);
     let nodes = std::collections::BTreeMap::from([(id, member)]);
@@ -217,14 +282,16 @@ pub fn write_snapshot(
     raft_dir: &Path,
     meta: &SnapshotMeta,
     state: &baton_state::StateMachine,
-) -> Result<(), String> {
-    let header = bincode::serialize(meta).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(raft_dir)
-        .map_err(|e| format!("cannot create {}: {e}", raft_dir.display()))?;
+) -> Result<(), SnapshotError> {
+    let header = bincode::serialize(meta).map_err(SnapshotError::Encode)?;
+    std::fs::create_dir_all(raft_dir).map_err(|source| SnapshotError::Create {
+        path: raft_dir.to_owned(),
+        source,
+    })?;
     let path = raft_dir.join("snapshot");
     encode(&header, state)
         .and_then(|bytes| save(&path, &bytes))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|source| SnapshotError::Write { path, source })
 }
 
 /// Writes a snapshot's bytes to `path` in one step, synced.
@@ -261,15 +328,15 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             snapshot_id: format!("{}-{n}", position.last.map_or(0, |l| l.index)),
         };
         let path = self.inner.path.clone();
-        let header = bincode::serialize(&meta).map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        let header = bincode::serialize(&meta).map_err(|e| snapshot_error(ErrorVerb::Write, &e))?;
         let bytes = tokio::task::spawn_blocking(move || {
             let bytes = encode(&header, &state)?;
             save(&path, &bytes)?;
             Ok::<_, std::io::Error>(bytes)
         })
         .await
-        .map_err(|e| snapshot_error(ErrorVerb::Write, e))?
-        .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        .map_err(|e| snapshot_error(ErrorVerb::Write, &e))?
+        .map_err(|e| snapshot_error(ErrorVerb::Write, &e))?;
         let bytes = Arc::new(bytes);
         *self.current() = Some((meta.clone(), bytes.clone()));
         Ok(Snapshot {
@@ -328,19 +395,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let bytes = snapshot.into_inner();
         let loaded = self
             .load(&bytes)
-            .map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+            .map_err(|e| snapshot_error(ErrorVerb::Read, &e))?;
         if loaded.last_log_id != meta.last_log_id {
-            return Err(snapshot_error(
-                ErrorVerb::Read,
-                "the snapshot's metadata does not match what was sent with it",
-            ));
+            return Err(snapshot_error(ErrorVerb::Read, &SnapshotDamage::NotAsSent));
         }
         let path = self.inner.path.clone();
         let to_save = bytes.clone();
         tokio::task::spawn_blocking(move || save(&path, &to_save))
             .await
-            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?
-            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+            .map_err(|e| snapshot_error(ErrorVerb::Write, &e))?
+            .map_err(|e| snapshot_error(ErrorVerb::Write, &e))?;
         info!(last = ?meta.last_log_id, bytes = bytes.len(), "snapshot installed");
         *self.current() = Some((meta.clone(), Arc::new(bytes)));
         Ok(())

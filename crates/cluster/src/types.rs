@@ -85,18 +85,29 @@ impl<'de> Deserialize<'de> for Change {
     }
 }
 
-fn decode_change(mut bytes: &[u8]) -> Result<Vec<Proposal>, String> {
+/// Why the bytes of an entry are not a [`Change`].
+#[derive(Debug, thiserror::Error)]
+enum ChangeDecodeError {
+    #[error("an entry ends inside a proposal's length")]
+    EndsInLength,
+    #[error("an entry ends inside a proposal")]
+    EndsInProposal,
+    #[error(transparent)]
+    Proposal(#[from] baton_proto::DecodeError),
+}
+
+fn decode_change(mut bytes: &[u8]) -> Result<Vec<Proposal>, ChangeDecodeError> {
     let mut out = Vec::new();
     while !bytes.is_empty() {
         let (len, rest) = bytes
             .split_first_chunk::<4>()
-            .ok_or("an entry ends inside a proposal's length")?;
+            .ok_or(ChangeDecodeError::EndsInLength)?;
         let len = u32::from_be_bytes(*len) as usize;
         if rest.len() < len {
-            return Err("an entry ends inside a proposal".into());
+            return Err(ChangeDecodeError::EndsInProposal);
         }
         let (body, rest) = rest.split_at(len);
-        out.push(decode_proposal(body).map_err(|e| e.to_string())?);
+        out.push(decode_proposal(body)?);
         bytes = rest;
     }
     Ok(out)

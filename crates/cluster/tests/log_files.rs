@@ -312,7 +312,10 @@ async fn votes_are_written_in_turn_and_a_torn_one_leaves_the_one_before() {
 
     // Both slots damaged: the member refuses to start, naming the file.
     std::fs::write(&path, [7u8; 128]).unwrap();
-    let refused = LogStore::open(&dir, FsyncPolicy::Always).err().unwrap();
+    let refused = LogStore::open(&dir, FsyncPolicy::Always)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         refused.contains("votes") && refused.contains("damaged"),
         "{refused}"

@@ -9,6 +9,8 @@ use baton_state::format::record::{self, Frame};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::StoreError;
+
 pub(super) fn encode_small<T: Serialize>(value: &T) -> Vec<u8> {
     let payload = bincode::serialize(value).expect("small values serialize");
     let mut out = Vec::new();
@@ -17,20 +19,24 @@ pub(super) fn encode_small<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Reads a small file written by [`write_atomic`]; `None` if absent.
-pub(super) fn read_small<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
+pub(super) fn read_small<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StoreError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        Err(e) => return Err(StoreError::io("reading", path, e)),
     };
     match record::read_frame(&bytes) {
-        Frame::Whole { payload, .. } => bincode::deserialize(payload)
-            .map(Some)
-            .map_err(|e| format!("{} does not decode: {e}", path.display())),
-        _ => Err(format!(
-            "{} is damaged; restore the data directory from a copy, or wipe it to have the member catch up from the others",
-            path.display()
-        )),
+        Frame::Whole { payload, .. } => {
+            bincode::deserialize(payload)
+                .map(Some)
+                .map_err(|source| StoreError::Undecodable {
+                    path: path.to_owned(),
+                    source,
+                })
+        }
+        _ => Err(StoreError::DamagedFile {
+            path: path.to_owned(),
+        }),
     }
 }
 
@@ -41,27 +47,27 @@ pub(super) fn write_atomic(
     path: &Path,
     bytes: &[u8],
     sync: bool,
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     let tmp = path.with_extension("tmp");
     let mut file = disk_faults::before_create()
         .and_then(|()| File::create(&tmp))
-        .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+        .map_err(|e| StoreError::io("creating", &tmp, e))?;
     file.write_all(bytes)
-        .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        .map_err(|e| StoreError::io("writing", &tmp, e))?;
     if sync {
         file.sync_all()
-            .map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
+            .map_err(|e| StoreError::io("syncing", &tmp, e))?;
     }
     drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| StoreError::io("renaming", &tmp, e))?;
     if sync {
         sync_dir(dir)?;
     }
     Ok(())
 }
 
-pub(super) fn sync_dir(dir: &Path) -> Result<(), String> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| format!("syncing {}: {e}", dir.display()))
+        .map_err(|e| StoreError::io("syncing", dir, e))
 }

@@ -30,7 +30,8 @@
 //! - `writer.rs`: segments and batches written and synced;
 //! - `recovery.rs`: the log read back at start;
 //! - `votes.rs`: the vote's two slots;
-//! - `files.rs`: small files written whole, and directory syncs.
+//! - `files.rs`: small files written whole, and directory syncs;
+//! - `error.rs`: why the log could not be read or written.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -45,6 +46,7 @@ use tracing::warn;
 
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
+mod error;
 mod files;
 mod recovery;
 mod votes;
@@ -55,19 +57,24 @@ use recovery::{recover, Repair};
 use votes::{create_votes, open_votes, read_votes, Votes};
 use writer::{Writer, SEGMENT_BYTES};
 
+pub use error::{BatchDamage, SegmentDamage, StoreError};
 pub use recovery::stored_members;
 
+/// `e` as openraft's storage error: its message first, then those of its
+/// sources.
 fn io_error(
     verb: ErrorVerb,
     subject: ErrorSubject<u64>,
-    e: impl std::fmt::Display,
+    e: &(dyn std::error::Error + 'static),
 ) -> StorageError {
+    // openraft keeps an error as text: the message alone, which names its
+    // cause already.
     StorageError::IO {
-        source: StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())),
+        source: StorageIOError::new(subject, verb, openraft::AnyError::error(e)),
     }
 }
 
-fn log_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+fn log_error(verb: ErrorVerb, e: &(dyn std::error::Error + 'static)) -> StorageError {
     io_error(verb, ErrorSubject::Logs, e)
 }
 
@@ -112,7 +119,7 @@ impl LogStore {
     /// # Errors
     /// Damage in the log other than a torn last write, or an I/O error,
     /// each naming the file.
-    pub fn open(dir: &Path, fsync: FsyncPolicy) -> Result<LogStore, String> {
+    pub fn open(dir: &Path, fsync: FsyncPolicy) -> Result<LogStore, StoreError> {
         Self::open_with_segments_of(dir, fsync, SEGMENT_BYTES)
     }
 
@@ -123,8 +130,8 @@ impl LogStore {
         dir: &Path,
         fsync: FsyncPolicy,
         segment_bytes: u64,
-    ) -> Result<LogStore, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    ) -> Result<LogStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
         // The vote: from `votes`, or, in a directory an earlier member
         // kept, from `vote`, moved into a `votes` file now (if no file can
         // be made now, at the next vote).
@@ -251,7 +258,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
             }
         })
-        .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, e))?;
+        .map_err(|e| io_error(ErrorVerb::Write, ErrorSubject::Vote, &e))?;
         self.state().vote = Some(*vote);
         Ok(())
     }
@@ -292,7 +299,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 record::frame(&mut batch, |out| {
                     encoded = bincode::serialize_into(out, &entry);
                 });
-                encoded.map_err(|e| log_error(ErrorVerb::Write, e))?;
+                encoded.map_err(|e| log_error(ErrorVerb::Write, &e))?;
                 st.entries.insert(index, entry);
                 indexes.push(index);
             }
@@ -313,20 +320,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.state().entries.split_off(&log_id.index);
         blocking(|| self.writer().truncate(log_id.index))
-            .map_err(|e| log_error(ErrorVerb::Write, e))
+            .map_err(|e| log_error(ErrorVerb::Write, &e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let path = self.inner.dir.join("purged");
         let bytes = encode_small(&Some(log_id));
         blocking(|| write_atomic(&self.inner.dir, &path, &bytes, true))
-            .map_err(|e| log_error(ErrorVerb::Delete, e))?;
+            .map_err(|e| log_error(ErrorVerb::Delete, &e))?;
         {
             let mut st = self.state();
             let kept = st.entries.split_off(&(log_id.index + 1));
             st.entries = kept;
             st.purged = Some(log_id);
         }
-        blocking(|| self.writer().purge(log_id.index)).map_err(|e| log_error(ErrorVerb::Delete, e))
+        blocking(|| self.writer().purge(log_id.index)).map_err(|e| log_error(ErrorVerb::Delete, &e))
     }
 }

@@ -12,6 +12,7 @@ use tracing::warn;
 
 use super::files::read_small;
 use super::writer::SegmentInfo;
+use super::{BatchDamage, SegmentDamage, StoreError};
 use crate::types::{Entry, LogId, Member, NodeId};
 
 pub(super) struct Recovered {
@@ -35,7 +36,7 @@ pub(super) enum Repair {
 ///
 /// # Errors
 /// Damage in the log or the snapshot's metadata, naming the file.
-pub fn stored_members(dir: &Path) -> Result<Option<BTreeMap<NodeId, Member>>, String> {
+pub fn stored_members(dir: &Path) -> Result<Option<BTreeMap<NodeId, Member>>, StoreError> {
     if !dir.exists() {
         return Ok(None);
     }
@@ -68,9 +69,9 @@ pub(super) fn recover(
     dir: &Path,
     purged: Option<u64>,
     repair: Repair,
-) -> Result<Recovered, String> {
+) -> Result<Recovered, StoreError> {
     let listed: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
-        .map_err(|e| format!("listing {}: {e}", dir.display()))?
+        .map_err(|e| StoreError::io("listing", dir, e))?
         .filter_map(|e| e.ok())
         .collect();
     // A segment being rewritten by a truncation when the member stopped:
@@ -78,7 +79,7 @@ pub(super) fn recover(
     for e in &listed {
         if repair == Repair::Yes && e.file_name().to_string_lossy().ends_with(".seg.tmp") {
             std::fs::remove_file(e.path())
-                .map_err(|err| format!("removing {}: {err}", e.path().display()))?;
+                .map_err(|err| StoreError::io("removing", e.path(), err))?;
         }
     }
     let mut names: Vec<(u64, PathBuf)> = listed
@@ -97,12 +98,12 @@ pub(super) fn recover(
     // A last segment created by a rotation whose header never reached the
     // disk (a crash right after it) holds nothing.
     while let Some((_, path)) = names.last() {
-        let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let bytes = std::fs::read(path).map_err(|e| StoreError::io("reading", path, e))?;
         if !bytes.iter().all(|b| *b == 0) {
             break;
         }
         if repair == Repair::Yes {
-            std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+            std::fs::remove_file(path).map_err(|e| StoreError::io("removing", path, e))?;
         }
         names.pop();
     }
@@ -113,24 +114,23 @@ pub(super) fn recover(
         let mut bytes = Vec::new();
         File::open(&path)
             .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let damaged = |offset: usize, what: &str| {
-            format!(
-                "{} is damaged at byte offset {offset}: {what}. The member does not start on a damaged log and changed nothing; restore its data directory from a copy, or wipe it to have the member catch up from the others",
-                path.display()
-            )
+            .map_err(|e| StoreError::io("reading", &path, e))?;
+        let damaged = |offset: usize, why: SegmentDamage| StoreError::Damaged {
+            path: path.clone(),
+            offset,
+            why,
         };
         let layout = match segment::layout(&bytes) {
             Ok(l) if l.kind == Kind::Replicated => l,
-            Ok(_) => return Err(damaged(0, "not a segment of a replicated log")),
+            Ok(_) => return Err(damaged(0, SegmentDamage::NotReplicated)),
             Err(LayoutError::Short) if i == last => {
                 // Created, never written: a crash right after the rotation.
                 if repair == Repair::Yes {
-                    std::fs::remove_file(&path).map_err(|e| e.to_string())?;
+                    std::fs::remove_file(&path).map_err(StoreError::Unnamed)?;
                 }
                 continue;
             }
-            Err(why) => return Err(damaged(0, &why.to_string())),
+            Err(why) => return Err(damaged(0, why.into())),
         };
         let mut info = SegmentInfo {
             first,
@@ -162,16 +162,16 @@ pub(super) fn recover(
                             let file = OpenOptions::new()
                                 .write(true)
                                 .open(&path)
-                                .map_err(|e| e.to_string())?;
+                                .map_err(StoreError::Unnamed)?;
                             file.set_len(at as u64)
                                 .and_then(|()| file.sync_all())
-                                .map_err(|e| format!("cutting {}: {e}", path.display()))?;
+                                .map_err(|e| StoreError::io("cutting", &path, e))?;
                         }
                         info.len = at as u64;
                         info.allocated = at as u64;
                         break;
                     }
-                    return Err(damaged(at, &why));
+                    return Err(damaged(at, why.into()));
                 }
             }
         }
@@ -185,11 +185,11 @@ pub(super) fn recover(
     for index in entries.keys() {
         if let Some(e) = expect {
             if *index != e {
-                return Err(format!(
-                    "the replicated log in {} skips from entry {} to {index}",
-                    dir.display(),
-                    e - 1
-                ));
+                return Err(StoreError::Gap {
+                    dir: dir.to_owned(),
+                    after: e - 1,
+                    next: *index,
+                });
             }
         }
         expect = Some(index + 1);
@@ -198,20 +198,19 @@ pub(super) fn recover(
 }
 
 /// The entries of the batch at `at`.
-pub(super) fn read_entries(bytes: &[u8], at: usize) -> Result<(Vec<Entry>, usize), String> {
-    let (records, end) = segment::read_batch(bytes, at).map_err(|e| e.to_string())?;
+pub(super) fn read_entries(bytes: &[u8], at: usize) -> Result<(Vec<Entry>, usize), BatchDamage> {
+    let (records, end) = segment::read_batch(bytes, at)?;
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < records.len() {
         match record::read_frame(&records[pos..]) {
             Frame::Whole { payload, size } => {
-                let entry: Entry = bincode::deserialize(payload)
-                    .map_err(|e| format!("an entry does not decode: {e}"))?;
+                let entry: Entry = bincode::deserialize(payload).map_err(BatchDamage::Entry)?;
                 out.push(entry);
                 pos += size;
             }
-            Frame::Short => return Err("a record runs past the end of its batch".into()),
-            Frame::Invalid(why) => return Err(why.to_string()),
+            Frame::Short => return Err(BatchDamage::RecordPastBatch),
+            Frame::Invalid(why) => return Err(why.into()),
         }
     }
     Ok((out, end))

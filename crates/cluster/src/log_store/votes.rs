@@ -7,6 +7,7 @@ use baton_server::persist::disk_faults;
 use baton_state::format::record::{self, Frame};
 
 use super::files::write_atomic;
+use super::StoreError;
 use crate::types::Vote;
 
 /// The `votes` file: two slots, written in turn, so that a vote is saved
@@ -34,11 +35,11 @@ pub(super) fn vote_slot(seq: u64, vote: Option<&Vote>) -> [u8; VOTE_SLOT] {
 
 /// The vote `votes` holds, with its sequence number; `None` if there is no
 /// such file.
-pub(super) fn read_votes(path: &Path) -> Result<Option<(u64, Option<Vote>)>, String> {
+pub(super) fn read_votes(path: &Path) -> Result<Option<(u64, Option<Vote>)>, StoreError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        Err(e) => return Err(StoreError::io("reading", path, e)),
     };
     let best = bytes
         .chunks(VOTE_SLOT)
@@ -52,16 +53,15 @@ pub(super) fn read_votes(path: &Path) -> Result<Option<(u64, Option<Vote>)>, Str
         .max_by_key(|(seq, _)| *seq);
     match best {
         Some(best) => Ok(Some(best)),
-        None => Err(format!(
-            "{} is damaged (neither of its slots holds a vote); restore the data directory from a copy, or wipe it to have the member catch up from the others",
-            path.display()
-        )),
+        None => Err(StoreError::DamagedVotes {
+            path: path.to_owned(),
+        }),
     }
 }
 
 /// Makes the `votes` file, holding `vote` (in one step: a temporary file
 /// renamed into place), and opens it for the votes to come.
-pub(super) fn create_votes(dir: &Path, vote: Option<&Vote>) -> Result<Votes, String> {
+pub(super) fn create_votes(dir: &Path, vote: Option<&Vote>) -> Result<Votes, StoreError> {
     let path = dir.join("votes");
     let mut bytes = vote_slot(0, vote).to_vec();
     bytes.extend_from_slice(&[0u8; VOTE_SLOT]);
@@ -71,18 +71,18 @@ pub(super) fn create_votes(dir: &Path, vote: Option<&Vote>) -> Result<Votes, Str
     open_votes(&path, 0)
 }
 
-pub(super) fn open_votes(path: &Path, seq: u64) -> Result<Votes, String> {
+pub(super) fn open_votes(path: &Path, seq: u64) -> Result<Votes, StoreError> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map(|file| Votes { file, seq })
-        .map_err(|e| format!("opening {}: {e}", path.display()))
+        .map_err(|e| StoreError::io("opening", path, e))
 }
 
 impl Votes {
     /// Writes `vote` over the older slot, and syncs it.
-    pub(super) fn save(&mut self, vote: &Vote, path: &Path) -> Result<(), String> {
+    pub(super) fn save(&mut self, vote: &Vote, path: &Path) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let seq = self.seq + 1;
         let slot = vote_slot(seq, Some(vote));
@@ -99,7 +99,7 @@ impl Votes {
                 disk_faults::before_sync();
                 self.file.sync_data()
             })
-            .map_err(|e| format!("writing the vote to {}: {e}", path.display()))?;
+            .map_err(|e| StoreError::io("writing the vote to", path, e))?;
         self.seq = seq;
         Ok(())
     }

@@ -5,6 +5,7 @@ use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use baton_server::persist::disk_faults;
 use baton_state::format::record::{self, Frame};
@@ -14,6 +15,7 @@ use openraft::RaftLogId;
 use tracing::warn;
 
 use super::files::{encode_small, sync_dir};
+use super::StoreError;
 use crate::types::{Entry, LogId};
 
 /// Where a segment's entries are: its first index, and for each entry the
@@ -43,7 +45,7 @@ pub(super) struct Writer {
     /// The committed file, once opened.
     pub(super) committed: Option<File>,
     /// Why a write failed, once one has: nothing is appended after it.
-    pub(super) broken: Option<String>,
+    pub(super) broken: Option<Arc<StoreError>>,
     /// Whether the last segment is past its size because its successor
     /// could not be made (said once, until one is made).
     pub(super) overfull: bool,
@@ -80,22 +82,20 @@ impl Writer {
 
     /// Writes one batch (of the entries at `indexes`) and, with `--fsync
     /// always`, syncs it.
-    pub(super) fn append(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), String> {
+    pub(super) fn append(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), StoreError> {
         if let Some(why) = &self.broken {
-            return Err(format!(
-                "an earlier write of the replicated log failed: {why}"
-            ));
+            return Err(StoreError::Broken(Arc::clone(why)));
         }
-        let result = self.write_batch(indexes, batch);
-        if let Err(e) = &result {
+        self.write_batch(indexes, batch).map_err(|e| {
             // Whatever part of the batch reached the file is a torn last
             // write, which recovery drops; nothing may be written after it.
-            self.broken = Some(e.clone());
-        }
-        result
+            let e = Arc::new(e);
+            self.broken = Some(Arc::clone(&e));
+            StoreError::Failed(e)
+        })
     }
 
-    pub(super) fn write_batch(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), String> {
+    pub(super) fn write_batch(&mut self, indexes: &[u64], batch: &[u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         let first = indexes[0];
         if self
@@ -132,7 +132,10 @@ impl Writer {
             let file = self.current_file()?;
             file.write_all_at(&zeros, allocated)
                 .and_then(|()| file.sync_data())
-                .map_err(|e| format!("extending the replicated log: {e}"))?;
+                .map_err(|source| StoreError::Log {
+                    what: "extending",
+                    source,
+                })?;
             self.segments.last_mut().expect("a segment").allocated = upto;
         }
         let file = self.current_file()?;
@@ -142,11 +145,16 @@ impl Writer {
                 .and_then(|()| Err(disk_faults::no_space())),
             None => file.write_all_at(batch, at),
         };
-        written.map_err(|e| format!("writing the replicated log: {e}"))?;
+        written.map_err(|source| StoreError::Log {
+            what: "writing",
+            source,
+        })?;
         if sync {
             disk_faults::before_sync();
-            file.sync_data()
-                .map_err(|e| format!("syncing the replicated log: {e}"))?;
+            file.sync_data().map_err(|source| StoreError::Log {
+                what: "syncing",
+                source,
+            })?;
         }
         let seg = self.segments.last_mut().expect("a segment");
         for index in indexes {
@@ -157,13 +165,13 @@ impl Writer {
         Ok(())
     }
 
-    pub(super) fn current_file(&mut self) -> Result<&mut File, String> {
+    pub(super) fn current_file(&mut self) -> Result<&mut File, StoreError> {
         if self.current.is_none() {
-            let seg = self.segments.last().ok_or("no segment")?;
+            let seg = self.segments.last().ok_or(StoreError::NoSegment)?;
             let file = OpenOptions::new()
                 .write(true)
                 .open(&seg.path)
-                .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
+                .map_err(|e| StoreError::io("opening", &seg.path, e))?;
             self.current = Some(file);
         }
         Ok(self.current.as_mut().expect("opened above"))
@@ -184,26 +192,26 @@ impl Writer {
     /// the zeros past its data and is synced before the next one exists
     /// (only the last segment may end in zeros). Once the next one could
     /// not be made, appends to it write zeros ahead again.
-    pub(super) fn close_last(&mut self) -> Result<(), String> {
+    pub(super) fn close_last(&mut self) -> Result<(), StoreError> {
         if let Some(seg) = self.segments.last_mut() {
             let file = OpenOptions::new()
                 .write(true)
                 .open(&seg.path)
-                .map_err(|e| format!("opening {}: {e}", seg.path.display()))?;
+                .map_err(|e| StoreError::io("opening", &seg.path, e))?;
             if seg.allocated > seg.len {
                 file.set_len(seg.len)
-                    .map_err(|e| format!("cutting {}: {e}", seg.path.display()))?;
+                    .map_err(|e| StoreError::io("cutting", &seg.path, e))?;
                 seg.allocated = seg.len;
             }
             file.sync_all()
-                .map_err(|e| format!("syncing {}: {e}", seg.path.display()))?;
+                .map_err(|e| StoreError::io("syncing", &seg.path, e))?;
         }
         self.current = None;
         Ok(())
     }
 
     /// Starts a new last segment, whose first entry is `first`.
-    pub(super) fn start_segment(&mut self, first: u64) -> Result<(), String> {
+    pub(super) fn start_segment(&mut self, first: u64) -> Result<(), StoreError> {
         let path = self.dir.join(segment_name(first));
         let mut file = disk_faults::before_create()
             .and_then(|()| {
@@ -213,11 +221,11 @@ impl Writer {
                     .write(true)
                     .open(&path)
             })
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+            .map_err(|e| StoreError::io("creating", &path, e))?;
         let header = segment::header_of(self.fsync, Kind::Replicated);
         file.write_all(&header)
             .and_then(|()| file.sync_all())
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            .map_err(|e| StoreError::io("writing", &path, e))?;
         sync_dir(&self.dir)?;
         self.segments.push(SegmentInfo {
             first,
@@ -236,13 +244,13 @@ impl Writer {
     /// their own. The cut segment is written whole to a new file renamed
     /// over it, so that a crash leaves either the old segment or the new
     /// one, never the kept entries lost (they may be committed).
-    pub(super) fn truncate(&mut self, from: u64) -> Result<(), String> {
+    pub(super) fn truncate(&mut self, from: u64) -> Result<(), StoreError> {
         self.current = None;
         let mut removed = false;
         while self.segments.last().is_some_and(|s| s.first >= from) {
             let seg = self.segments.pop().expect("checked");
             std::fs::remove_file(&seg.path)
-                .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+                .map_err(|e| StoreError::io("removing", &seg.path, e))?;
             removed = true;
         }
         if removed {
@@ -257,9 +265,8 @@ impl Writer {
         let mut bytes = Vec::new();
         File::open(&seg.path)
             .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(|e| format!("reading {}: {e}", seg.path.display()))?;
-        let (records, _) =
-            segment::read_batch(&bytes, offset as usize).map_err(|e| e.to_string())?;
+            .map_err(|e| StoreError::io("reading", &seg.path, e))?;
+        let (records, _) = segment::read_batch(&bytes, offset as usize)?;
         let kept = keep_before(records, from)?;
         bytes.truncate(offset as usize);
         if !kept.is_empty() {
@@ -274,7 +281,7 @@ impl Writer {
             .and_then(|()| File::create(&tmp))
             .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, &seg.path));
-        written.map_err(|e| format!("rewriting {}: {e}", seg.path.display()))?;
+        written.map_err(|e| StoreError::io("rewriting", &seg.path, e))?;
         sync_dir(&self.dir)?;
         seg.batches.retain(|_, o| *o < offset);
         for (index, _) in &kept {
@@ -287,12 +294,12 @@ impl Writer {
 
     /// Removes the segments whose every entry is at most `upto` (all but
     /// the last).
-    pub(super) fn purge(&mut self, upto: u64) -> Result<(), String> {
+    pub(super) fn purge(&mut self, upto: u64) -> Result<(), StoreError> {
         let mut removed = false;
         while self.segments.len() > 1 && self.segments[1].first <= upto + 1 {
             let seg = self.segments.remove(0);
             std::fs::remove_file(&seg.path)
-                .map_err(|e| format!("removing {}: {e}", seg.path.display()))?;
+                .map_err(|e| StoreError::io("removing", &seg.path, e))?;
             removed = true;
         }
         if removed {
@@ -316,14 +323,14 @@ pub(super) fn segment_name(first: u64) -> String {
 
 /// The indexes and payloads of the records in `records` whose entries come
 /// before index `from`.
-pub(super) fn keep_before(records: &[u8], from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+pub(super) fn keep_before(records: &[u8], from: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let mut kept = Vec::new();
     let mut at = 0;
     while at < records.len() {
         let Frame::Whole { payload, size } = record::read_frame(&records[at..]) else {
-            return Err("a damaged record in a batch being cut".into());
+            return Err(StoreError::DamagedRecord);
         };
-        let entry: Entry = bincode::deserialize(payload).map_err(|e| e.to_string())?;
+        let entry: Entry = bincode::deserialize(payload).map_err(StoreError::Decode)?;
         let index = entry.get_log_id().index;
         if index < from {
             kept.push((index, payload.to_vec()));

@@ -8,22 +8,31 @@ use tokio::sync::watch;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tracing::{debug, info};
 
+use crate::joining::JoiningError;
 use crate::types::{LogId, NodeId, Raft};
 
 use super::answering::Answering;
 use super::tls::PeerIo;
 use super::wire::*;
 
+/// A leader's word that this member's log went back, refused: the log
+/// holds the index the leader says it lost.
+#[derive(Debug, thiserror::Error)]
+#[error("this member's log holds index {held} (it ends at {last})")]
+pub(super) struct StillHeld {
+    held: u64,
+    last: u64,
+}
+
 /// The leader says this member held the log up to `held` and now lacks
 /// entries at or below it: if its log indeed ends before `held`, it stops.
-pub(super) fn went_back(answering: &Answering, held: LogId) -> Result<(), String> {
+pub(super) fn went_back(answering: &Answering, held: LogId) -> Result<(), StillHeld> {
     let last = answering.raft.metrics().borrow().last_log_index;
-    if last.is_some_and(|last| last >= held.index) {
-        return Err(format!(
-            "this member's log holds index {} (it ends at {})",
-            held.index,
-            last.unwrap_or_default()
-        ));
+    if let Some(last) = last.filter(|last| *last >= held.index) {
+        return Err(StillHeld {
+            held: held.index,
+            last,
+        });
     }
     let id = raft_id(&answering.raft);
     let why = format!(
@@ -123,16 +132,27 @@ pub(super) async fn answer(
             Request::Vote(r) => Response::Vote(raft.vote(r).await),
             Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
             Request::Status => Response::Status(MemberStatus::of(raft)),
-            Request::Change(change) => {
-                Response::Changed(crate::admin::change(&answering, change).await)
+            // The answers carry the errors' messages.
+            Request::Change(change) => Response::Changed(
+                crate::admin::change(&answering, change)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Request::WentBack { held } => {
+                Response::WentBack(went_back(&answering, held).map_err(|e| e.to_string()))
             }
-            Request::WentBack { held } => Response::WentBack(went_back(&answering, held)),
-            Request::Added { id, at } => Response::Added(match &answering.joining {
-                Some(joining) => joining.told(id, at),
-                // Already in: a word repeated by a leader that retried.
-                None if id == raft_id(raft) => Ok(()),
-                None => Err(format!("this is member {}, not member {id}", raft_id(raft))),
-            }),
+            Request::Added { id, at } => Response::Added(
+                match &answering.joining {
+                    Some(joining) => joining.told(id, at),
+                    // Already in: a word repeated by a leader that retried.
+                    None if id == raft_id(raft) => Ok(()),
+                    None => Err(JoiningError::OtherMember {
+                        this: raft_id(raft),
+                        id,
+                    }),
+                }
+                .map_err(|e| e.to_string()),
+            ),
         };
         let mut bytes = match encode_call(&response) {
             Ok(b) => b,

@@ -213,9 +213,22 @@ pub struct Peer {
     pub(super) held: Option<Held>,
 }
 
+/// Why a call to another member got no answer: it could not be reached,
+/// did not answer in time, or answered with something else.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub(super) struct Failed(pub(super) String);
+pub struct Failed(pub(super) String);
+
+/// Why a member did not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No answer came (see [`Failed`]).
+    #[error(transparent)]
+    Failed(#[from] Failed),
+    /// The member answered that it would not, saying why.
+    #[error("{0}")]
+    Refused(String),
+}
 
 impl Drop for Peer {
     fn drop(&mut self) {
@@ -255,7 +268,7 @@ impl Peer {
         let io: Box<dyn PeerIo> = match &self.tls {
             None => Box::new(stream),
             Some(tls) => {
-                let name = server_name(&self.name).map_err(Failed)?;
+                let name = server_name(&self.name).map_err(|e| Failed(e.to_string()))?;
                 let shake = tls.connector.connect(name, stream);
                 let stream = tokio::time::timeout(DIAL_TIMEOUT, shake)
                     .await
@@ -560,7 +573,7 @@ pub async fn status_of(
     advertised: &str,
     limit: Duration,
     tls: Option<&PeerTls>,
-) -> Result<MemberStatus, String> {
+) -> Result<MemberStatus, Failed> {
     StatusLink::new(from, addr, advertised, tls)
         .ask(limit)
         .await
@@ -598,11 +611,10 @@ impl StatusLink {
     ///
     /// # Cancellation safety
     /// Safe: a question given up on takes its connection with it.
-    pub async fn ask(&mut self, limit: Duration) -> Result<MemberStatus, String> {
-        match self.peer.call(&Request::Status, limit).await {
-            Ok(Response::Status(s)) => Ok(s),
-            Ok(_) => unreachable!("exchange_on checks the kind"),
-            Err(e) => Err(e.0),
+    pub async fn ask(&mut self, limit: Duration) -> Result<MemberStatus, Failed> {
+        match self.peer.call(&Request::Status, limit).await? {
+            Response::Status(s) => Ok(s),
+            _ => unreachable!("exchange_on checks the kind"),
         }
     }
 }
@@ -618,14 +630,13 @@ pub async fn ask_change(
     change: Change,
     limit: Duration,
     tls: Option<&PeerTls>,
-) -> Result<String, String> {
+) -> Result<String, CallError> {
     match Peer::once(addr, 0, tls)
         .call(&Request::Change(change), limit)
-        .await
+        .await?
     {
-        Ok(Response::Changed(r)) => r,
-        Ok(_) => unreachable!("exchange_on checks the kind"),
-        Err(e) => Err(e.0),
+        Response::Changed(r) => r.map_err(CallError::Refused),
+        _ => unreachable!("exchange_on checks the kind"),
     }
 }
 
@@ -659,13 +670,12 @@ pub async fn tell_added(
     at: u64,
     limit: Duration,
     tls: Option<&PeerTls>,
-) -> Result<(), String> {
+) -> Result<(), CallError> {
     match Peer::once(addr, id, tls)
         .call(&Request::Added { id, at }, limit)
-        .await
+        .await?
     {
-        Ok(Response::Added(r)) => r,
-        Ok(_) => unreachable!("exchange_on checks the kind"),
-        Err(e) => Err(e.0),
+        Response::Added(r) => r.map_err(CallError::Refused),
+        _ => unreachable!("exchange_on checks the kind"),
     }
 }

@@ -63,7 +63,9 @@ mod wire;
 
 pub use answer::serve;
 pub use answering::Answering;
-pub use dial::{ask_change, status_of, tell_added, Held, Network, Peer, StatusLink};
+pub use dial::{
+    ask_change, status_of, tell_added, CallError, Failed, Held, Network, Peer, StatusLink,
+};
 pub use tls::PeerTls;
 pub use wire::{Change, MemberStatus};
 

@@ -81,13 +81,24 @@ impl PeerTls {
     }
 }
 
+/// A peer address whose host is neither a DNS name nor an IP address.
+#[derive(Debug, thiserror::Error)]
+#[error("{host} is not a name TLS can check: {source}")]
+pub(super) struct NotAName {
+    host: String,
+    #[source]
+    source: rustls::pki_types::InvalidDnsNameError,
+}
+
 /// The name a member at `addr` must carry in its certificate: the host.
-pub(super) fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+pub(super) fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, NotAName> {
     let host = addr
         .rsplit_once(':')
         .map_or(addr, |(h, _)| h)
         .trim_start_matches('[')
         .trim_end_matches(']');
-    rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|e| format!("{host} is not a name TLS can check: {e}"))
+    rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|source| NotAName {
+        host: host.to_owned(),
+        source,
+    })
 }
