@@ -67,6 +67,9 @@ pub enum ErrorCode {
     /// The client's identity lacks the right the request needs on its
     /// path; the message names the identity, the right and the path.
     PermissionDenied,
+    /// A transaction holds more operations than one may
+    /// ([`MAX_TXN_OPS`](crate::txn::MAX_TXN_OPS)); nothing was applied.
+    TooManyOperations,
     /// A code this decoder does not know, kept as received.
     Unknown(u16),
 }
@@ -121,6 +124,7 @@ impl ErrorCode {
             ErrorCode::TlsRequired => 23,
             ErrorCode::AuthenticationFailed => 24,
             ErrorCode::PermissionDenied => 25,
+            ErrorCode::TooManyOperations => 26,
             ErrorCode::Unknown(code) => code,
         }
     }
@@ -154,6 +158,7 @@ impl ErrorCode {
             23 => ErrorCode::TlsRequired,
             24 => ErrorCode::AuthenticationFailed,
             25 => ErrorCode::PermissionDenied,
+            26 => ErrorCode::TooManyOperations,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -186,6 +191,7 @@ impl ErrorCode {
             ErrorCode::TlsRequired => "tls required",
             ErrorCode::AuthenticationFailed => "authentication failed",
             ErrorCode::PermissionDenied => "permission denied",
+            ErrorCode::TooManyOperations => "too many operations",
             ErrorCode::Unknown(_) => "unknown error",
         }
     }

@@ -20,6 +20,7 @@ pub mod pem;
 pub mod probe;
 pub mod request;
 pub mod response;
+pub mod txn;
 pub mod wire;
 
 pub use error::{DecodeError, ErrorCode};
@@ -33,8 +34,9 @@ pub use request::{
 };
 pub use response::{
     Disconnect, ErrorReply, EventKind, Liveness, Reply, ReplyFrame, ServerMessage, SessionStatus,
-    Stat, WatchEvent,
+    Stat, TxnFailure, WatchEvent,
 };
+pub use txn::{Check, TxnOp, TxnResult, MAX_TXN_OPS};
 
 /// Version of the protocol described by this crate, sent in the handshake.
 pub const PROTOCOL_VERSION: u16 = 1;

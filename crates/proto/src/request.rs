@@ -27,6 +27,8 @@
 //! 14 enqueue      path str (prefix of an ephemeral sequential node),
 //!                 data bytes
 //! 15 session status session u64 (any session's, not only the asker's)
+//! 16 multi        count u16, then count operations (see [`crate::txn`]),
+//!                 applied all or none
 //!
 //! str     = u16 length + UTF-8 bytes
 //! bytes   = u32 length + bytes
@@ -42,6 +44,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::encode_frame;
 use crate::path;
+use crate::txn::TxnOp;
 use crate::wire::{put_bool, put_bytes32, put_opt_u32, put_opt_u64, put_str16, Reader};
 
 /// Operation codes, as numbered on the wire.
@@ -63,6 +66,7 @@ pub enum OpCode {
     RemoveWatches = 13,
     Enqueue = 14,
     SessionStatus = 15,
+    Multi = 16,
 }
 
 impl OpCode {
@@ -84,6 +88,7 @@ impl OpCode {
             13 => OpCode::RemoveWatches,
             14 => OpCode::Enqueue,
             15 => OpCode::SessionStatus,
+            16 => OpCode::Multi,
             _ => return None,
         })
     }
@@ -106,6 +111,7 @@ impl OpCode {
             OpCode::RemoveWatches => "remove watches",
             OpCode::Enqueue => "enqueue",
             OpCode::SessionStatus => "session status",
+            OpCode::Multi => "multi",
         }
     }
 }
@@ -145,11 +151,11 @@ impl CreateMode {
         )
     }
 
-    fn to_u8(self) -> u8 {
+    pub(crate) fn to_u8(self) -> u8 {
         (self.is_ephemeral() as u8) | ((self.is_sequential() as u8) << 1)
     }
 
-    fn from_u8(mode: u8) -> Option<Self> {
+    pub(crate) fn from_u8(mode: u8) -> Option<Self> {
         (mode < 4).then(|| CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0))
     }
 }
@@ -248,6 +254,12 @@ pub enum Request {
     SessionStatus {
         session: crate::SessionId,
     },
+    /// A transaction: the operations applied in order, all or none, under
+    /// one revision; a sequential create passing over a taken name takes
+    /// the next free one, as outside a transaction.
+    Multi {
+        ops: Vec<TxnOp>,
+    },
 }
 
 /// What a predecessor request watches.
@@ -301,6 +313,7 @@ impl Request {
             Request::RemoveWatches { .. } => OpCode::RemoveWatches,
             Request::Enqueue { .. } => OpCode::Enqueue,
             Request::SessionStatus { .. } => OpCode::SessionStatus,
+            Request::Multi { .. } => OpCode::Multi,
         }
     }
 
@@ -321,7 +334,8 @@ impl Request {
             | Request::CloseSession
             | Request::SetWatches { .. }
             | Request::Stats
-            | Request::SessionStatus { .. } => None,
+            | Request::SessionStatus { .. }
+            | Request::Multi { .. } => None,
         }
     }
 }
@@ -425,6 +439,12 @@ impl RequestFrame {
                     b.put_u8(*data as u8 | (*child as u8) << 1);
                 }
                 Request::SessionStatus { session } => b.put_u64(session.0),
+                Request::Multi { ops } => {
+                    b.put_u16(ops.len() as u16);
+                    for op in ops {
+                        op.encode(b);
+                    }
+                }
                 Request::Ping | Request::CloseSession | Request::Stats => {}
                 Request::SetWatches {
                     revision,
@@ -564,6 +584,16 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
                 data: kinds & 1 != 0,
                 child: kinds & 2 != 0,
             }
+        }
+        OpCode::Multi => {
+            let count = r.u16("operation count")?;
+            // Each operation takes at least 4 bytes, so a lying count ends
+            // in Truncated before this grows beyond the frame.
+            let mut ops = Vec::new();
+            for _ in 0..count {
+                ops.push(TxnOp::decode(r)?);
+            }
+            Request::Multi { ops }
         }
         OpCode::Ping => Request::Ping,
         OpCode::CloseSession => Request::CloseSession,

@@ -43,6 +43,11 @@
 //! 13 remove watches (empty)
 //! 14 enqueue      path str (the created node), sequence u64, stat,
 //!                 present u8, then if 1: the predecessor's path str, stat
+//! 16 multi        committed u8, then
+//!                   1: count u16, then count results (see [`crate::txn`]),
+//!                      one per operation, in order
+//!                   0: index u16 (the operation that failed, from 0),
+//!                      code u16, message str; no operation was applied
 //! 15 session status liveness u8 (0 gone: no such session; 1 connected;
 //!                 2 disconnected: alive, without a connection, until its
 //!                 timeout runs out; 3 expiring: its expiry is on its way),
@@ -61,6 +66,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::encode_frame;
 use crate::request::OpCode;
+use crate::txn::TxnResult;
 use crate::wire::{put_bool, put_bytes32, put_opt_u64, put_str16, Reader};
 use crate::SessionId;
 
@@ -99,7 +105,7 @@ impl Stat {
     /// Encoded size in bytes.
     pub const LEN: usize = 64;
 
-    pub fn encode(&self, b: &mut BytesMut) {
+    pub fn encode(&self, b: &mut impl BufMut) {
         b.put_u64(self.czxid);
         b.put_u64(self.mzxid);
         b.put_u64(self.pzxid);
@@ -112,7 +118,7 @@ impl Stat {
         b.put_u32(self.num_children);
     }
 
-    fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
+    pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
         Ok(Stat {
             czxid: r.u64("stat")?,
             mzxid: r.u64("stat")?,
@@ -232,6 +238,32 @@ pub enum Reply {
         predecessor: Option<(String, Stat)>,
     },
     SessionStatus(SessionStatus),
+    /// A transaction's answer: one result per operation, or the operation
+    /// that failed (and nothing was applied).
+    Multi(Result<Vec<TxnResult>, TxnFailure>),
+}
+
+/// Whether an answer shows that its session was alive after the request
+/// was sent: a success, or a refusal that says so
+/// ([`ErrorCode::shows_session_alive`]). A transaction that failed is
+/// judged by its failing operation's code: refused on its form (too many
+/// operations, too much data, a right missing) it was answered at once,
+/// even by a member that no longer leads, and shows nothing.
+pub fn shows_session_alive(result: &Result<Reply, ErrorReply>) -> bool {
+    match result {
+        Ok(Reply::Multi(Err(failure))) => failure.error.code.shows_session_alive(),
+        Ok(_) => true,
+        Err(e) => e.code.shows_session_alive(),
+    }
+}
+
+/// Why a transaction changed nothing: the operation that failed (its index,
+/// from 0) and its error. The operations before it were rolled back, those
+/// after it never tried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxnFailure {
+    pub index: u32,
+    pub error: ErrorReply,
 }
 
 impl Reply {
@@ -265,6 +297,7 @@ impl Reply {
             Reply::RemoveWatches => OpCode::RemoveWatches,
             Reply::Enqueue { .. } => OpCode::Enqueue,
             Reply::SessionStatus(_) => OpCode::SessionStatus,
+            Reply::Multi(_) => OpCode::Multi,
         }
     }
 
@@ -320,6 +353,19 @@ impl Reply {
                 b.put_u8(s.liveness.to_u8());
                 b.put_u64(s.silent_ms);
                 b.put_u32(s.timeout_ms);
+            }
+            Reply::Multi(Ok(results)) => {
+                b.put_u8(1);
+                b.put_u16(results.len() as u16);
+                for result in results {
+                    result.encode(b);
+                }
+            }
+            Reply::Multi(Err(failure)) => {
+                b.put_u8(0);
+                b.put_u16(failure.index as u16);
+                b.put_u16(failure.error.code.to_u16());
+                put_str16(b, &failure.error.message);
             }
             Reply::Delete
             | Reply::Ping
@@ -383,6 +429,22 @@ impl Reply {
                     timeout_ms: r.u32("timeout_ms")?,
                 })
             }
+            OpCode::Multi => Reply::Multi(if r.bool("committed")? {
+                let count = r.u16("result count")?;
+                let mut results = Vec::new();
+                for _ in 0..count {
+                    results.push(TxnResult::decode(r)?);
+                }
+                Ok(results)
+            } else {
+                Err(TxnFailure {
+                    index: r.u16("failed operation")?.into(),
+                    error: ErrorReply::new(
+                        ErrorCode::from_u16(r.u16("error code")?),
+                        r.str16("error message")?,
+                    ),
+                })
+            }),
             OpCode::Enqueue => Reply::Enqueue {
                 path: r.str16("path")?,
                 sequence: r.u64("sequence")?,

@@ -1,6 +1,6 @@
 //! Checked big-endian readers and writers shared by every message type.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 
 use crate::error::DecodeError;
 
@@ -142,11 +142,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-pub(crate) fn put_bool(buf: &mut BytesMut, value: bool) {
+pub(crate) fn put_bool(buf: &mut impl BufMut, value: bool) {
     buf.put_u8(value as u8);
 }
 
-pub(crate) fn put_opt_u32(buf: &mut BytesMut, value: Option<u32>) {
+pub(crate) fn put_opt_u32(buf: &mut impl BufMut, value: Option<u32>) {
     match value {
         Some(v) => {
             buf.put_u8(1);
@@ -156,7 +156,7 @@ pub(crate) fn put_opt_u32(buf: &mut BytesMut, value: Option<u32>) {
     }
 }
 
-pub(crate) fn put_opt_u64(buf: &mut BytesMut, value: Option<u64>) {
+pub(crate) fn put_opt_u64(buf: &mut impl BufMut, value: Option<u64>) {
     match value {
         Some(v) => {
             buf.put_u8(1);
@@ -169,7 +169,7 @@ pub(crate) fn put_opt_u64(buf: &mut BytesMut, value: Option<u64>) {
 /// Writes a u16 length and the string. Strings longer than `u16::MAX` bytes are
 /// cut at a character boundary: only messages and paths use this, and paths are
 /// limited far below it.
-pub(crate) fn put_str16(buf: &mut BytesMut, value: &str) {
+pub(crate) fn put_str16(buf: &mut impl BufMut, value: &str) {
     let mut end = value.len().min(u16::MAX as usize);
     while !value.is_char_boundary(end) {
         end -= 1;
@@ -178,7 +178,7 @@ pub(crate) fn put_str16(buf: &mut BytesMut, value: &str) {
     buf.put_slice(&value.as_bytes()[..end]);
 }
 
-pub(crate) fn put_bytes32(buf: &mut BytesMut, value: &[u8]) {
+pub(crate) fn put_bytes32(buf: &mut impl BufMut, value: &[u8]) {
     buf.put_u32(value.len() as u32);
     buf.put_slice(value);
 }

@@ -86,6 +86,7 @@ fn request() -> impl Strategy<Value = Request> {
         ),
         Just(Request::Ping),
         Just(Request::CloseSession),
+        prop::collection::vec(txn_op(), 0..6).prop_map(|ops| Request::Multi { ops }),
         (
             any::<u64>(),
             prop::collection::vec(path(), 0..4),
@@ -99,6 +100,57 @@ fn request() -> impl Strategy<Value = Request> {
                 exist,
                 child,
             }),
+    ]
+}
+
+fn txn_op() -> impl Strategy<Value = TxnOp> {
+    let check = prop_oneof![
+        Just(Check::Exists),
+        Just(Check::Absent),
+        any::<u32>().prop_map(Check::Version),
+        any::<u64>().prop_map(Check::Fence),
+        any::<u64>().prop_map(Check::Holder),
+    ];
+    prop_oneof![
+        (path(), data(), mode(), any::<Option<u64>>()).prop_map(|(path, data, mode, fence)| {
+            TxnOp::Create {
+                path,
+                data,
+                mode,
+                fence,
+            }
+        }),
+        (path(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(|(path, version, fence)| {
+            TxnOp::Delete {
+                path,
+                version,
+                fence,
+            }
+        }),
+        (path(), data(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(
+            |(path, data, version, fence)| TxnOp::SetData {
+                path,
+                data,
+                version,
+                fence
+            }
+        ),
+        (path(), check).prop_map(|(path, check)| TxnOp::Check { path, check }),
+    ]
+}
+
+fn txn_result() -> impl Strategy<Value = TxnResult> {
+    prop_oneof![
+        (path(), any::<Option<u64>>(), stat()).prop_map(|(path, sequence, stat)| {
+            TxnResult::Created {
+                path,
+                sequence,
+                stat,
+            }
+        }),
+        Just(TxnResult::Deleted),
+        stat().prop_map(TxnResult::DataSet),
+        Just(TxnResult::Checked),
     ]
 }
 
@@ -153,6 +205,13 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         proptest::option::of((path(), stat())).prop_map(Reply::Predecessor),
         proptest::option::of((path(), stat())).prop_map(Reply::CheckToken),
         prop::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..10).prop_map(Reply::Stats),
+        prop::collection::vec(txn_result(), 0..6).prop_map(|r| Reply::Multi(Ok(r))),
+        (0u32..1024, error_code(), ".{0,40}").prop_map(|(index, code, message)| {
+            Reply::Multi(Err(TxnFailure {
+                index,
+                error: ErrorReply { code, message },
+            }))
+        }),
         (0u8..4, any::<u64>(), any::<u32>()).prop_map(|(l, silent_ms, timeout_ms)| {
             Reply::SessionStatus(baton_proto::SessionStatus {
                 liveness: [
