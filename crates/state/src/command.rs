@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use baton_proto::{CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat};
+use baton_proto::{CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat, TxnOp};
 use bytes::Bytes;
 
 /// A change to the state. Reads are not commands: they change nothing.
@@ -45,6 +45,8 @@ pub enum Command {
         path: String,
         data: Bytes,
     },
+    /// A transaction of `session`: `ops` applied in order, all or none.
+    Multi { session: SessionId, ops: Vec<TxnOp> },
 }
 
 /// The successful result of a command.
@@ -70,6 +72,17 @@ pub enum Outcome {
     },
     Deleted,
     DataSet(Stat),
+    /// A check of a transaction held.
+    Checked,
+    /// A transaction was applied: one outcome per operation, in order.
+    Multi(Vec<Outcome>),
+    /// A transaction changed nothing: the operation at `index` (from 0)
+    /// failed with `error`. Like a refusal it takes no revision, and the
+    /// session keeps it as the answer to its request.
+    MultiFailed {
+        index: u32,
+        error: ErrorReply,
+    },
 }
 
 /// A change that fires the watches set on `path` for `kind`.

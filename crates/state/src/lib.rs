@@ -17,6 +17,7 @@
 mod command;
 pub mod format;
 mod image;
+mod multi;
 mod node;
 mod pmap;
 mod proposal;
@@ -264,9 +265,11 @@ impl StateMachine {
         if changed {
             self.last_now_ms = now_ms;
         }
-        // What it changed, or why it was refused (see `proposal`).
+        // What it changed, or why it was refused (see `proposal`): a
+        // transaction that failed was refused too.
         if let Some(origin) = proposal.origin {
-            if changed || result.is_err() {
+            let refused = matches!(result, Err(_) | Ok(Outcome::MultiFailed { .. }));
+            if changed || refused {
                 self.remember(origin, &result);
             }
         }
@@ -314,6 +317,7 @@ impl StateMachine {
                 version,
                 fence,
             } => self.set_data(path, data, *version, *fence, now_ms, triggers),
+            Command::Multi { session, ops } => Ok(self.multi(*session, ops, now_ms, triggers)),
         }
     }
 

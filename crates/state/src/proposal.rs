@@ -85,6 +85,15 @@ pub enum Kept {
     Refused(Box<ErrorReply>),
 }
 
+/// A refusal with its message cut to [`KEPT_MESSAGE`] bytes.
+fn shortened(e: &ErrorReply) -> ErrorReply {
+    let mut end = e.message.len().min(KEPT_MESSAGE);
+    while !e.message.is_char_boundary(end) {
+        end -= 1;
+    }
+    ErrorReply::new(e.code, &e.message[..end])
+}
+
 /// The stat of a node as created (not changed since, no children): its
 /// creation revision and time, data length and owner (0 if persistent).
 #[derive(Clone, Debug)]
@@ -176,14 +185,14 @@ impl Kept {
     /// A refusal's message is kept to its first [`KEPT_MESSAGE`] bytes.
     pub(super) fn of(session: SessionId, reply: &Result<Outcome, ErrorReply>) -> Kept {
         match reply {
-            Ok(outcome) => Kept::new(session, outcome),
-            Err(e) => {
-                let mut end = e.message.len().min(KEPT_MESSAGE);
-                while !e.message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                Kept::Refused(Box::new(ErrorReply::new(e.code, &e.message[..end])))
+            Ok(Outcome::MultiFailed { index, error }) => {
+                Kept::Other(Box::new(Outcome::MultiFailed {
+                    index: *index,
+                    error: shortened(error),
+                }))
             }
+            Ok(outcome) => Kept::new(session, outcome),
+            Err(e) => Kept::Refused(Box::new(shortened(e))),
         }
     }
 

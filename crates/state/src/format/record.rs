@@ -18,6 +18,8 @@
 //!       5 delete         path str, version opt32, fence opt64
 //!       6 set data       path str, data bytes, version opt32, fence opt64
 //!       7 enqueue        session u64, path str, data bytes
+//!       8 multi          session u64, count u16, then count operations
+//!                        (as in a multi request: see baton_proto::txn)
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
@@ -25,7 +27,7 @@
 //! rather than taken for a record running past the end of the file.
 
 use baton_proto::wire::Reader;
-use baton_proto::{CreateMode, DecodeError, SessionId, SessionSecret};
+use baton_proto::{CreateMode, DecodeError, SessionId, SessionSecret, TxnOp};
 
 use crate::{Command, Origin, Proposal};
 
@@ -183,6 +185,14 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
             put_str(out, path);
             put_bytes(out, data);
         }
+        Command::Multi { session, ops } => {
+            tag(out, 8);
+            put_u64(out, session.0);
+            out.extend_from_slice(&(ops.len() as u16).to_be_bytes());
+            for op in ops {
+                op.encode(out);
+            }
+        }
     }
 }
 
@@ -297,6 +307,15 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
             path: r.str16("path")?,
             data: r.bytes32("data")?,
         },
+        8 => {
+            let session = SessionId(r.u64("session")?);
+            let count = r.u16("operation count")?;
+            let mut ops = Vec::new();
+            for _ in 0..count {
+                ops.push(TxnOp::decode(r)?);
+            }
+            Command::Multi { session, ops }
+        }
         tag => {
             return Err(DecodeError::BadValue {
                 what: "command tag",

@@ -2,9 +2,9 @@
 //!
 //! # Format
 //! ```text
-//! header, 52 bytes (format 3):
+//! header, 52 bytes (format 4):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  3
+//!   format      u32  4
 //!   revision    u64  the state's revision
 //!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
@@ -20,13 +20,17 @@
 //!            3 deleted
 //!            4 data set: stat
 //!            5 refused:  code u16, message str
+//!            6 multi:    count u16, then count outcomes (tags 1, 3, 4, 8)
+//!            7 multi failed: index u32, code u16, message str
+//!            8 checked (inside a multi only)
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
 //!   mtime u64, version u32, cversion u32, owner u64, fence u64
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 2 (still read) is format 3 whose sessions keep no refusal (no tag
-//! 5); format 1 (still read) has a 44-byte header without `last_now_ms`, and
+//! Format 3 (still read) is format 4 without transactions (no tags 6 to
+//! 8); format 2 (still read) is format 3 whose sessions keep no refusal (no
+//! tag 5); format 1 (still read) has a 44-byte header without `last_now_ms`, and
 //! sessions without `last`.
 //!
 //! The server writes a snapshot to a temporary file, syncs it, and renames it
@@ -43,7 +47,7 @@ use baton_proto::{DecodeError, ErrorCode, ErrorReply, SessionId, SessionSecret, 
 use crate::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
@@ -173,6 +177,21 @@ fn put_outcome<W: Write>(w: &mut CrcWriter<W>, outcome: &Outcome) -> std::io::Re
             w.put(&[4])?;
             put_stat(w, stat)
         }
+        Outcome::Multi(outcomes) => {
+            w.put(&[6])?;
+            w.put(&(outcomes.len() as u16).to_be_bytes())?;
+            for outcome in outcomes {
+                put_outcome(w, outcome)?;
+            }
+            Ok(())
+        }
+        Outcome::MultiFailed { index, error } => {
+            w.put(&[7])?;
+            w.put(&index.to_be_bytes())?;
+            w.put(&error.code.to_u16().to_be_bytes())?;
+            put_str(w, &error.message)
+        }
+        Outcome::Checked => w.put(&[8]),
         // Sessions that opened or ended keep no reply: the first has no
         // request to answer, the second no session to keep it in.
         Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => w.put(&[0]),
@@ -206,8 +225,8 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
     let format = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let header_len = match format {
         1 => HEADER_V1,
-        2 | 3 if bytes.len() >= HEADER => HEADER,
-        2 | 3 => return Err(corrupt(0, "snapshot shorter than its header")),
+        2..=4 if bytes.len() >= HEADER => HEADER,
+        2..=4 => return Err(corrupt(0, "snapshot shorter than its header")),
         other => {
             return Err(corrupt(
                 8,
@@ -308,17 +327,22 @@ fn last_reply(r: &mut Reader, format: u32) -> Result<Option<LastReply>, DecodeEr
         return Ok(None);
     }
     let xid = r.u32("kept reply xid")?;
-    let path = |r: &mut Reader| r.str16("reply path").map(|p| Arc::<str>::from(p.as_str()));
     let reply = match r.u8("reply tag")? {
-        5 if format >= 3 => {
-            return Ok(Some(LastReply {
-                xid,
-                reply: Err(ErrorReply::new(
-                    ErrorCode::from_u16(r.u16("refusal code")?),
-                    r.str16("refusal message")?,
-                )),
-            }))
-        }
+        0 => return Ok(None),
+        5 if format >= 3 => Err(ErrorReply::new(
+            ErrorCode::from_u16(r.u16("refusal code")?),
+            r.str16("refusal message")?,
+        )),
+        tag => Ok(outcome(r, tag, format, false)?),
+    };
+    Ok(Some(LastReply { xid, reply }))
+}
+
+/// The kept outcome tagged `tag`; `in_multi` for one operation's outcome
+/// inside a transaction's.
+fn outcome(r: &mut Reader, tag: u8, format: u32, in_multi: bool) -> Result<Outcome, DecodeError> {
+    let path = |r: &mut Reader| r.str16("reply path").map(|p| Arc::<str>::from(p.as_str()));
+    Ok(match tag {
         1 => Outcome::Created {
             path: path(r)?,
             sequence: match r.u8("sequence present")? {
@@ -327,7 +351,7 @@ fn last_reply(r: &mut Reader, format: u32) -> Result<Option<LastReply>, DecodeEr
             },
             stat: get_stat(r)?,
         },
-        2 => Outcome::Enqueued {
+        2 if !in_multi => Outcome::Enqueued {
             path: path(r)?,
             sequence: r.u64("sequence")?,
             stat: get_stat(r)?,
@@ -338,18 +362,30 @@ fn last_reply(r: &mut Reader, format: u32) -> Result<Option<LastReply>, DecodeEr
         },
         3 => Outcome::Deleted,
         4 => Outcome::DataSet(get_stat(r)?),
-        0 => return Ok(None),
+        6 if format >= 4 && !in_multi => {
+            let count = r.u16("multi outcome count")?;
+            let mut outcomes = Vec::new();
+            for _ in 0..count {
+                let tag = r.u8("multi outcome tag")?;
+                outcomes.push(outcome(r, tag, format, true)?);
+            }
+            Outcome::Multi(outcomes)
+        }
+        7 if format >= 4 && !in_multi => Outcome::MultiFailed {
+            index: r.u32("failed operation")?,
+            error: ErrorReply::new(
+                ErrorCode::from_u16(r.u16("refusal code")?),
+                r.str16("refusal message")?,
+            ),
+        },
+        8 if format >= 4 && in_multi => Outcome::Checked,
         tag => {
             return Err(DecodeError::BadValue {
                 what: "reply tag",
                 value: tag.into(),
             })
         }
-    };
-    Ok(Some(LastReply {
-        xid,
-        reply: Ok(reply),
-    }))
+    })
 }
 
 /// A writer that keeps the CRC32C of what went through it.
