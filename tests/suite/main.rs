@@ -14,4 +14,5 @@ mod resume;
 mod sequential;
 mod sessions;
 mod tls;
+mod txn;
 mod watches;

@@ -82,6 +82,14 @@ pub enum Error {
         #[source]
         cause: Option<Cause>,
     },
+    /// A transaction changed nothing: its operation at `index` (from 0)
+    /// failed with `error`; the operations before it were rolled back, those
+    /// after it never tried.
+    #[error("operation {index} of the transaction failed, so nothing was applied: {error}")]
+    TxnFailed { index: u32, error: Box<Error> },
+    /// A transaction holds more operations than one may.
+    #[error("too many operations: {0}")]
+    TooManyOperations(String),
     /// Any other error code the server sent.
     #[error("{code}: {message}")]
     Server { code: ErrorCode, message: String },
@@ -186,6 +194,7 @@ impl Error {
             ErrorCode::StaleFence => Error::StaleFence(message),
             ErrorCode::AuthenticationFailed => Error::AuthenticationFailed(message),
             ErrorCode::PermissionDenied => Error::PermissionDenied(message),
+            ErrorCode::TooManyOperations => Error::TooManyOperations(message),
             // Handled before a connection broke, its reply lost: its outcome
             // is as unknown as that of a request cut off in flight.
             ErrorCode::ResultLost => Error::ConnectionLoss(message),
@@ -214,6 +223,8 @@ impl Error {
             Error::StaleFence(_) => ErrorCode::StaleFence,
             Error::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
             Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Error::TooManyOperations(_) => ErrorCode::TooManyOperations,
+            Error::TxnFailed { error, .. } => return error.code(),
             Error::Server { code, .. } => *code,
             _ => return None,
         })

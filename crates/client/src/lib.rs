@@ -31,10 +31,11 @@ mod watcher;
 mod wire;
 
 pub use baton_proto::{
-    CreateMode, EventKind, Liveness, SessionId, SessionStatus, Stat, WatchEvent,
+    Check, CreateMode, EventKind, Liveness, SessionId, SessionStatus, Stat, TxnOp, TxnResult,
+    WatchEvent, MAX_TXN_OPS,
 };
 pub use client::{
-    Client, ClientBuilder, Created, Enqueued, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
+    Client, ClientBuilder, Created, Enqueued, Txn, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
 pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};

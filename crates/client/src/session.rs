@@ -764,9 +764,7 @@ fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
 /// was sent: a success, or a refusal that says so
 /// ([`ErrorCode::shows_session_alive`]).
 fn shows_session_alive(result: &Result<Reply, baton_proto::ErrorReply>) -> bool {
-    result
-        .as_ref()
-        .map_or_else(|e| e.code.shows_session_alive(), |_| true)
+    baton_proto::response::shows_session_alive(result)
 }
 
 #[cfg(test)]
@@ -926,5 +924,23 @@ mod tests {
         // no node, node exists, bad version, not empty, no children for
         // ephemerals, stale fence, result lost.
         assert_eq!(alive, [1, 2, 3, 4, 5, 19, 21]);
+    }
+
+    #[test]
+    fn a_failed_transaction_shows_a_session_alive_only_as_its_failing_operation_would() {
+        let failed = |code| {
+            Ok(Reply::Multi(Err(baton_proto::TxnFailure {
+                index: 2,
+                error: ErrorReply::new(code, String::new()),
+            })))
+        };
+        assert!(shows_session_alive(&Ok(Reply::Multi(Ok(vec![])))));
+        assert!(shows_session_alive(&failed(ErrorCode::BadVersion)));
+        assert!(shows_session_alive(&failed(ErrorCode::StaleFence)));
+        // Refused on its form, answered at once by whoever was reached.
+        assert!(!shows_session_alive(&failed(ErrorCode::TooManyOperations)));
+        assert!(!shows_session_alive(&failed(ErrorCode::ValueTooLarge)));
+        assert!(!shows_session_alive(&failed(ErrorCode::PermissionDenied)));
+        assert!(!shows_session_alive(&failed(ErrorCode::NotLeader)));
     }
 }

@@ -405,6 +405,10 @@ fn proposal_bytes(p: &Proposal) -> usize {
         | Command::SetData { path, data, .. }
         | Command::Enqueue { path, data, .. } => path.len() + data.len(),
         Command::Delete { path, .. } => path.len(),
+        Command::Multi { ops, .. } => ops
+            .iter()
+            .map(|op| op.path().len() + op.data().map_or(0, |d| d.len()) + 16)
+            .sum(),
         Command::OpenSession { .. }
         | Command::CloseSession { .. }
         | Command::ExpireSession { .. } => 0,

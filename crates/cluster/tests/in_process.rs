@@ -122,6 +122,26 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
         .unwrap();
     let (data, _) = client.get_data("/a").await.unwrap();
     assert_eq!(&data[..], b"one");
+    // A transaction is one replicated change; a failed one changes nothing.
+    let committed = client
+        .txn()
+        .create("/t", "", CreateMode::Persistent)
+        .create("/t/n-", "", CreateMode::PersistentSequential)
+        .set_data("/a", "two", Some(0))
+        .commit()
+        .await
+        .unwrap();
+    assert_eq!(committed.len(), 3);
+    let failed = client
+        .txn()
+        .create("/u", "", CreateMode::Persistent)
+        .check_version("/a", 0)
+        .commit()
+        .await;
+    assert!(
+        matches!(failed, Err(baton_client::Error::TxnFailed { index: 1, .. })),
+        "{failed:?}"
+    );
     let guard = Lock::new(&client, "/locks/x").acquire().await.unwrap();
     let first = guard.token();
     guard.release().await.unwrap();
@@ -153,7 +173,10 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
         .await
         .expect("the cluster answers after the leader went")
         .unwrap();
-    assert_eq!(&data[..], b"one");
+    assert_eq!(&data[..], b"two");
+    let (children, _) = client.get_children("/t").await.unwrap();
+    assert_eq!(children.len(), 1);
+    assert!(client.exists("/u").await.unwrap().is_none());
     let guard = Lock::new(&client, "/locks/x").acquire().await.unwrap();
     assert!(guard.token() > first, "{} after {first}", guard.token());
     guard.release().await.unwrap();

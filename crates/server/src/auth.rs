@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use baton_proto::{ErrorCode, ErrorReply, Request, Token};
+use baton_proto::{CreateMode, ErrorCode, ErrorReply, Request, Token, TxnOp};
 
 /// A set of rights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,48 +121,79 @@ impl Identity {
     /// Checks `request` of a session; `owns` says whether a path is an
     /// ephemeral node of that session (a lock holder may delete its own
     /// node, which is how it releases).
+    /// Checks a transaction's operations, each as the request it stands
+    /// for (a check needs the read right); the first refused is named by its
+    /// index.
+    pub(crate) fn authorize_ops(
+        &self,
+        ops: &[TxnOp],
+        owns: impl Fn(&str) -> bool,
+    ) -> Result<(), (u32, ErrorReply)> {
+        for (index, op) in ops.iter().enumerate() {
+            match op {
+                TxnOp::Create {
+                    path, mode, fence, ..
+                } => self.may_create(path, *mode, *fence),
+                TxnOp::SetData { path, fence, .. } => self.need(write_or_fence(*fence), path),
+                TxnOp::Delete { path, fence, .. } => self.may_delete(path, *fence, &owns),
+                TxnOp::Check { path, .. } => self.need(Rights::READ, path),
+            }
+            .map_err(|e| (index as u32, e))?;
+        }
+        Ok(())
+    }
+
+    fn may_create(
+        &self,
+        path: &str,
+        mode: CreateMode,
+        fence: Option<u64>,
+    ) -> Result<(), ErrorReply> {
+        let right = write_or_fence(fence);
+        if mode.is_sequential() {
+            self.need_in_parent(right, path)?;
+        } else {
+            self.need(right, path)?;
+        }
+        // A fenced create raises its parent's fence too.
+        if fence.is_some() {
+            self.need(Rights::FENCE, parent(path))?;
+        }
+        Ok(())
+    }
+
+    fn may_delete(
+        &self,
+        path: &str,
+        fence: Option<u64>,
+        owns: &impl Fn(&str) -> bool,
+    ) -> Result<(), ErrorReply> {
+        let released = fence.is_none() && self.rights_on(path).allow(Rights::LOCK) && owns(path);
+        if released {
+            return Ok(());
+        }
+        self.need(write_or_fence(fence), path)?;
+        // A fenced delete raises its parent's fence too.
+        if fence.is_some() {
+            self.need(Rights::FENCE, parent(path))?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn authorize(
         &self,
         request: &Request,
         owns: impl Fn(&str) -> bool,
     ) -> Result<(), ErrorReply> {
-        let write_or_fence = |fence: &Option<u64>| {
-            if fence.is_some() {
-                Rights::FENCE
-            } else {
-                Rights::WRITE
-            }
-        };
         match request {
             Request::Create {
                 path, fence, mode, ..
-            } => {
-                let right = write_or_fence(fence);
-                if mode.is_sequential() {
-                    self.need_in_parent(right, path)?;
-                } else {
-                    self.need(right, path)?;
-                }
-                // A fenced create raises its parent's fence too.
-                if fence.is_some() {
-                    self.need(Rights::FENCE, parent(path))?;
-                }
-                Ok(())
-            }
-            Request::SetData { path, fence, .. } => self.need(write_or_fence(fence), path),
-            Request::Delete { path, fence, .. } => {
-                let released =
-                    fence.is_none() && self.rights_on(path).allow(Rights::LOCK) && owns(path);
-                if released {
-                    return Ok(());
-                }
-                self.need(write_or_fence(fence), path)?;
-                // A fenced delete raises its parent's fence too.
-                if fence.is_some() {
-                    self.need(Rights::FENCE, parent(path))?;
-                }
-                Ok(())
-            }
+            } => self.may_create(path, *mode, *fence),
+            Request::SetData { path, fence, .. } => self.need(write_or_fence(*fence), path),
+            Request::Delete { path, fence, .. } => self.may_delete(path, *fence, &owns),
+            Request::Multi { ops } => self.authorize_ops(ops, owns).map_err(|(index, e)| {
+                ErrorReply::new(e.code, format!("operation {index}: {}", e.message))
+            }),
             Request::Enqueue { path, .. } => self.need_in_parent(Rights::LOCK, path),
             Request::Exists { path, .. }
             | Request::GetData { path, .. }
@@ -196,6 +227,15 @@ impl Identity {
 }
 
 /// The parent of a path (`/` for a node under the root).
+/// The right a write needs: fence with a token, write without.
+fn write_or_fence(fence: Option<u64>) -> Rights {
+    if fence.is_some() {
+        Rights::FENCE
+    } else {
+        Rights::WRITE
+    }
+}
+
 fn parent(path: &str) -> &str {
     match path.rfind('/') {
         Some(0) | None => "/",

@@ -3,6 +3,9 @@
 
 mod nodes;
 mod queues;
+mod txn;
+
+pub use txn::Txn;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

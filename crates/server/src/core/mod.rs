@@ -27,7 +27,9 @@ mod watching;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use baton_proto::{ErrorCode, ErrorReply, EventKind, Reply, SessionId, SessionSecret};
+use baton_proto::{
+    ErrorCode, ErrorReply, EventKind, Reply, SessionId, SessionSecret, TxnFailure, TxnResult,
+};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
@@ -297,8 +299,15 @@ impl Core {
             }) => self.queue_up(actor.expect("here"), &path, sequence, stat),
             Ok(Outcome::Deleted) => Ok(Reply::Delete),
             Ok(Outcome::DataSet(stat)) => Ok(Reply::SetData(stat)),
-            Ok(Outcome::SessionOpened(_) | Outcome::SessionEnded { .. }) => {
-                unreachable!("sessions open and end above")
+            Ok(Outcome::Multi(outcomes)) => Ok(Reply::Multi(Ok(outcomes
+                .into_iter()
+                .map(txn_result)
+                .collect()))),
+            Ok(Outcome::MultiFailed { index, error }) => {
+                Ok(Reply::Multi(Err(TxnFailure { index, error })))
+            }
+            Ok(Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } | Outcome::Checked) => {
+                unreachable!("sessions open and end above; checks answer inside a transaction")
             }
         })
     }
@@ -486,4 +495,23 @@ fn too_many_watches(session: SessionId, held: usize, wanted: usize, budget: usiz
 
 fn no_node(path: &str) -> ErrorReply {
     ErrorReply::new(ErrorCode::NoNode, format!("{path} does not exist"))
+}
+
+/// An operation's outcome in a transaction's answer.
+fn txn_result(outcome: Outcome) -> TxnResult {
+    match outcome {
+        Outcome::Created {
+            path,
+            sequence,
+            stat,
+        } => TxnResult::Created {
+            path: path.to_string(),
+            sequence,
+            stat,
+        },
+        Outcome::Deleted => TxnResult::Deleted,
+        Outcome::DataSet(stat) => TxnResult::DataSet(stat),
+        Outcome::Checked => TxnResult::Checked,
+        other => unreachable!("a transaction's operation does not give {other:?}"),
+    }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use baton_proto::{
     path, ErrorCode, ErrorReply, PredecessorWatch, Reply, Request, RequestFrame, SessionId,
+    TxnFailure, TxnOp, MAX_TXN_OPS,
 };
 use tokio::time::Instant;
 
@@ -40,9 +41,16 @@ impl Core {
                     .node(path)
                     .is_some_and(|n| n.owner() == Some(session))
             };
-            if let Err(refused) = identity.authorize(&request, owns) {
+            let refused = match &request {
+                // A transaction's refusal names the operation refused.
+                Request::Multi { ops } => identity
+                    .authorize_ops(ops, owns)
+                    .map_err(|(index, error)| Ok(Reply::Multi(Err(TxnFailure { index, error })))),
+                request => identity.authorize(request, owns).map_err(Err),
+            };
+            if let Err(answer) = refused {
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                self.answer(session, outbox, xid, op, Err(refused));
+                self.answer(session, outbox, xid, op, answer);
                 return Flow::Continue;
             }
         }
@@ -81,6 +89,13 @@ impl Core {
                 version,
                 fence,
             }),
+            Request::Multi { ops } => match self.check_txn(&ops) {
+                Ok(()) => Ok(Command::Multi { session, ops }),
+                Err(failure) => {
+                    self.answer(session, outbox, xid, op, Ok(Reply::Multi(Err(failure))));
+                    return Flow::Continue;
+                }
+            },
             Request::Enqueue { path, data } => self.check_size(&data).map(|()| Command::Enqueue {
                 session,
                 path,
@@ -189,6 +204,7 @@ impl Core {
             | Request::Delete { .. }
             | Request::SetData { .. }
             | Request::Enqueue { .. }
+            | Request::Multi { .. }
             | Request::CloseSession => unreachable!("changes are proposed"),
         }
     }
@@ -212,6 +228,41 @@ impl Core {
         }
         self.answer(session, outbox, xid, op, Err(ErrorReply { code, message }));
         Flow::Continue
+    }
+
+    /// Checks a transaction's limits before it is proposed: at most
+    /// [`MAX_TXN_OPS`] operations, and data of at most the server's limit
+    /// for one node in all (what one frame may carry).
+    fn check_txn(&self, ops: &[TxnOp]) -> Result<(), TxnFailure> {
+        if ops.len() > MAX_TXN_OPS {
+            return Err(TxnFailure {
+                index: MAX_TXN_OPS as u32,
+                error: ErrorReply::new(
+                    ErrorCode::TooManyOperations,
+                    format!(
+                        "a transaction of {} operations exceeds the limit of {MAX_TXN_OPS}: split it, or make it smaller",
+                        ops.len()
+                    ),
+                ),
+            });
+        }
+        let mut total = 0usize;
+        for (index, op) in ops.iter().enumerate() {
+            total += op.data().map_or(0, |d| d.len());
+            if total > self.config.max_data {
+                return Err(TxnFailure {
+                    index: index as u32,
+                    error: ErrorReply::new(
+                        ErrorCode::ValueTooLarge,
+                        format!(
+                            "the transaction's data reaches {total} bytes at operation {index}, beyond the server's limit of {} bytes for one transaction",
+                            self.config.max_data
+                        ),
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {

@@ -70,10 +70,7 @@ impl Client {
                             self.revision = self.revision.max(reply.revision);
                             // As the client library: only an answer that shows the
                             // session alive moves its deadline.
-                            let alive = reply
-                                .result
-                                .as_ref()
-                                .map_or_else(|e| e.code.shows_session_alive(), |_| true);
+                            let alive = baton_proto::response::shows_session_alive(&reply.result);
                             if let Some(sent) = self.sent_at.remove(&reply.xid) {
                                 if alive {
                                     self.answered_sent_us = self.answered_sent_us.max(sent);
