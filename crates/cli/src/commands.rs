@@ -319,7 +319,7 @@ fn value_json(path: &str, data: &[u8], stat: &Stat) -> serde_json::Value {
     object
 }
 
-fn stat_json(s: &Stat) -> serde_json::Value {
+pub(crate) fn stat_json(s: &Stat) -> serde_json::Value {
     serde_json::json!({
         "czxid": s.czxid,
         "mzxid": s.mzxid,

@@ -16,6 +16,7 @@ mod signals;
 mod status;
 mod supervise;
 mod sys;
+mod txn;
 
 use std::process::ExitCode;
 
@@ -93,6 +94,7 @@ enum Command {
     Stat(commands::StatArgs),
     #[command(visible_alias = "delete")]
     Rm(commands::RmArgs),
+    Txn(txn::TxnArgs),
     /// Print every change to a node, its existence and its children.
     ///
     /// Each line: the kind of change, the path and the revision, then what
@@ -239,6 +241,7 @@ fn main() -> ExitCode {
             Command::Ls(args) => commands::ls(&server, args).await,
             Command::Stat(args) => commands::stat(&server, args).await,
             Command::Rm(args) => commands::rm(&server, args).await,
+            Command::Txn(args) => txn::txn(&server, args).await,
             Command::Watch(args) => commands::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,

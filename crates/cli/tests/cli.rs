@@ -181,8 +181,8 @@ fn help_describes_every_command_in_its_own_words() {
         .collect();
     let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
     for name in [
-        "serve", "create", "get", "set", "ls", "stat", "rm", "watch", "lock", "locks", "elect",
-        "leader", "bench",
+        "serve", "create", "get", "set", "ls", "stat", "rm", "txn", "watch", "lock", "locks",
+        "elect", "leader", "bench",
     ] {
         assert!(names.contains(&name), "{name} is not listed:\n{help}");
     }
@@ -495,4 +495,51 @@ fn a_malformed_server_address_and_the_failover_time_are_explained() {
     let help = baton().args(["serve", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("four times"), "{help}");
+}
+
+#[test]
+fn txn_applies_the_lines_of_stdin_all_or_none_and_says_which_failed() {
+    let s = Served::start();
+    s.ok(&["create", "/jobs"]);
+    s.ok(&["create", "/jobs/42", "todo"]);
+    let ops = b"# finish job 42\n\
+        check version /jobs/42 0\n\
+        set --version 0 /jobs/42 done at last\n\
+        create -s /jobs/log- 42 done\n";
+    let out = with_stdin(&s, &["txn"], ops);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert_eq!(lines[1], "ok    set /jobs/42 (version 1)");
+    assert!(
+        lines[2].starts_with("ok    create /jobs/log- -> /jobs/log-"),
+        "{stdout}"
+    );
+    assert_eq!(s.ok(&["get", "/jobs/42"]), "done at last");
+
+    // The version moved on: the same lines fail at the check, nothing changes.
+    let out = with_stdin(&s, &["txn"], ops);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.starts_with("FAILED check version /jobs/42 0: bad version"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("not tried create /jobs/log-"), "{stdout}");
+    assert_eq!(s.ok(&["ls", "/jobs"]).lines().count(), 2);
+    let out = with_stdin(&s, &["txn", "--json"], ops);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["committed"], false);
+    assert_eq!(json["failed"]["index"], 0);
+
+    // A line that is not an operation is refused before anything is sent.
+    let out = with_stdin(&s, &["txn"], b"create /x\nmove /x /y\n");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("line 2: unknown operation \"move\""),
+        "{stderr}"
+    );
+    s.fails(&["get", "/x"]);
 }
