@@ -4,10 +4,18 @@
 //! - [`Lock`]: a fair, herd-free lock whose grants carry a [`FencingToken`].
 //! - [`Election`]: leader election whose leaderships carry a fenced epoch.
 //! - [`FenceTracker`]: the check a storage system makes with a token.
+//! - [`Counter`]: a shared counter whose adds return the value they made.
+//! - [`Barrier`]: holds everyone until it is lifted; [`DoubleBarrier`]:
+//!   parties enter together and leave together.
 
+mod barrier;
+mod counter;
 mod election;
 mod fence;
 mod lock;
+
+pub use barrier::{Barrier, DoubleBarrier, Entered};
+pub use counter::Counter;
 
 pub use election::{Election, Leader, Leadership};
 pub use fence::{FenceTracker, FencingToken, StaleToken};
