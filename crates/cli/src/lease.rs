@@ -208,7 +208,7 @@ async fn gone(lease: &impl Lease) {
     }
 }
 
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+pub fn exit_code(status: std::process::ExitStatus) -> ExitCode {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code as u8),

@@ -1,6 +1,7 @@
 //! `baton`: run a Baton server, and inspect or change its nodes.
 
 mod backup;
+mod barrier;
 mod bench;
 mod chaos;
 mod cluster;
@@ -95,6 +96,7 @@ enum Command {
     #[command(visible_alias = "delete")]
     Rm(commands::RmArgs),
     Txn(txn::TxnArgs),
+    Barrier(barrier::BarrierArgs),
     /// Print every change to a node, its existence and its children.
     ///
     /// Each line: the kind of change, the path and the revision, then what
@@ -242,6 +244,7 @@ fn main() -> ExitCode {
             Command::Stat(args) => commands::stat(&server, args).await,
             Command::Rm(args) => commands::rm(&server, args).await,
             Command::Txn(args) => txn::txn(&server, args).await,
+            Command::Barrier(args) => barrier::barrier(&server, args).await,
             Command::Watch(args) => commands::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,

@@ -181,8 +181,8 @@ fn help_describes_every_command_in_its_own_words() {
         .collect();
     let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
     for name in [
-        "serve", "create", "get", "set", "ls", "stat", "rm", "txn", "watch", "lock", "locks",
-        "elect", "leader", "bench",
+        "serve", "create", "get", "set", "ls", "stat", "rm", "txn", "barrier", "watch", "lock",
+        "locks", "elect", "leader", "bench",
     ] {
         assert!(names.contains(&name), "{name} is not listed:\n{help}");
     }
@@ -542,4 +542,70 @@ fn txn_applies_the_lines_of_stdin_all_or_none_and_says_which_failed() {
         "{stderr}"
     );
     s.fails(&["get", "/x"]);
+}
+
+/// Three `baton barrier` processes: no command starts before the third
+/// party arrives, and none of them exits before every command finished.
+#[test]
+fn barrier_runs_the_command_once_every_party_is_in_and_leaves_together() {
+    use std::time::{Duration, Instant};
+    let s = Served::start();
+    let dir = baton_testkit::scratch("barrier");
+    let party = |n: u32, sleep_ms: u32| {
+        let out = dir.path().join(format!("party-{n}"));
+        baton()
+            .args([
+                "--server",
+                &s.addr,
+                "barrier",
+                "/barriers/b",
+                "--parties",
+                "3",
+                "--",
+            ])
+            .args(["sh", "-c"])
+            .arg(format!(
+                "touch {out}.started; sleep {}; touch {out}.done",
+                f64::from(sleep_ms) / 1000.0,
+                out = out.display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = party(1, 0);
+    let mut second = party(2, 300);
+    // Both wait: neither command has started while the third is missing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.ok(&["ls", "/barriers/b"]).lines().count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the first two parties never entered"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!dir.path().join("party-1.started").exists());
+    assert!(first.try_wait().unwrap().is_none());
+    let mut third = party(3, 0);
+    for (n, child) in [(1, &mut first), (2, &mut second), (3, &mut third)] {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "party {n}: {status:?}");
+        // Out only once the slowest command (party 2's) was done.
+        assert!(
+            dir.path().join("party-2.done").exists(),
+            "party {n} left early"
+        );
+    }
+    // Nothing is left behind; a bad command is reported with its status.
+    assert_eq!(s.ok(&["ls", "/barriers/b"]), "");
+    let out = s.run(&[
+        "barrier",
+        "/barriers/c",
+        "--parties",
+        "1",
+        "--",
+        "no-such-command-here",
+    ]);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
 }
