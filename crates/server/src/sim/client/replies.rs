@@ -2,7 +2,7 @@
 //! operations settled by them.
 
 use baton_chaos::history::{Call, Outcome, Reply as Said};
-use baton_proto::{ErrorCode, EventKind, Reply, Request, ServerMessage};
+use baton_proto::{Check, ErrorCode, EventKind, Reply, Request, ServerMessage, TxnOp};
 use bytes::Bytes;
 
 use super::{
@@ -286,6 +286,13 @@ impl Client {
         result: Result<Reply, baton_proto::ErrorReply>,
     ) {
         let t = op.invoked_ns;
+        // An increment made as a transaction (a version check, then an
+        // unconditional write) that failed is answered as its failing
+        // operation would be alone.
+        let result = match (&op.purpose, result) {
+            (Purpose::CountSet { .. }, Ok(Reply::Multi(Err(failure)))) => Err(failure.error),
+            (_, result) => result,
+        };
         // An error the server answered: the request changed nothing, except
         // that a lost result says nothing either way.
         let refused = |e: &baton_proto::ErrorReply| match e.code {
@@ -385,11 +392,31 @@ impl Client {
                 self.record(w, COUNTER, Call::ReadCounter, t, outcome);
             }
             (Purpose::CountRead { tries }, Ok(Reply::GetData { data, stat })) => {
-                let request = Request::SetData {
-                    path: COUNTER.into(),
-                    data: Bytes::from(value_of(&data).wrapping_add(1).to_string()),
-                    version: Some(stat.version),
-                    fence: None,
+                let data = Bytes::from(value_of(&data).wrapping_add(1).to_string());
+                // Every other increment is a transaction: the same
+                // compare-and-set, as a check and a write applied together.
+                let request = if self.rng.chance(50) {
+                    Request::Multi {
+                        ops: vec![
+                            TxnOp::Check {
+                                path: COUNTER.into(),
+                                check: Check::Version(stat.version),
+                            },
+                            TxnOp::SetData {
+                                path: COUNTER.into(),
+                                data,
+                                version: None,
+                                fence: None,
+                            },
+                        ],
+                    }
+                } else {
+                    Request::SetData {
+                        path: COUNTER.into(),
+                        data,
+                        version: Some(stat.version),
+                        fence: None,
+                    }
                 };
                 self.start(w, c, request, Purpose::CountSet { tries }, t);
             }
