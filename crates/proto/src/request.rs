@@ -93,6 +93,29 @@ impl OpCode {
         })
     }
 
+    /// Whether the operation changes the state: it is proposed (on a
+    /// cluster, replicated) rather than answered from the state as it is.
+    pub fn is_change(self) -> bool {
+        match self {
+            OpCode::Create
+            | OpCode::Delete
+            | OpCode::SetData
+            | OpCode::Enqueue
+            | OpCode::CloseSession
+            | OpCode::Multi => true,
+            OpCode::Exists
+            | OpCode::GetData
+            | OpCode::GetChildren
+            | OpCode::Ping
+            | OpCode::SetWatches
+            | OpCode::Predecessor
+            | OpCode::CheckToken
+            | OpCode::Stats
+            | OpCode::RemoveWatches
+            | OpCode::SessionStatus => false,
+        }
+    }
+
     /// A short lower-case name for messages and logs.
     pub fn name(self) -> &'static str {
         match self {

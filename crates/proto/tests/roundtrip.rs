@@ -383,3 +383,25 @@ fn other_protocol_versions_decode_to_just_their_version() {
     assert_eq!(req.version, 2);
     assert_eq!(req.resume, None);
 }
+
+/// The requests that change the state are exactly the ones proposed: a
+/// front end lets them through without a read barrier, in request order.
+#[test]
+fn the_changes_are_create_delete_set_data_enqueue_close_and_multi() {
+    let changes: Vec<&str> = (0..=255u8)
+        .filter_map(OpCode::from_u8)
+        .filter(|op| op.is_change())
+        .map(OpCode::name)
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            "create",
+            "delete",
+            "set data",
+            "close session",
+            "enqueue",
+            "multi"
+        ]
+    );
+}

@@ -118,9 +118,6 @@ impl Identity {
         )
     }
 
-    /// Checks `request` of a session; `owns` says whether a path is an
-    /// ephemeral node of that session (a lock holder may delete its own
-    /// node, which is how it releases).
     /// Checks a transaction's operations, each as the request it stands
     /// for (a check needs the read right); the first refused is named by its
     /// index.
@@ -180,6 +177,9 @@ impl Identity {
         Ok(())
     }
 
+    /// Checks `request` of a session; `owns` says whether a path is an
+    /// ephemeral node of that session (a lock holder may delete its own
+    /// node, which is how it releases).
     pub(crate) fn authorize(
         &self,
         request: &Request,

@@ -46,16 +46,7 @@ enum Event {
 
 /// Whether a request's op changes the state (and is proposed).
 pub(crate) fn is_change(op: u8) -> bool {
-    use baton_proto::OpCode;
-    [
-        OpCode::Create,
-        OpCode::Delete,
-        OpCode::SetData,
-        OpCode::Enqueue,
-        OpCode::CloseSession,
-    ]
-    .iter()
-    .any(|c| *c as u8 == op)
+    baton_proto::OpCode::from_u8(op).is_some_and(baton_proto::OpCode::is_change)
 }
 
 /// A connection's state, boxed: the task that serves it then holds one
