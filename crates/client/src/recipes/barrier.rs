@@ -93,7 +93,7 @@ impl Barrier {
 }
 
 /// A double barrier for `parties` processes: [`enter`](Self::enter)
-/// returns once that many have entered, and [`leave`](Self::leave) once all
+/// returns once that many have entered, and [`leave`](Entered::leave) once all
 /// who entered have left, so that a computation starts together and ends
 /// together. (The ZooKeeper recipe, and Curator's
 /// `DistributedDoubleBarrier`.)
