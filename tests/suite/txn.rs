@@ -352,3 +352,63 @@ async fn an_operation_an_identity_may_not_make_refuses_the_whole_transaction() {
     team.close().await;
     server.stop().await;
 }
+
+/// A transaction's changes reach queue watches and sessions as the same
+/// changes made alone: deleting the holder's node grants the lock to the
+/// next waiter, and an ephemeral node created in a transaction goes with
+/// its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_s_changes_reach_lock_waiters_and_ephemerals_like_any_other() {
+    let server = TestServer::start().await;
+    let holder = server.client().await;
+    let waiter = server.client().await;
+    let admin = server.client().await;
+    let guard = baton::Lock::new(&holder, "/locks/t")
+        .acquire()
+        .await
+        .unwrap();
+    let lock = baton::Lock::new(&waiter, "/locks/t");
+    let mut waiting = Box::pin(lock.acquire());
+    assert!(futures::poll!(&mut waiting).is_pending());
+    eventually_async(10, "the waiter queued", || async {
+        admin.get_children("/locks/t").await.unwrap().0.len() == 2
+    })
+    .await;
+    // An operator removes the stuck holder and records why, together.
+    admin
+        .txn()
+        .delete(guard.node(), None)
+        .create(
+            "/locks/t-evicted",
+            guard.node().to_owned(),
+            CreateMode::Persistent,
+        )
+        .commit()
+        .await
+        .unwrap();
+    let granted = within(10, "the next waiter granted", waiting)
+        .await
+        .unwrap();
+    assert!(granted.token() > guard.token());
+    within(10, "the old holder told", guard.lost()).await;
+
+    let short = server.client_with_timeout(Duration::from_secs(2)).await;
+    short
+        .txn()
+        .create("/eph", "", CreateMode::Ephemeral)
+        .create("/kept", "", CreateMode::Persistent)
+        .commit()
+        .await
+        .unwrap();
+    short.close().await;
+    eventually_async(10, "the ephemeral gone with its session", || async {
+        admin.exists("/eph").await.unwrap().is_none()
+    })
+    .await;
+    assert!(admin.exists("/kept").await.unwrap().is_some());
+    granted.release().await.unwrap();
+    for c in [holder, waiter, admin] {
+        c.close().await;
+    }
+    server.stop().await;
+}
