@@ -15,11 +15,13 @@
 pub mod error;
 pub mod frame;
 pub mod handshake;
+mod mode;
 pub mod path;
 pub mod pem;
 pub mod probe;
 pub mod request;
 pub mod response;
+mod stat;
 pub mod txn;
 pub mod wire;
 

@@ -29,9 +29,9 @@
 use bytes::{BufMut, Bytes};
 
 use crate::error::DecodeError;
+use crate::mode::CreateMode;
 use crate::path;
-use crate::request::CreateMode;
-use crate::response::Stat;
+use crate::stat::Stat;
 use crate::wire::{put_bytes32, put_opt_u32, put_opt_u64, put_str16, Reader};
 
 /// Most operations in one transaction. A transaction with more is refused
