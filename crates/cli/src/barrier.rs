@@ -20,7 +20,10 @@ use crate::{CliError, CliResult};
 ///
 /// Each party is an ephemeral node under PATH: a party whose process or
 /// session ends is counted out. CMD gets BATON_BARRIER_PATH and
-/// BATON_SERVER in its environment.
+/// BATON_SERVER in its environment. SIGINT, SIGTERM or SIGHUP while CMD
+/// runs is passed on to it (SIGKILL 10 s later if it still runs); baton then
+/// exits without waiting for the others, and its party leaves with its
+/// session.
 ///
 /// Exit status: CMD's status (128+N if a signal N ended it), once every
 /// party has left; 126 if CMD could not be run, 127 if it was not found;
@@ -44,6 +47,9 @@ pub struct BarrierArgs {
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
+
+/// How long CMD has to stop after a signal passed on to it.
+const KILL_GRACE: Duration = Duration::from_secs(10);
 
 pub async fn barrier(server: &str, args: BarrierArgs) -> CliResult {
     let mut interrupts = Interrupts::new()?;
@@ -69,13 +75,22 @@ pub async fn barrier(server: &str, args: BarrierArgs) -> CliResult {
                     ("BATON_SERVER", server.to_owned()),
                 ];
                 match Supervised::spawn(program, rest, &env).await {
-                    Ok(mut child) => {
-                        let status = child
-                            .wait()
-                            .await
-                            .map_err(|e| CliError::msg(format!("waiting for {program:?}: {e}")))?;
-                        exit_code(status)
-                    }
+                    Ok(mut child) => tokio::select! {
+                        status = child.wait() => exit_code(
+                            status.map_err(|e| CliError::msg(format!("waiting for {program:?}: {e}")))?,
+                        ),
+                        sig = interrupts.recv() => {
+                            eprintln!(
+                                "baton: {sig}; passing it on to {program:?} (SIGKILL after {} s)",
+                                KILL_GRACE.as_secs()
+                            );
+                            let kill_at = tokio::time::Instant::now() + KILL_GRACE;
+                            let status = child
+                                .stop(Some(sig.number()), kill_at, std::future::pending())
+                                .await;
+                            return Ok(exit_code(status));
+                        }
+                    },
                     Err(e) => {
                         eprintln!("baton: cannot run {program:?}: {e}");
                         ExitCode::from(match e.kind() {

@@ -46,7 +46,11 @@ pub struct TxnArgs {
 struct BadLine(usize, String);
 
 pub async fn txn(server: &str, args: TxnArgs) -> CliResult {
-    let text = read_text(args.file.as_ref())?;
+    // Reading a pipe or a file blocks: not on a runtime thread.
+    let file = args.file.clone();
+    let text = tokio::task::spawn_blocking(move || read_text(file.as_ref()))
+        .await
+        .map_err(|e| CliError::msg(format!("reading the operations failed: {e}")))??;
     let ops = match parse(&text) {
         Ok(ops) => ops,
         Err(BadLine(line, why)) => {

@@ -112,3 +112,38 @@ fn leader_watch_ends_its_session_on_every_stop_signal() {
         ends_its_session_on(&s, sig, &args, Ready::Stdout);
     }
 }
+
+/// A signal while `baton barrier` runs its command is passed on to the
+/// command; baton exits with the command's status at once, without waiting
+/// for other parties, and its party leaves with its session.
+#[test]
+fn barrier_passes_a_signal_on_to_its_command_and_leaves() {
+    let s = Served::start();
+    for sig in SIGNALS {
+        let mut child = baton()
+            .args([
+                "--server",
+                &s.addr,
+                "barrier",
+                "/barriers/sig",
+                "--parties",
+                "1",
+                "--",
+            ])
+            .args(["sh", "-c", "echo started; exec sleep 30"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "started\n");
+        // SAFETY: kill has no memory effects.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let status = exit_within(&mut child, 5);
+        assert_eq!(status.code(), Some(128 + sig), "signal {sig}: {status:?}");
+        assert_eq!(open_sessions(&s), 0, "signal {sig}: the session is closed");
+    }
+}

@@ -28,14 +28,14 @@
 
 use bytes::{BufMut, Bytes};
 
-use crate::error::DecodeError;
+use crate::error::{DecodeError, ErrorCode};
 use crate::mode::CreateMode;
 use crate::path;
 use crate::stat::Stat;
 use crate::wire::{put_bytes32, put_opt_u32, put_opt_u64, put_str16, Reader};
 
 /// Most operations in one transaction. A transaction with more is refused
-/// with [`ErrorCode::TooManyOperations`](crate::ErrorCode::TooManyOperations)
+/// with [`ErrorCode::TooManyOperations`]
 /// and changes nothing.
 pub const MAX_TXN_OPS: usize = 1024;
 
@@ -98,6 +98,40 @@ pub enum TxnResult {
     Deleted,
     DataSet(Stat),
     Checked,
+}
+
+/// Checks a transaction's limits, as client and server both do before it
+/// is sent or proposed: at most [`MAX_TXN_OPS`] operations, and at most
+/// `max_data` bytes of data (of its creates and set datas) in all.
+///
+/// # Errors
+/// The operation at which a limit is passed (index [`MAX_TXN_OPS`] for too
+/// many), the code to refuse it with, and a message saying why.
+pub fn check_limits(ops: &[TxnOp], max_data: usize) -> Result<(), (u32, ErrorCode, String)> {
+    if ops.len() > MAX_TXN_OPS {
+        return Err((
+            MAX_TXN_OPS as u32,
+            ErrorCode::TooManyOperations,
+            format!(
+                "a transaction of {} operations exceeds the limit of {MAX_TXN_OPS}: split it, or make it smaller",
+                ops.len()
+            ),
+        ));
+    }
+    let mut total = 0usize;
+    for (index, op) in ops.iter().enumerate() {
+        total += op.data().map_or(0, |d| d.len());
+        if total > max_data {
+            return Err((
+                index as u32,
+                ErrorCode::ValueTooLarge,
+                format!(
+                    "the transaction's data reaches {total} bytes at operation {index}, beyond the server's limit of {max_data} bytes for one transaction"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 const CREATE: u8 = 1;

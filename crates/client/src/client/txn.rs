@@ -1,6 +1,6 @@
 //! Transactions: operations applied all or none.
 
-use baton_proto::{path, Check, CreateMode, Reply, Request, TxnOp, TxnResult, MAX_TXN_OPS};
+use baton_proto::{path, Check, CreateMode, Reply, Request, TxnOp, TxnResult};
 use bytes::Bytes;
 
 use super::{unexpected, Client};
@@ -173,7 +173,7 @@ impl<'a> Txn<'a> {
     /// # Errors
     /// [`Error::TxnFailed`] naming the operation that failed and why (no
     /// operation was applied); checked here before anything is sent, an
-    /// invalid path, more than [`MAX_TXN_OPS`] operations
+    /// invalid path, more than [`MAX_TXN_OPS`](crate::MAX_TXN_OPS) operations
     /// ([`Error::TooManyOperations`]) or more data in all than the server
     /// takes in one node ([`Error::ValueTooLarge`]), each as a
     /// [`Error::TxnFailed`] too; or a session or connection error, after
@@ -202,31 +202,15 @@ impl<'a> Txn<'a> {
 
 /// What the client can tell of a transaction before it is sent.
 fn check_ops(ops: &[TxnOp], max_data: usize) -> Result<()> {
-    let failed = |index: usize, error: Error| Error::TxnFailed {
-        index: index as u32,
+    let failed = |index: u32, error: Error| Error::TxnFailed {
+        index,
         error: Box::new(error),
     };
-    if ops.len() > MAX_TXN_OPS {
-        return Err(failed(
-            MAX_TXN_OPS,
-            Error::TooManyOperations(format!(
-                "a transaction of {} operations exceeds the limit of {MAX_TXN_OPS}: split it, or make it smaller",
-                ops.len()
-            )),
-        ));
-    }
-    let mut total = 0usize;
+    baton_proto::txn::check_limits(ops, max_data)
+        .map_err(|(index, code, message)| failed(index, Error::from_wire(code, message)))?;
     for (index, op) in ops.iter().enumerate() {
-        path::validate(op.path()).map_err(|e| failed(index, Error::InvalidPath(e.to_string())))?;
-        total += op.data().map_or(0, |d| d.len());
-        if total > max_data {
-            return Err(failed(
-                index,
-                Error::ValueTooLarge(format!(
-                    "the transaction's data reaches {total} bytes at operation {index}, beyond the server's limit of {max_data} bytes for one transaction"
-                )),
-            ));
-        }
+        path::validate(op.path())
+            .map_err(|e| failed(index as u32, Error::InvalidPath(e.to_string())))?;
     }
     Ok(())
 }

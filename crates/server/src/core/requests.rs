@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_proto::{
-    path, ErrorCode, ErrorReply, PredecessorWatch, Reply, Request, RequestFrame, SessionId,
-    TxnFailure, TxnOp, MAX_TXN_OPS,
+    path, txn, ErrorCode, ErrorReply, PredecessorWatch, Reply, Request, RequestFrame, SessionId,
+    TxnFailure, TxnOp,
 };
 use tokio::time::Instant;
 
@@ -230,39 +230,13 @@ impl Core {
         Flow::Continue
     }
 
-    /// Checks a transaction's limits before it is proposed: at most
-    /// [`MAX_TXN_OPS`] operations, and data of at most the server's limit
-    /// for one node in all (what one frame may carry).
+    /// Checks a transaction's limits before it is proposed
+    /// ([`txn::check_limits`], with the server's `max_data`).
     fn check_txn(&self, ops: &[TxnOp]) -> Result<(), TxnFailure> {
-        if ops.len() > MAX_TXN_OPS {
-            return Err(TxnFailure {
-                index: MAX_TXN_OPS as u32,
-                error: ErrorReply::new(
-                    ErrorCode::TooManyOperations,
-                    format!(
-                        "a transaction of {} operations exceeds the limit of {MAX_TXN_OPS}: split it, or make it smaller",
-                        ops.len()
-                    ),
-                ),
-            });
-        }
-        let mut total = 0usize;
-        for (index, op) in ops.iter().enumerate() {
-            total += op.data().map_or(0, |d| d.len());
-            if total > self.config.max_data {
-                return Err(TxnFailure {
-                    index: index as u32,
-                    error: ErrorReply::new(
-                        ErrorCode::ValueTooLarge,
-                        format!(
-                            "the transaction's data reaches {total} bytes at operation {index}, beyond the server's limit of {} bytes for one transaction",
-                            self.config.max_data
-                        ),
-                    ),
-                });
-            }
-        }
-        Ok(())
+        txn::check_limits(ops, self.config.max_data).map_err(|(index, code, message)| TxnFailure {
+            index,
+            error: ErrorReply::new(code, message),
+        })
     }
 
     pub(super) fn check_size(&self, data: &[u8]) -> Result<(), ErrorReply> {
