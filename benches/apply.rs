@@ -163,6 +163,7 @@ fn enqueue_command(session: SessionId) -> Command {
         session,
         path: format!("{LOCK}/lock-{:x}-0-", session.0),
         data: Bytes::from_static(IDENTITY),
+        rule: Default::default(),
     }
 }
 

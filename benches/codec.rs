@@ -86,6 +86,7 @@ fn enqueue_request() -> RequestFrame {
         request: Request::Enqueue {
             path: PREFIX.to_owned(),
             data: Bytes::from_static(IDENTITY),
+            rule: Default::default(),
         },
     }
 }

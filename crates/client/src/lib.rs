@@ -31,8 +31,8 @@ mod watcher;
 mod wire;
 
 pub use baton_proto::{
-    Check, CreateMode, EventKind, Liveness, SessionId, SessionStatus, Stat, TxnOp, TxnResult,
-    WatchEvent, MAX_TXN_OPS,
+    Check, CreateMode, EventKind, Liveness, QueueRule, SessionId, SessionStatus, Stat, TxnOp,
+    TxnResult, WatchEvent, MAX_TXN_OPS,
 };
 pub use client::{
     Client, ClientBuilder, Created, Enqueued, Txn, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,

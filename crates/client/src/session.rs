@@ -850,6 +850,7 @@ mod tests {
         let request = Request::Enqueue {
             path: "/q/n-".into(),
             data: Bytes::new(),
+            rule: Default::default(),
         };
         let enqueue = call(
             &task,
@@ -892,6 +893,7 @@ mod tests {
         let request = Request::Enqueue {
             path: "/q/n-".into(),
             data: Bytes::new(),
+            rule: Default::default(),
         };
         let xid = call(
             &task,

@@ -32,7 +32,7 @@ pub use frame::MAX_RESPONSE_FRAME;
 pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret, Token};
 pub use path::PathError;
 pub use request::{
-    CreateMode, OpCode, PredecessorWatch, Request, RequestDecodeError, RequestFrame,
+    CreateMode, OpCode, PredecessorWatch, QueueRule, Request, RequestDecodeError, RequestFrame,
 };
 pub use response::{
     Disconnect, ErrorReply, EventKind, Liveness, Reply, ReplyFrame, ServerMessage, SessionStatus,

@@ -43,3 +43,63 @@ impl CreateMode {
         (mode < 4).then(|| CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0))
     }
 }
+
+/// How a member of a queue shares what the queue guards: the rule an
+/// enqueue carries, by which the server decides when the member heads its
+/// queue (see the protocol's section on queue watches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QueueRule {
+    /// One member at a time, in order (a lock, a writer): a member heads once
+    /// nobody is ahead of it.
+    #[default]
+    Exclusive,
+    /// With the other shared members (readers): a member heads once no
+    /// member ahead of it is exclusive. Consecutive shared members head
+    /// together.
+    Shared,
+    /// One of `n` permits (a semaphore): a member heads while fewer than `n`
+    /// members are ahead of it. `n` is at least 1.
+    Permits(u32),
+}
+
+impl std::fmt::Display for QueueRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueRule::Exclusive => f.write_str("exclusive"),
+            QueueRule::Shared => f.write_str("shared"),
+            QueueRule::Permits(1) => f.write_str("1 permit"),
+            QueueRule::Permits(n) => write!(f, "{n} permits"),
+        }
+    }
+}
+
+impl QueueRule {
+    /// Writes the rule: `kind u8` (0 exclusive, 1 shared, 2 permits), then
+    /// `permits u32` for kind 2.
+    pub fn put(self, b: &mut impl bytes::BufMut) {
+        match self {
+            QueueRule::Exclusive => b.put_u8(0),
+            QueueRule::Shared => b.put_u8(1),
+            QueueRule::Permits(n) => {
+                b.put_u8(2);
+                b.put_u32(n);
+            }
+        }
+    }
+
+    /// Reads a rule written by [`put`](Self::put).
+    ///
+    /// # Errors
+    /// A kind above 2, or a truncated field.
+    pub fn read(r: &mut crate::wire::Reader<'_>) -> Result<Self, crate::DecodeError> {
+        match r.u8("rule")? {
+            0 => Ok(QueueRule::Exclusive),
+            1 => Ok(QueueRule::Shared),
+            2 => Ok(QueueRule::Permits(r.u32("permits")?)),
+            other => Err(crate::DecodeError::BadValue {
+                what: "rule",
+                value: other.into(),
+            }),
+        }
+    }
+}

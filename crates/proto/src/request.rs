@@ -43,7 +43,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::encode_frame;
-pub use crate::mode::CreateMode;
+pub use crate::mode::{CreateMode, QueueRule};
 use crate::path;
 use crate::txn::TxnOp;
 use crate::wire::{put_bool, put_bytes32, put_opt_u32, put_opt_u64, put_str16, Reader};
@@ -217,17 +217,20 @@ pub enum Request {
         data: bool,
         child: bool,
     },
-    /// Joins a queue: creates an ephemeral sequential node at `path` (plus
-    /// the sequence suffix) holding `data`, and sets a queue watch on it, in
-    /// one step. The reply names the node just before it, if any.
+    /// Joins a queue by `rule`: creates an ephemeral sequential node at
+    /// `path` (plus the sequence suffix) holding `data`, and sets a queue
+    /// watch on it, in one step. The reply names the member it waits on
+    /// under its rule, none if it heads the queue.
     ///
-    /// A queue watch fires *head* once the node has no predecessor left, and
-    /// then *deleted* if the node is deleted by anyone but its own session.
-    /// A predecessor that leaves while others remain before the node wakes
-    /// nobody: the server moves the watch on by itself.
+    /// A queue watch fires *head* once the rule lets the node proceed (for
+    /// an exclusive member, once it has no predecessor left), and then
+    /// *deleted* if the node is deleted by anyone but its own session. A
+    /// member that leaves without letting it proceed wakes nobody: the
+    /// server moves the watch on by itself.
     Enqueue {
         path: String,
         data: Bytes,
+        rule: QueueRule,
     },
     /// Whether a session (anyone's) is alive as the serving server sees it:
     /// connected, or disconnected and until when it may still resume.
@@ -254,6 +257,10 @@ pub enum PredecessorWatch {
     /// The node's place in its queue, as a queue watch (see
     /// [`Request::Enqueue`]).
     Queue,
+    /// No watch, and instead of the predecessor, the member the node waits
+    /// on under the rule it joined its queue by (none: it heads), as a
+    /// queue watch would start from.
+    Standing,
 }
 
 impl PredecessorWatch {
@@ -262,6 +269,7 @@ impl PredecessorWatch {
             PredecessorWatch::None => 0,
             PredecessorWatch::Predecessor => 1,
             PredecessorWatch::Queue => 2,
+            PredecessorWatch::Standing => 3,
         }
     }
 
@@ -270,6 +278,7 @@ impl PredecessorWatch {
             0 => PredecessorWatch::None,
             1 => PredecessorWatch::Predecessor,
             2 => PredecessorWatch::Queue,
+            3 => PredecessorWatch::Standing,
             _ => return None,
         })
     }
@@ -406,9 +415,15 @@ impl RequestFrame {
                     put_str16(b, path);
                     b.put_u8(watch.to_u8());
                 }
-                Request::Enqueue { path, data } => {
+                Request::Enqueue { path, data, rule } => {
                     put_str16(b, path);
                     put_bytes32(b, data);
+                    // The rule is the one field a body may leave out: an
+                    // exclusive enqueue is sent as protocol version 1 first
+                    // defined it.
+                    if *rule != QueueRule::Exclusive {
+                        rule.put(b);
+                    }
                 }
                 Request::CheckToken { path, token } => {
                     put_str16(b, path);
@@ -541,6 +556,11 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
         OpCode::Enqueue => Request::Enqueue {
             path: read_path(r)?,
             data: r.bytes32("data")?,
+            rule: if r.remaining() == 0 {
+                QueueRule::Exclusive
+            } else {
+                QueueRule::read(r)?
+            },
         },
         OpCode::CheckToken => Request::CheckToken {
             path: read_path(r)?,

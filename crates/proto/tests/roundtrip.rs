@@ -57,15 +57,24 @@ fn request() -> impl Strategy<Value = Request> {
                 fence,
             }
         }),
-        (path(), 0u8..3).prop_map(|(path, w)| Request::Predecessor {
+        (path(), 0u8..4).prop_map(|(path, w)| Request::Predecessor {
             path,
             watch: [
                 PredecessorWatch::None,
                 PredecessorWatch::Predecessor,
-                PredecessorWatch::Queue
+                PredecessorWatch::Queue,
+                PredecessorWatch::Standing,
             ][w as usize],
         }),
-        (path(), data()).prop_map(|(path, data)| Request::Enqueue { path, data }),
+        (path(), data(), 0u32..5).prop_map(|(path, data, r)| Request::Enqueue {
+            path,
+            data,
+            rule: match r {
+                0 => QueueRule::Exclusive,
+                1 => QueueRule::Shared,
+                n => QueueRule::Permits(n - 2),
+            },
+        }),
         (path(), any::<u64>()).prop_map(|(path, token)| Request::CheckToken { path, token }),
         Just(Request::Stats),
         any::<u64>().prop_map(|s| Request::SessionStatus {

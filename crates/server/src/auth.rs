@@ -366,6 +366,7 @@ mod tests {
         let enqueue = Request::Enqueue {
             path: "/locks/a/lock-".into(),
             data: Default::default(),
+            rule: Default::default(),
         };
         assert!(id.authorize(&enqueue, |_| false).is_ok());
         let delete = |path: &str| Request::Delete {
@@ -404,6 +405,7 @@ mod tests {
         let enqueue = Request::Enqueue {
             path: "/locks/a/x".into(),
             data: Default::default(),
+            rule: Default::default(),
         };
         assert!(narrow.authorize(&enqueue, |_| false).is_err());
         let create = Request::Create {
@@ -418,6 +420,7 @@ mod tests {
         let join = Request::Enqueue {
             path: "/locks/a/lock-".into(),
             data: Default::default(),
+            rule: Default::default(),
         };
         assert!(queue.authorize(&join, |_| false).is_ok());
     }

@@ -2,9 +2,10 @@
 //! holders held it and waiters waited.
 //!
 //! A lock here is a parent whose children queue with queue watches (the
-//! lock and election recipes). A grant is a queue node becoming the head of
-//! its queue while its session waits on this server: at its enqueue, or when
-//! its predecessor goes. Like the queue watches, these figures belong to this
+//! lock, read-write lock, semaphore and election recipes). A grant is a
+//! queue node coming to head its queue while its session waits on this
+//! server: at its enqueue, or when what it waited for goes. A lock has one
+//! holder at a time, or several when they share it (readers, permits). Like the queue watches, these figures belong to this
 //! server and not to the state machine; a new leader starts counting afresh.
 
 use std::collections::HashMap;
@@ -34,14 +35,21 @@ struct Figures {
     /// Holds that ended, and their summed length in ns.
     holds: u64,
     hold_ns: u64,
-    holder: Option<Holder>,
+    /// The holders now, by node.
+    holders: HashMap<Arc<str>, Holder>,
 }
 
 #[derive(Debug)]
 struct Holder {
-    node: Arc<str>,
     token: u64,
     since: Instant,
+}
+
+impl Figures {
+    fn end_hold(&mut self, holder: Holder, now: Instant) {
+        self.holds += 1;
+        self.hold_ns += now.saturating_duration_since(holder.since).as_nanos() as u64;
+    }
 }
 
 /// One lock as `baton locks --all`, the status probe and the metrics show
@@ -49,9 +57,12 @@ struct Holder {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct LockView {
     pub(crate) lock: Arc<str>,
-    /// Nodes in the queue now, the holder's included.
+    /// Nodes in the queue now, the holders' included.
     pub(crate) queue: u64,
-    /// The holder's fencing token, if the lock is held.
+    /// Holders now: one for an exclusive lock that is held, more when
+    /// readers or permit holders share it.
+    pub(crate) holders: u64,
+    /// The newest holder's fencing token, if the lock is held.
     pub(crate) token: Option<u64>,
     pub(crate) grants: u64,
     /// Summed waits from enqueue to grant, in seconds.
@@ -70,37 +81,47 @@ fn parent(path: &str) -> &str {
 
 impl LockBoard {
     /// `node` (created at wall-clock `created_ms`, token `token`) heads its
-    /// queue as of `now`.
-    pub(crate) fn granted(&mut self, node: &Arc<str>, token: u64, created_ms: u64, now: Now) {
+    /// queue as of `now`; `exclusive` if it joined as the only holder.
+    pub(crate) fn granted(
+        &mut self,
+        node: &Arc<str>,
+        exclusive: bool,
+        token: u64,
+        created_ms: u64,
+        now: Now,
+    ) {
         let lock = parent(node);
         if !self.locks.contains_key(lock) && self.locks.len() >= MAX_LOCKS {
             if self.held >= self.locks.len() {
                 return; // every one is held: nothing to forget
             }
-            self.locks.retain(|_, f| f.holder.is_some());
+            self.locks.retain(|_, f| !f.holders.is_empty());
         }
         let figures = match self.locks.get_mut(lock) {
             Some(f) => f,
             None => self.locks.entry(Arc::from(lock)).or_default(),
         };
-        if figures.holder.as_ref().is_some_and(|h| h.node == *node) {
+        if figures.holders.contains_key(node) {
             return; // told again (an enqueue sent again): one grant
         }
-        if let Some(old) = figures.holder.take() {
-            // The previous holder's node is still there (a grant after a
-            // failover, say): its hold ends now.
-            figures.holds += 1;
-            figures.hold_ns += now.at.duration_since(old.since).as_nanos() as u64;
-        } else {
+        if figures.holders.is_empty() {
             self.held += 1;
+        } else if exclusive {
+            // The previous holders' nodes are still there (a grant after a
+            // failover, say): their holds end now.
+            for (_, old) in std::mem::take(&mut figures.holders) {
+                figures.end_hold(old, now.at);
+            }
         }
         figures.grants += 1;
         figures.wait_ms += now.wall_ms.saturating_sub(created_ms);
-        figures.holder = Some(Holder {
-            node: node.clone(),
-            token,
-            since: now.at,
-        });
+        figures.holders.insert(
+            node.clone(),
+            Holder {
+                token,
+                since: now.at,
+            },
+        );
     }
 
     /// `path` was deleted at `now`: if it held its lock, the hold ends.
@@ -108,11 +129,11 @@ impl LockBoard {
         let Some(figures) = self.locks.get_mut(parent(path)) else {
             return;
         };
-        if figures.holder.as_ref().is_some_and(|h| &*h.node == path) {
-            let old = figures.holder.take().expect("just seen");
-            figures.holds += 1;
-            figures.hold_ns += now.saturating_duration_since(old.since).as_nanos() as u64;
-            self.held -= 1;
+        if let Some(old) = figures.holders.remove(path) {
+            figures.end_hold(old, now);
+            if figures.holders.is_empty() {
+                self.held -= 1;
+            }
         }
     }
 
@@ -124,7 +145,8 @@ impl LockBoard {
             .map(|(lock, f)| LockView {
                 lock: lock.clone(),
                 queue: sm.node(lock).map_or(0, |p| p.child_count() as u64),
-                token: f.holder.as_ref().map(|h| h.token),
+                holders: f.holders.len() as u64,
+                token: f.holders.values().map(|h| h.token).max(),
                 grants: f.grants,
                 wait_seconds: f.wait_ms as f64 / 1e3,
                 holds: f.holds,
@@ -164,11 +186,11 @@ mod tests {
         let start = Instant::now();
         let a: Arc<str> = Arc::from("/locks/job/lock-0000000005");
         let b: Arc<str> = Arc::from("/locks/job/lock-0000000007");
-        board.granted(&a, 5, 1_000, at(start, 0));
+        board.granted(&a, true, 5, 1_000, at(start, 0));
         board.deleted("/locks/other/lock-0000000005", at(start, 100).at);
         board.deleted("/locks/job/lock-0000000006", at(start, 100).at);
         board.deleted(&a, at(start, 400).at);
-        board.granted(&b, 7, 1_000, at(start, 250));
+        board.granted(&b, true, 7, 1_000, at(start, 250));
         let sm = StateMachine::new();
         let views = board.busiest(&sm, 10);
         assert_eq!(views.len(), 1);
@@ -185,21 +207,21 @@ mod tests {
         let now = at(Instant::now(), 0);
         for i in 0..MAX_LOCKS {
             let node: Arc<str> = Arc::from(format!("/l{i}/n").as_str());
-            board.granted(&node, 1, 0, now);
+            board.granted(&node, true, 1, 0, now);
             if i % 2 == 0 {
                 board.deleted(&node, now.at);
             }
         }
         assert_eq!(board.len(), MAX_LOCKS);
-        board.granted(&Arc::from("/new/n"), 1, 0, now);
+        board.granted(&Arc::from("/new/n"), true, 1, 0, now);
         assert_eq!(board.len(), MAX_LOCKS / 2 + 1);
         assert_eq!(board.held, MAX_LOCKS / 2 + 1);
         // Full of held locks: a new one is not followed, and costs no scan.
         let mut full = LockBoard::default();
         for i in 0..MAX_LOCKS {
-            full.granted(&Arc::from(format!("/h{i}/n").as_str()), 1, 0, now);
+            full.granted(&Arc::from(format!("/h{i}/n").as_str()), true, 1, 0, now);
         }
-        full.granted(&Arc::from("/late/n"), 1, 0, now);
+        full.granted(&Arc::from("/late/n"), true, 1, 0, now);
         assert_eq!((full.len(), full.held), (MAX_LOCKS, MAX_LOCKS));
     }
 

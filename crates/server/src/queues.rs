@@ -14,70 +14,104 @@
 //! state machine; they are dropped with their session or connection, and the
 //! client sets them again after a resume.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use baton_proto::{EventKind, SessionId};
+use baton_proto::{path, EventKind, SessionId};
 
-use crate::state::queue::{QueueRule, Standing};
+use crate::state::queue::Standing;
 use crate::state::StateMachine;
 
 #[derive(Debug)]
 struct Entry {
     session: SessionId,
-    /// The rule the node joined its queue by.
-    rule: QueueRule,
-    /// The member the watch waits on; `None` once the node heads.
-    waiting_on: Option<Arc<str>>,
+    waiting: Waiting,
+}
+
+/// What a queue watch waits for.
+#[derive(Debug, Clone)]
+enum Waiting {
+    /// Nothing: its node heads the queue.
+    Nothing,
+    /// The member at this path to leave.
+    On(Arc<str>),
+    /// A permit: any member of its queue ahead of it to leave. The node was
+    /// created at `czxid` in the queue at `queue`.
+    Permit { queue: Arc<str>, czxid: u64 },
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct QueueWatches {
     by_node: HashMap<Arc<str>, Entry>,
     by_predecessor: HashMap<Arc<str>, Vec<Arc<str>>>,
+    /// Watches waiting for a permit, by queue, in queue order. The members
+    /// that wait for a permit all hold the same number (the state machine
+    /// refuses others), so once one of them must go on waiting, so must
+    /// every one behind it.
+    by_queue: HashMap<Arc<str>, BTreeMap<u64, Arc<str>>>,
     by_session: HashMap<SessionId, HashSet<Arc<str>>>,
 }
 
 impl QueueWatches {
-    /// Sets `session`'s queue watch on `node`, which joined its queue by
-    /// `rule` and waits on `predecessor` (`None`: it heads its queue
-    /// already).
+    /// Sets `session`'s queue watch on `node`, created at `czxid`, which
+    /// stands in its queue as `standing` says.
     pub(crate) fn set(
         &mut self,
         session: SessionId,
         node: Arc<str>,
-        rule: QueueRule,
-        predecessor: Option<Arc<str>>,
+        czxid: u64,
+        standing: Standing<Arc<str>>,
     ) {
         self.forget(&node);
-        if let Some(p) = &predecessor {
-            self.by_predecessor
-                .entry(p.clone())
-                .or_default()
-                .push(node.clone());
-        }
         self.by_session
             .entry(session)
             .or_default()
             .insert(node.clone());
-        self.by_node.insert(
-            node,
-            Entry {
-                session,
-                rule,
-                waiting_on: predecessor,
-            },
-        );
+        let waiting = self.wait(&node, czxid, standing);
+        self.by_node.insert(node, Entry { session, waiting });
+    }
+
+    /// Files `node` under what it now waits for.
+    fn wait(&mut self, node: &Arc<str>, czxid: u64, standing: Standing<Arc<str>>) -> Waiting {
+        match standing {
+            Standing::Heads => Waiting::Nothing,
+            Standing::Waits { on } => {
+                self.by_predecessor
+                    .entry(on.clone())
+                    .or_default()
+                    .push(node.clone());
+                Waiting::On(on)
+            }
+            Standing::Queued { .. } => {
+                let queue: Arc<str> = Arc::from(path::parent(node).expect("a queue member"));
+                self.by_queue
+                    .entry(queue.clone())
+                    .or_default()
+                    .insert(czxid, node.clone());
+                Waiting::Permit { queue, czxid }
+            }
+        }
     }
 
     /// Removes the watch on `node`, if any, returning its session.
     fn forget(&mut self, node: &str) -> Option<SessionId> {
         let (key, entry) = self.by_node.remove_entry(node)?;
-        if let Some(p) = &entry.waiting_on {
-            if let Some(waiters) = self.by_predecessor.get_mut(p) {
-                waiters.retain(|w| w != &key);
-                if waiters.is_empty() {
-                    self.by_predecessor.remove(p);
+        match &entry.waiting {
+            Waiting::Nothing => {}
+            Waiting::On(p) => {
+                if let Some(waiters) = self.by_predecessor.get_mut(p) {
+                    waiters.retain(|w| w != &key);
+                    if waiters.is_empty() {
+                        self.by_predecessor.remove(p);
+                    }
+                }
+            }
+            Waiting::Permit { queue, czxid } => {
+                if let Some(waiters) = self.by_queue.get_mut(queue) {
+                    waiters.remove(czxid);
+                    if waiters.is_empty() {
+                        self.by_queue.remove(queue);
+                    }
                 }
             }
         }
@@ -102,10 +136,11 @@ impl QueueWatches {
 
     /// Reacts to the deletion of `path` by `actor` (`None`: a session's
     /// expiry or close): a queue node deleted by another session reports
-    /// *deleted* to its owner, and the waiters on the deleted node move on
-    /// to the member their rule now says they wait on, or report *head*.
-    /// `sm` is the state after the change. Notifications are appended to
-    /// `out`.
+    /// *deleted* to its owner; the waiters on the deleted node move on to
+    /// what their rule now says they wait for, or report *head*; and the
+    /// first waiters for a permit in its queue report *head* if a permit is
+    /// now theirs. `sm` is the state after the change. Notifications are
+    /// appended to `out`.
     pub(crate) fn on_deleted(
         &mut self,
         path: &Arc<str>,
@@ -118,34 +153,61 @@ impl QueueWatches {
                 out.push((owner, EventKind::Deleted, path.clone()));
             }
         }
-        let Some(waiters) = self.by_predecessor.remove(&**path) else {
-            return;
-        };
-        for node in waiters {
-            let Some((session, rule)) = self.by_node.get(&node).map(|e| (e.session, e.rule)) else {
-                continue;
-            };
-            match sm.standing(&node, rule).map(Standing::waits_on) {
-                Ok(Some((p, _))) => {
-                    let p = p.clone();
-                    self.by_predecessor
-                        .entry(p.clone())
-                        .or_default()
-                        .push(node.clone());
-                    if let Some(entry) = self.by_node.get_mut(&node) {
-                        entry.waiting_on = Some(p);
-                    }
-                }
-                Ok(None) => {
-                    if let Some(entry) = self.by_node.get_mut(&node) {
-                        entry.waiting_on = None;
-                    }
-                    out.push((session, EventKind::Head, node));
-                }
-                // Deleted in the same step: its own trigger forgets it.
-                Err(_) => {}
+        if let Some(waiters) = self.by_predecessor.remove(&**path) {
+            for node in waiters {
+                self.reconsider(&node, sm, out);
             }
         }
+        let Some(queue) = path::parent(path) else {
+            return;
+        };
+        // A permit may have come free: the first waiters for one are
+        // reconsidered in order, until one must go on waiting.
+        while let Some(node) = self
+            .by_queue
+            .get(queue)
+            .and_then(|w| w.first_key_value())
+            .map(|(_, n)| n.clone())
+        {
+            if !self.reconsider(&node, sm, out) {
+                break;
+            }
+        }
+    }
+
+    /// Looks again at where `node` stands, after a change that may let it
+    /// through: it heads (and its session is told), or its watch moves on
+    /// to what it now waits for. Returns whether it heads.
+    fn reconsider(
+        &mut self,
+        node: &Arc<str>,
+        sm: &StateMachine,
+        out: &mut Vec<(SessionId, EventKind, Arc<str>)>,
+    ) -> bool {
+        let Some(session) = self.by_node.get(node).map(|e| e.session) else {
+            return false;
+        };
+        let (czxid, standing) = match sm.standing(node) {
+            Ok(standing) => (
+                sm.node(node).map_or(0, |n| n.czxid()),
+                standing.map(|(p, _)| p.clone()),
+            ),
+            // Deleted in the same step: its own trigger forgets it.
+            Err(_) => return false,
+        };
+        let heads = standing.heads();
+        let current = self.by_node.get(node).map(|e| e.waiting.clone());
+        match (current, &standing) {
+            // Still waiting for the same thing: nothing moves.
+            (Some(Waiting::Permit { .. }), Standing::Queued { .. }) => return false,
+            (Some(Waiting::On(p)), Standing::Waits { on }) if &p == on => return false,
+            _ => {}
+        }
+        self.set(session, node.clone(), czxid, standing);
+        if heads {
+            out.push((session, EventKind::Head, node.clone()));
+        }
+        heads
     }
 
     /// Number of queue watches.
@@ -157,101 +219,157 @@ impl QueueWatches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Command;
+    use crate::state::queue::QueueRule;
+    use crate::state::{Command, Outcome};
     use baton_proto::{CreateMode, SessionSecret};
     use bytes::Bytes;
 
-    fn setup(n: usize) -> (StateMachine, Vec<Arc<str>>) {
-        let mut sm = StateMachine::new();
-        let mut nodes = Vec::new();
-        for i in 0..n {
-            sm.apply(
-                &Command::OpenSession {
-                    timeout_ms: 1000,
-                    secret: SessionSecret([0; 16]),
-                },
-                0,
-            );
-            if i == 0 {
+    /// A state with the queue `/q` and `n` sessions (ids 1..), and a board.
+    struct Queue {
+        sm: StateMachine,
+        q: QueueWatches,
+        out: Vec<(SessionId, EventKind, Arc<str>)>,
+    }
+
+    impl Queue {
+        fn new(sessions: usize) -> Self {
+            let mut sm = StateMachine::new();
+            for _ in 0..sessions {
                 sm.apply(
-                    &Command::Create {
-                        session: SessionId(1),
-                        path: "/q".into(),
-                        data: Bytes::new(),
-                        mode: CreateMode::Persistent,
-                        fence: None,
+                    &Command::OpenSession {
+                        timeout_ms: 1000,
+                        secret: SessionSecret([0; 16]),
                     },
                     0,
                 );
             }
-        }
-        for i in 0..n {
-            let applied = sm.apply(
+            sm.apply(
                 &Command::Create {
-                    session: SessionId(if i == 0 { 1 } else { i as u64 + 2 }),
-                    path: "/q/n-".into(),
+                    session: SessionId(1),
+                    path: "/q".into(),
                     data: Bytes::new(),
-                    mode: CreateMode::PersistentSequential,
+                    mode: CreateMode::Persistent,
                     fence: None,
                 },
                 0,
-            );
-            match applied.result.unwrap() {
-                crate::state::Outcome::Created { path, .. } => nodes.push(path),
-                other => panic!("{other:?}"),
+            )
+            .result
+            .unwrap();
+            Queue {
+                sm,
+                q: QueueWatches::default(),
+                out: Vec::new(),
             }
         }
-        (sm, nodes)
+
+        /// Session `s` joins by `rule` and sets its queue watch, as the
+        /// server does for an enqueue.
+        fn join(&mut self, s: u64, rule: QueueRule) -> Arc<str> {
+            let applied = self.sm.apply(
+                &Command::Enqueue {
+                    session: SessionId(s),
+                    path: "/q/n-".into(),
+                    data: Bytes::new(),
+                    rule,
+                },
+                0,
+            );
+            let Ok(Outcome::Enqueued { path, sequence, .. }) = applied.result else {
+                panic!("{:?}", applied.result);
+            };
+            let standing = self.sm.standing(&path).unwrap().map(|(p, _)| p.clone());
+            self.q.set(SessionId(s), path.clone(), sequence, standing);
+            path
+        }
+
+        /// `by` deletes `node`; returns the notifications.
+        fn delete(&mut self, node: &Arc<str>, by: u64) -> Vec<(SessionId, EventKind, Arc<str>)> {
+            self.sm
+                .apply(
+                    &Command::Delete {
+                        path: node.to_string(),
+                        version: None,
+                        fence: None,
+                    },
+                    0,
+                )
+                .result
+                .unwrap();
+            self.q
+                .on_deleted(node, Some(SessionId(by)), &self.sm, &mut self.out);
+            std::mem::take(&mut self.out)
+        }
+
+        fn heads(&self, node: &Arc<str>) -> bool {
+            self.sm.standing(node).unwrap().heads()
+        }
     }
 
-    fn delete(sm: &mut StateMachine, path: &str) {
-        sm.apply(
-            &Command::Delete {
-                path: path.into(),
-                version: None,
-                fence: None,
-            },
-            0,
-        )
-        .result
-        .unwrap();
+    fn head(s: u64, node: &Arc<str>) -> (SessionId, EventKind, Arc<str>) {
+        (SessionId(s), EventKind::Head, node.clone())
     }
 
     #[test]
     fn a_leaving_waiter_wakes_nobody_and_a_release_wakes_the_next() {
-        let (mut sm, n) = setup(4);
-        let mut q = QueueWatches::default();
-        for i in 0..4 {
-            let pred = (i > 0).then(|| n[i - 1].clone());
-            q.set(
-                SessionId(10 + i as u64),
-                n[i].clone(),
-                QueueRule::Exclusive,
-                pred,
-            );
-        }
-        let mut out = Vec::new();
+        let mut t = Queue::new(14);
+        let n: Vec<Arc<str>> = (0..4)
+            .map(|i| t.join(10 + i, QueueRule::Exclusive))
+            .collect();
         // Waiter 2 leaves (its own session deletes its node): nobody hears.
-        delete(&mut sm, &n[2]);
-        q.on_deleted(&n[2], Some(SessionId(12)), &sm, &mut out);
-        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(t.delete(&n[2], 12), []);
         // The holder releases: waiter 1 heads the queue; waiter 3 is not woken.
-        delete(&mut sm, &n[0]);
-        q.on_deleted(&n[0], Some(SessionId(10)), &sm, &mut out);
-        assert_eq!(out, [(SessionId(11), EventKind::Head, n[1].clone())]);
-        out.clear();
+        assert_eq!(t.delete(&n[0], 10), [head(11, &n[1])]);
         // Someone else deletes the new holder's node: its owner hears.
-        delete(&mut sm, &n[1]);
-        q.on_deleted(&n[1], Some(SessionId(99)), &sm, &mut out);
         assert_eq!(
-            out,
+            t.delete(&n[1], 99),
             [
                 (SessionId(11), EventKind::Deleted, n[1].clone()),
-                (SessionId(13), EventKind::Head, n[3].clone()),
+                head(13, &n[3])
             ]
         );
-        q.remove_session(SessionId(13));
-        assert_eq!(q.len(), 0);
-        assert!(q.by_predecessor.is_empty() && q.by_session.is_empty());
+        t.q.remove_session(SessionId(13));
+        assert_eq!(t.q.len(), 0);
+        assert!(t.q.by_predecessor.is_empty() && t.q.by_session.is_empty());
+    }
+
+    /// Readers behind a writer are woken together when it leaves, each once;
+    /// the writer behind them is woken once the last of them leaves, and
+    /// readers leaving before that wake nobody.
+    #[test]
+    fn readers_wake_together_and_a_writer_once_after_them() {
+        let mut t = Queue::new(20);
+        let w1 = t.join(1, QueueRule::Exclusive);
+        let readers: Vec<Arc<str>> = (2..8).map(|s| t.join(s, QueueRule::Shared)).collect();
+        let w2 = t.join(8, QueueRule::Exclusive);
+        let late = t.join(9, QueueRule::Shared);
+        let woken = t.delete(&w1, 1);
+        let want: Vec<_> = readers.iter().zip(2..).map(|(r, s)| head(s, r)).collect();
+        assert_eq!(woken, want);
+        for (i, r) in readers.iter().enumerate().take(5) {
+            assert_eq!(
+                t.delete(r, 2 + i as u64),
+                [],
+                "reader {i} leaving wakes nobody"
+            );
+        }
+        assert_eq!(t.delete(&readers[5], 7), [head(8, &w2)]);
+        assert!(!t.heads(&late), "the reader behind the writer waits for it");
+        assert_eq!(t.delete(&w2, 8), [head(9, &late)]);
+    }
+
+    /// With 2 permits, each holder leaving wakes exactly the first waiter,
+    /// and a waiter leaving wakes nobody.
+    #[test]
+    fn a_permit_coming_free_wakes_exactly_the_first_waiter() {
+        let mut t = Queue::new(20);
+        let p = QueueRule::Permits(2);
+        let m: Vec<Arc<str>> = (1..=6).map(|s| t.join(s, p)).collect();
+        assert!(t.heads(&m[0]) && t.heads(&m[1]) && !t.heads(&m[2]));
+        assert_eq!(t.q.by_queue["/q"].len(), 4, "four wait for a permit");
+        assert_eq!(t.delete(&m[3], 4), [], "a waiter leaving wakes nobody");
+        assert_eq!(t.delete(&m[1], 2), [head(3, &m[2])]);
+        assert_eq!(t.delete(&m[0], 1), [head(5, &m[4])]);
+        assert_eq!(t.delete(&m[4], 5), [head(6, &m[5])]);
+        assert!(!t.q.by_queue.contains_key("/q"));
     }
 }

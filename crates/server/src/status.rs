@@ -75,6 +75,7 @@ pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
         "locks": locks.iter().map(|l| json!({
             "lock": &*l.lock,
             "queue": l.queue,
+            "holders": l.holders,
             "token": l.token,
             "grants": l.grants,
             "wait_seconds": l.wait_seconds,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use baton_proto::{CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat, TxnOp};
 use bytes::Bytes;
 
+use crate::queue::QueueRule;
+
 /// A change to the state. Reads are not commands: they change nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -38,12 +40,14 @@ pub enum Command {
         version: Option<u32>,
         fence: Option<u64>,
     },
-    /// Joins a queue: creates an ephemeral sequential node of `session`
-    /// under the queue's path, and reports the node created just before it.
+    /// Joins a queue by `rule`: creates an ephemeral sequential node of
+    /// `session` under the queue's path, and reports the member it waits
+    /// on under its rule (none if it heads).
     Enqueue {
         session: SessionId,
         path: String,
         data: Bytes,
+        rule: QueueRule,
     },
     /// A transaction of `session`: `ops` applied in order, all or none.
     Multi { session: SessionId, ops: Vec<TxnOp> },
@@ -62,8 +66,8 @@ pub enum Outcome {
         sequence: Option<u64>,
         stat: Stat,
     },
-    /// A queue was joined: the created node, and the one created just before
-    /// it, if any.
+    /// A queue was joined: the created node, and the member it waits on
+    /// under its rule, if it does not head the queue.
     Enqueued {
         path: Arc<str>,
         sequence: u64,

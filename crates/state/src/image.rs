@@ -3,6 +3,7 @@
 use baton_proto::{SessionId, SessionSecret};
 use bytes::Bytes;
 
+use crate::queue::QueueRule;
 use crate::LastReply;
 
 /// A session as a snapshot holds it (its ephemerals come with the nodes).
@@ -29,4 +30,6 @@ pub struct NodeImage {
     /// Owning session, 0 if persistent.
     pub owner: u64,
     pub fence: u64,
+    /// The rule the node joined its queue by.
+    pub rule: QueueRule,
 }

@@ -91,6 +91,9 @@ pub struct StateMachine {
     /// The time the latest change was stamped with: changes are stamped no
     /// earlier, whatever clock proposed them.
     last_now_ms: u64,
+    /// Queues with members that joined by a rule other than exclusive
+    /// (derived from the nodes).
+    ruled: queue::Ruled,
 }
 
 impl Default for StateMachine {
@@ -113,6 +116,7 @@ impl StateMachine {
             sessions: Map::new(),
             revision: 0,
             last_now_ms: 0,
+            ruled: queue::Ruled::default(),
         }
     }
 
@@ -172,26 +176,62 @@ impl StateMachine {
     }
 
     /// Where the node at `path` stands in its queue (its siblings, in the
-    /// order they were created) under `rule`: whether it heads, or which
-    /// sibling it waits on. See [`queue::standing`].
+    /// order they were created) under the rule it joined by: whether it
+    /// heads, or what it waits on. See [`queue::standing`]; this answers the
+    /// same, with no more than one lookup per member the rule reads (for a
+    /// shared member, one lookup in all, whatever number share the queue).
     ///
     /// # Errors
     /// As [`predecessor`](Self::predecessor).
-    pub fn standing(
-        &self,
-        path: &str,
-        rule: queue::QueueRule,
-    ) -> Result<queue::Standing<(&Arc<str>, &Node)>, ErrorReply> {
+    pub fn standing(&self, path: &str) -> Result<queue::Standing<(&Arc<str>, &Node)>, ErrorReply> {
         let (parent, node) = self.with_parent(path)?;
+        let lookup = |p: &Arc<str>| self.nodes.get(&**p).expect("children exist");
+        let queue = path::parent(path).expect("not the root");
+        let rule = self.ruled.rule(queue, node.czxid);
+        match rule {
+            queue::QueueRule::Shared => {
+                return Ok(match self.ruled.nearest_exclusive(queue, node.czxid) {
+                    None => queue::Standing::Heads,
+                    Some(p) => queue::Standing::Waits { on: (p, lookup(p)) },
+                });
+            }
+            // The newest member (a member just enqueued) needs no walk: every
+            // other member is ahead of it.
+            queue::QueueRule::Permits(n)
+                if parent
+                    .child_before(u64::MAX)
+                    .is_some_and(|last| &**last == path) =>
+            {
+                let ahead = parent.child_count() - 1;
+                return Ok(match parent.child_before(node.czxid) {
+                    Some(p) if ahead >= n as usize => queue::Standing::Queued {
+                        behind: (p, lookup(p)),
+                    },
+                    _ => queue::Standing::Heads,
+                });
+            }
+            _ => {}
+        }
         // Each sibling ahead is looked up only when the rule asks for it.
         let mut before = node.czxid;
         let ahead = std::iter::from_fn(move || {
             let p = parent.child_before(before)?;
-            let n = self.nodes.get(&**p).expect("children exist");
+            let n = lookup(p);
             before = n.czxid;
-            Some((p, n))
+            Some(((p, n), self.ruled.rule(queue, n.czxid)))
         });
         Ok(queue::standing(rule, ahead))
+    }
+
+    /// The rule by which the node at `path` joined its queue: exclusive
+    /// unless an enqueue said otherwise.
+    pub fn rule(&self, path: &str) -> queue::QueueRule {
+        match (self.nodes.get(path), path::parent(path)) {
+            (Some(node), Some(queue)) if !self.ruled.is_empty() => {
+                self.ruled.rule(queue, node.czxid)
+            }
+            _ => queue::QueueRule::Exclusive,
+        }
     }
 
     /// The child of `parent` created at revision `token`, if it still exists.
@@ -300,12 +340,21 @@ impl StateMachine {
                 data,
                 mode,
                 fence,
-            } => self.create(*session, path, data, *mode, *fence, now_ms, triggers),
+            } => self.create(
+                *session,
+                path,
+                data,
+                (*mode, queue::QueueRule::Exclusive),
+                *fence,
+                now_ms,
+                triggers,
+            ),
             Command::Enqueue {
                 session,
                 path,
                 data,
-            } => self.enqueue(*session, path, data, now_ms, triggers),
+                rule,
+            } => self.enqueue(*session, path, data, *rule, now_ms, triggers),
             Command::Delete {
                 path,
                 version,
@@ -331,10 +380,11 @@ impl StateMachine {
         session: SessionId,
         path: &str,
         data: &[u8],
+        rule: queue::QueueRule,
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
-        let mode = CreateMode::EphemeralSequential;
+        let mode = (CreateMode::EphemeralSequential, rule);
         let Outcome::Created {
             path,
             sequence,
@@ -344,8 +394,9 @@ impl StateMachine {
             unreachable!("a create reports a created node");
         };
         let predecessor = self
-            .predecessor(&path)
+            .standing(&path)
             .expect("just created")
+            .waits_on()
             .map(|(p, n)| (p.clone(), n.stat()));
         Ok(Outcome::Enqueued {
             path,
@@ -385,13 +436,15 @@ impl StateMachine {
         Ok(Outcome::SessionEnded { deleted })
     }
 
+    /// Creates a node; `mode` says how, with the rule by which it joins its
+    /// parent's queue (exclusive unless it is enqueued by another).
     #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         session: SessionId,
         requested: &str,
         data: &[u8],
-        mode: CreateMode,
+        (mode, rule): (CreateMode, queue::QueueRule),
         fence: Option<u64>,
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
@@ -466,6 +519,7 @@ impl StateMachine {
             return Err(err(ErrorCode::NodeExists, format!("{full} already exists")));
         }
         check_fence(parent_path, parent, fence)?;
+        self.ruled.check(parent_path, rule)?;
 
         self.revision = revision;
         let full: Arc<str> = Arc::from(full);
@@ -489,6 +543,11 @@ impl StateMachine {
         parent.add_child(revision, full.clone());
         parent.cversion = parent.cversion.wrapping_add(1);
         parent.pzxid = revision;
+        if rule != queue::QueueRule::Exclusive || !self.ruled.is_empty() {
+            let others = parent.child_entries();
+            self.ruled
+                .joined(parent_path, revision, &full, rule, others);
+        }
         if let Some(owner) = owner {
             self.sessions
                 .get_mut(&owner)
@@ -569,6 +628,9 @@ impl StateMachine {
         let (czxid, owner) = (node.czxid, node.owner());
         self.nodes.remove(target);
         let parent_path = path::parent(target).expect("the root is never unlinked");
+        if !self.ruled.is_empty() {
+            self.ruled.left(parent_path, czxid);
+        }
         if let Some(parent) = self.nodes.get_mut(parent_path) {
             parent.remove_child(czxid);
             parent.cversion = parent.cversion.wrapping_add(1);

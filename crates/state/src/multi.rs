@@ -34,7 +34,15 @@ impl StateMachine {
                     data,
                     mode,
                     fence,
-                } => self.create(session, path, data, *mode, *fence, now_ms, &mut fired),
+                } => self.create(
+                    session,
+                    path,
+                    data,
+                    (*mode, crate::queue::QueueRule::Exclusive),
+                    *fence,
+                    now_ms,
+                    &mut fired,
+                ),
                 TxnOp::Delete {
                     path,
                     version,

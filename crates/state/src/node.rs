@@ -131,6 +131,11 @@ impl Node {
         self.children.get(&czxid)
     }
 
+    /// The children with their creation revisions, oldest first.
+    pub(super) fn child_entries(&self) -> impl Iterator<Item = (u64, &Arc<str>)> {
+        self.children.iter().map(|(c, p)| (*c, p))
+    }
+
     pub fn child_count(&self) -> usize {
         self.children.len()
     }

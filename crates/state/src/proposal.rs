@@ -456,6 +456,7 @@ mod tests {
             session,
             path: "/q/w-".into(),
             data: Bytes::from_static(b"me"),
+            rule: baton_proto::QueueRule::Exclusive,
         };
         for session in [a, b] {
             let kept = change(&mut sm, session, enqueue(session));

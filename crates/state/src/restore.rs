@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use baton_proto::{path, SessionId};
 
+use crate::queue::{QueueRule, Ruled};
 use crate::{Kept, Map, Node, NodeImage, Session, SessionImage, StateMachine};
 
 /// Why images do not make a state machine: the first inconsistency found.
@@ -53,6 +54,7 @@ impl StateMachine {
                 cversion: stat.cversion,
                 owner: stat.ephemeral_owner,
                 fence: node.fence(),
+                rule: self.rule(path),
             })
         })
     }
@@ -75,6 +77,7 @@ impl StateMachine {
             sessions: Map::new(),
             revision,
             last_now_ms,
+            ruled: Ruled::default(),
         };
         for SessionImage {
             id,
@@ -95,6 +98,7 @@ impl StateMachine {
         }
         for image in nodes {
             let node = Node::restore(&image);
+            let rule = image.rule;
             let path: Arc<str> = Arc::from(image.path.as_str());
             if let Some(parent_path) = path::parent(&path) {
                 let parent = sm
@@ -102,6 +106,11 @@ impl StateMachine {
                     .get_mut(parent_path)
                     .ok_or_else(|| Inconsistent::BeforeParent(path.to_string()))?;
                 parent.add_child(node.czxid, path.clone());
+                if rule != QueueRule::Exclusive || !sm.ruled.is_empty() {
+                    let others = parent.child_entries();
+                    sm.ruled
+                        .joined(parent_path, node.czxid, &path, rule, others);
+                }
             } else if !sm.nodes.is_empty() {
                 return Err(Inconsistent::RootNotFirst);
             }

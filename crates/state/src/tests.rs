@@ -511,7 +511,7 @@ fn predecessor_is_the_sibling_created_just_before() {
 /// leaves the middle hands its waiter on to the one ahead of it.
 #[test]
 fn in_an_exclusive_queue_the_first_heads_and_each_other_waits_on_the_one_ahead() {
-    use crate::queue::{QueueRule, Standing};
+    use crate::queue::Standing;
     let mut sm = StateMachine::new();
     let s = open(&mut sm);
     create(&mut sm, s, "/q", CreateMode::Persistent)
@@ -520,11 +520,8 @@ fn in_an_exclusive_queue_the_first_heads_and_each_other_waits_on_the_one_ahead()
     let nodes: Vec<String> = (0..3)
         .map(|_| created_path(create(&mut sm, s, "/q/n-", CreateMode::EphemeralSequential)).0)
         .collect();
-    let standing = |sm: &StateMachine, p: &str| {
-        sm.standing(p, QueueRule::Exclusive)
-            .unwrap()
-            .map(|(on, _)| on.to_string())
-    };
+    let standing =
+        |sm: &StateMachine, p: &str| sm.standing(p).unwrap().map(|(on, _)| on.to_string());
     assert_eq!(standing(&sm, &nodes[0]), Standing::Heads);
     assert_eq!(
         standing(&sm, &nodes[2]),
@@ -548,16 +545,8 @@ fn in_an_exclusive_queue_the_first_heads_and_each_other_waits_on_the_one_ahead()
             on: nodes[0].clone()
         }
     );
-    assert_eq!(
-        sm.standing("/q/none", QueueRule::Exclusive)
-            .unwrap_err()
-            .code,
-        ErrorCode::NoNode
-    );
-    assert_eq!(
-        sm.standing("/", QueueRule::Exclusive).unwrap_err().code,
-        ErrorCode::BadArguments
-    );
+    assert_eq!(sm.standing("/q/none").unwrap_err().code, ErrorCode::NoNode);
+    assert_eq!(sm.standing("/").unwrap_err().code, ErrorCode::BadArguments);
 }
 
 #[test]
@@ -713,6 +702,7 @@ mod determinism {
 /// snapshot of it reads back the same.
 mod apply_fuzz {
     use super::*;
+    use crate::queue::QueueRule;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -749,10 +739,17 @@ mod apply_fuzz {
                     fence,
                 }
             ),
-            2 => (session, path(), data()).prop_map(|(session, path, data)| Command::Enqueue {
-                session,
-                path,
-                data,
+            2 => (session, path(), data(), 0u32..4).prop_map(|(session, path, data, r)| {
+                Command::Enqueue {
+                    session,
+                    path,
+                    data,
+                    rule: match r {
+                        0 => QueueRule::Exclusive,
+                        1 => QueueRule::Shared,
+                        n => QueueRule::Permits(n - 2),
+                    },
+                }
             }),
             3 => (path(), version.clone(), fence.clone()).prop_map(|(path, version, fence)| {
                 Command::Delete { path, version, fence }
@@ -862,5 +859,200 @@ mod apply_fuzz {
             prop_assert_eq!(image(&back), image(&sm));
             prop_assert_eq!(back.revision(), sm.revision());
         }
+    }
+}
+
+/// Queues of mixed rules under random joins, leaves, session ends and
+/// multi deletes: for every member, the state machine's answer (which uses
+/// its index of exclusive members and its shortcut for the newest permit
+/// holder) is the pure rule's over the members ahead, and a state restored
+/// from its snapshot answers the same.
+mod queue_rules {
+    use super::*;
+    use crate::queue::{standing, QueueRule, Standing};
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Open,
+        Join {
+            session: u64,
+            queue: usize,
+            rule: QueueRule,
+        },
+        /// A plain create of an exclusive member (no enqueue).
+        Create {
+            session: u64,
+            queue: usize,
+        },
+        Leave {
+            pick: usize,
+        },
+        End {
+            session: u64,
+        },
+        Restore,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let rule = prop_oneof![
+            Just(QueueRule::Exclusive),
+            Just(QueueRule::Shared),
+            (1u32..4).prop_map(QueueRule::Permits),
+        ];
+        prop_oneof![
+            1 => Just(Step::Open),
+            8 => (1u64..6, 0usize..3, rule).prop_map(|(session, queue, rule)| Step::Join { session, queue, rule }),
+            2 => (1u64..6, 0usize..3).prop_map(|(session, queue)| Step::Create { session, queue }),
+            5 => any::<usize>().prop_map(|pick| Step::Leave { pick }),
+            1 => (1u64..6).prop_map(|session| Step::End { session }),
+            1 => Just(Step::Restore),
+        ]
+    }
+
+    const QUEUES: [&str; 3] = ["/q0", "/q1", "/q2"];
+
+    fn check(sm: &StateMachine) -> Result<(), TestCaseError> {
+        for q in QUEUES {
+            let members: Vec<(Arc<str>, QueueRule)> = sm
+                .node(q)
+                .unwrap()
+                .children()
+                .map(|p| (p.clone(), sm.rule(p)))
+                .collect();
+            for (i, (p, rule)) in members.iter().enumerate() {
+                let ahead = members[..i].iter().rev().map(|(p, r)| (p.clone(), *r));
+                let want = standing(*rule, ahead);
+                let got = sm.standing(p).unwrap().map(|(p, _)| p.clone());
+                prop_assert_eq!(&got, &want, "{} ({}) in {:?}", p, rule, members);
+            }
+            // The rules of one queue agree.
+            let ruled: Vec<QueueRule> = members
+                .iter()
+                .map(|(_, r)| *r)
+                .filter(|r| *r != QueueRule::Exclusive)
+                .collect();
+            prop_assert!(ruled.windows(2).all(|w| w[0] == w[1]), "{:?}", ruled);
+        }
+        Ok(())
+    }
+
+    fn restored(sm: &StateMachine) -> StateMachine {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        crate::format::snapshot::encode(sm, &mut bytes).unwrap();
+        crate::format::snapshot::decode(bytes.get_ref()).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn the_state_machine_answers_as_the_rule_does(steps in prop::collection::vec(step(), 1..80)) {
+            let mut sm = StateMachine::new();
+            let s = open(&mut sm);
+            for q in QUEUES {
+                create(&mut sm, s, q, CreateMode::Persistent).result.unwrap();
+            }
+            for (i, step) in steps.into_iter().enumerate() {
+                let now = i as u64;
+                match step {
+                    Step::Open => { open(&mut sm); }
+                    Step::Join { session, queue, rule } => {
+                        let applied = sm.apply(&Command::Enqueue {
+                            session: SessionId(session),
+                            path: format!("{}/m-", QUEUES[queue]),
+                            data: Bytes::new(),
+                            rule,
+                        }, now);
+                        if let Err(e) = &applied.result {
+                            prop_assert!(matches!(e.code, ErrorCode::BadArguments | ErrorCode::SessionExpired), "{e:?}");
+                        }
+                    }
+                    Step::Create { session, queue } => {
+                        let _ = create(&mut sm, SessionId(session), &format!("{}/c-", QUEUES[queue]), CreateMode::EphemeralSequential);
+                    }
+                    Step::Leave { pick } => {
+                        let all: Vec<Arc<str>> = QUEUES.iter().flat_map(|q| sm.node(q).unwrap().children().cloned().collect::<Vec<_>>()).collect();
+                        if !all.is_empty() {
+                            let path = all[pick % all.len()].to_string();
+                            // Every other leave is a transaction's.
+                            let command = if pick % 2 == 0 {
+                                Command::Delete { path, version: None, fence: None }
+                            } else {
+                                Command::Multi { session: s, ops: vec![baton_proto::TxnOp::Delete { path, version: None, fence: None }] }
+                            };
+                            sm.apply(&command, now).result.unwrap();
+                        }
+                    }
+                    Step::End { session } => {
+                        let _ = sm.apply(&Command::ExpireSession { session: SessionId(session) }, now);
+                    }
+                    Step::Restore => sm = restored(&sm),
+                }
+                check(&sm)?;
+            }
+            check(&restored(&sm))?;
+        }
+    }
+
+    /// A thousand readers behind one writer all head once it leaves, and a
+    /// writer behind them waits on the last of them.
+    #[test]
+    fn readers_head_together_and_a_writer_waits_for_all_of_them() {
+        let mut sm = StateMachine::new();
+        let s = open(&mut sm);
+        create(&mut sm, s, "/rw", CreateMode::Persistent)
+            .result
+            .unwrap();
+        let join = |sm: &mut StateMachine, rule| match sm
+            .apply(
+                &Command::Enqueue {
+                    session: s,
+                    path: "/rw/m-".into(),
+                    data: Bytes::new(),
+                    rule,
+                },
+                0,
+            )
+            .result
+        {
+            Ok(Outcome::Enqueued {
+                path, predecessor, ..
+            }) => (path, predecessor.map(|(p, _)| p)),
+            other => panic!("{other:?}"),
+        };
+        let (writer, none) = join(&mut sm, QueueRule::Exclusive);
+        assert_eq!(none, None);
+        let readers: Vec<Arc<str>> = (0..1000)
+            .map(|_| {
+                let (r, on) = join(&mut sm, QueueRule::Shared);
+                assert_eq!(on.as_ref(), Some(&writer), "a reader waits for the writer");
+                r
+            })
+            .collect();
+        let (last_writer, on) = join(&mut sm, QueueRule::Exclusive);
+        assert_eq!(on.as_ref(), Some(&readers[999]));
+        sm.apply(
+            &Command::Delete {
+                path: writer.to_string(),
+                version: None,
+                fence: None,
+            },
+            0,
+        )
+        .result
+        .unwrap();
+        assert!(readers.iter().all(|r| sm.standing(r).unwrap().heads()));
+        assert!(matches!(
+            sm.standing(&last_writer).unwrap(),
+            Standing::Waits { .. }
+        ));
+        let (late_reader, on) = join(&mut sm, QueueRule::Shared);
+        assert_eq!(
+            on,
+            Some(last_writer),
+            "FIFO: a reader queues behind a waiting writer"
+        );
+        assert!(!sm.standing(&late_reader).unwrap().heads());
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use baton_proto::{PredecessorWatch, Reply, Request, Stat};
+use baton_proto::{PredecessorWatch, QueueRule, Reply, Request, Stat};
 use bytes::Bytes;
 
 use super::{unexpected, Client, Created, Enqueued};
@@ -77,6 +77,30 @@ impl Client {
     /// meanwhile leaves the question open, as for any request: see
     /// [`Error::ConnectionLoss`].)
     pub async fn enqueue(&self, path: &str, data: impl Into<Bytes>) -> Result<Enqueued> {
+        self.enqueue_by(path, data, QueueRule::Exclusive).await
+    }
+
+    /// Like [`enqueue`](Self::enqueue), joining the queue by `rule`: with
+    /// [`QueueRule::Shared`] the node heads once no exclusive member is
+    /// ahead of it (a reader), with [`QueueRule::Permits`]`(n)` once fewer
+    /// than `n` members are (a semaphore). The server applies the rule, so
+    /// the [`QueueWatch`] fires *head* only when the node may proceed, and
+    /// [`Enqueued::predecessor`] names what it waits on (none: it heads).
+    /// The members of one queue must join by agreeing rules: shared and
+    /// exclusive members together, or holders of as many permits.
+    ///
+    /// # Errors
+    /// Those of [`create`](Self::create), and [`Error::BadArguments`] if the
+    /// queue's members joined by another rule, or for 0 permits.
+    ///
+    /// # Cancellation safety
+    /// As [`enqueue`](Self::enqueue).
+    pub async fn enqueue_by(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        rule: QueueRule,
+    ) -> Result<Enqueued> {
         let data = data.into();
         self.check(path, Some(&data))?;
         let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +109,7 @@ impl Client {
         let request = Request::Enqueue {
             path: path.to_owned(),
             data,
+            rule,
         };
         let registration = Registration::Queue(path.to_owned(), registration);
         match self.call(request, Some(registration)).await?.reply {
@@ -130,6 +155,25 @@ impl Client {
         let registration = Registration::Queue(node.to_owned(), registration);
         match self.call(request, Some(registration)).await?.reply {
             Reply::Predecessor(found) => Ok((found, watch)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Where the node at `path` stands in its queue under the rule it joined
+    /// by, as the server decides it: the member it waits on, or `None` if it
+    /// heads the queue (holds the lock, shares it as a reader, or holds a
+    /// permit). Sets no watch.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no node at `path`.
+    pub async fn queue_standing(&self, path: &str) -> Result<Option<(String, Stat)>> {
+        self.check(path, None)?;
+        let request = Request::Predecessor {
+            path: path.to_owned(),
+            watch: PredecessorWatch::Standing,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::Predecessor(found) => Ok(found),
             other => Err(unexpected(other)),
         }
     }

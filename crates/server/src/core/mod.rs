@@ -39,7 +39,6 @@ use crate::outbox::{Out, Outbox};
 use crate::persist::DurableMark;
 use crate::queues::QueueWatches;
 use crate::replicate::{Replicator, Role};
-use crate::state::queue::QueueRule;
 use crate::state::{Applied, Command, Origin, Outcome, Proposal, StateMachine, Unshared};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watches::Watches;
@@ -130,10 +129,6 @@ pub(crate) struct Core {
     /// stamps and counts from, however deep in the call.
     now: Now,
 }
-
-/// The rule every queue member joins by: protocol version 1 carries no
-/// other, so every queue is exclusive (one member heads at a time).
-pub(crate) const RULE: QueueRule = QueueRule::Exclusive;
 
 /// What a core shares with the rest of the server.
 pub(crate) struct With {

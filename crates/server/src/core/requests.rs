@@ -10,8 +10,9 @@ use baton_proto::{
 };
 use tokio::time::Instant;
 
-use super::{no_node, Core, Flow, Now, RULE};
+use super::{no_node, Core, Flow, Now};
 use crate::outbox::Outbox;
+use crate::state::queue::QueueRule;
 use crate::state::{Command, Origin, Proposal};
 use crate::watches::Kinds;
 
@@ -96,11 +97,14 @@ impl Core {
                     return Flow::Continue;
                 }
             },
-            Request::Enqueue { path, data } => self.check_size(&data).map(|()| Command::Enqueue {
-                session,
-                path,
-                data,
-            }),
+            Request::Enqueue { path, data, rule } => {
+                self.check_size(&data).map(|()| Command::Enqueue {
+                    session,
+                    path,
+                    data,
+                    rule,
+                })
+            }
             Request::CloseSession => Ok(Command::CloseSession { session }),
             read => {
                 let result = self.read(session, read, outbox, now);
@@ -288,23 +292,23 @@ impl Core {
             // With a queue watch, the member the node waits on under its
             // queue's rule (none once it heads): the watch waits there, and
             // the client reads from the reply whether the node heads.
-            PredecessorWatch::Queue => self
+            PredecessorWatch::Queue | PredecessorWatch::Standing => self
                 .sm
-                .standing(path, RULE)?
+                .standing(path)?
                 .waits_on()
                 .map(|(p, n)| (p.clone(), n.stat())),
         };
         match watch {
-            PredecessorWatch::None => {}
+            PredecessorWatch::None | PredecessorWatch::Standing => {}
             PredecessorWatch::Predecessor => {
                 if let Some((p, _)) = &found {
                     self.watch(session, p, Kinds::DATA)?;
                 }
             }
             PredecessorWatch::Queue => {
-                let (node, owner) = {
+                let (node, owner, czxid) = {
                     let (k, n) = self.sm.node_entry(path).ok_or_else(|| no_node(path))?;
-                    (k.clone(), n.owner())
+                    (k.clone(), n.owner(), n.czxid())
                 };
                 if owner != Some(session) {
                     return Err(ErrorReply::new(
@@ -312,8 +316,8 @@ impl Core {
                         format!("{path} is not an ephemeral node of this session; a queue watch is set on one's own place in a queue"),
                     ));
                 }
-                let waits_on = found.as_ref().map(|(p, _)| p.clone());
-                self.queues.set(session, node, RULE, waits_on);
+                let standing = self.sm.standing(path)?.map(|(p, _)| p.clone());
+                self.queues.set(session, node, czxid, standing);
             }
         }
         Ok(Reply::Predecessor(
@@ -331,12 +335,11 @@ impl Core {
         sequence: u64,
         stat: baton_proto::Stat,
     ) -> Result<Reply, ErrorReply> {
-        let (node, standing) = match self.sm.node_entry(path) {
+        let (node, exclusive, standing) = match self.sm.node_entry(path) {
             Some((k, n)) if n.owner() == Some(session) => (
                 k.clone(),
-                self.sm
-                    .standing(path, RULE)?
-                    .map(|(p, n)| (p.clone(), n.stat())),
+                self.sm.rule(path) == QueueRule::Exclusive,
+                self.sm.standing(path)?.map(|(p, n)| (p.clone(), n.stat())),
             ),
             _ => {
                 return Err(ErrorReply::new(
@@ -346,17 +349,18 @@ impl Core {
             }
         };
         if standing.heads() {
-            self.locks.granted(&node, sequence, stat.ctime, self.now);
+            self.locks
+                .granted(&node, exclusive, sequence, stat.ctime, self.now);
         }
-        // The reply names the member this one waits on, none if it heads:
-        // the client reads the server's decision from it.
-        let predecessor = standing.waits_on();
         self.queues.set(
             session,
             node,
-            RULE,
-            predecessor.as_ref().map(|(p, _)| p.clone()),
+            stat.czxid,
+            standing.clone().map(|(p, _)| p.clone()),
         );
+        // The reply names the member this one waits on, none if it heads:
+        // the client reads the server's decision from it.
+        let predecessor = standing.waits_on();
         Ok(Reply::Enqueue {
             path: path.to_string(),
             sequence,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use baton_proto::{ErrorReply, EventKind, SessionId};
 
-use super::{too_many_watches, Core, RULE};
+use super::{too_many_watches, Core};
 use crate::outbox::{Out, Outbox};
 use crate::state::Trigger;
 use crate::watches::Kinds;
@@ -123,14 +123,13 @@ impl Core {
                 self.notify(outbox, EventKind::Deleted, revision, Arc::from(path));
                 continue;
             };
-            let standing = self
-                .sm
-                .standing(&node, RULE)
-                .expect("the node exists")
-                .map(|(p, _)| p.clone());
+            let (czxid, standing) = {
+                let standing = self.sm.standing(&node).expect("the node exists");
+                let czxid = self.sm.node(&node).map_or(0, |n| n.czxid());
+                (czxid, standing.map(|(p, _)| p.clone()))
+            };
             let heads = standing.heads();
-            self.queues
-                .set(session, node.clone(), RULE, standing.waits_on());
+            self.queues.set(session, node.clone(), czxid, standing);
             if heads && !headed {
                 self.granted(&node);
                 self.notify(outbox, EventKind::Head, revision, node);
@@ -142,7 +141,9 @@ impl Core {
     fn granted(&mut self, node: &Arc<str>) {
         if let Some(n) = self.sm.node(node) {
             let (token, created_ms) = (n.czxid(), n.stat().ctime);
-            self.locks.granted(node, token, created_ms, self.now);
+            let exclusive = self.sm.rule(node) == crate::state::queue::QueueRule::Exclusive;
+            self.locks
+                .granted(node, exclusive, token, created_ms, self.now);
         }
     }
 

@@ -338,17 +338,24 @@ fn encode_replies(
 /// Figures of the busiest locks, one label value (the lock's path) each.
 fn encode_locks(e: &mut DescriptorEncoder<'_>, locks: &[LockView]) -> Result<(), std::fmt::Error> {
     type Field = fn(&LockView) -> Option<f64>;
-    let families: [(&str, &str, MetricType, Option<Unit>, Field); 6] = [
+    let families: [(&str, &str, MetricType, Option<Unit>, Field); 7] = [
         (
             "baton_lock_queue",
-            "Nodes queued for the lock now, the holder's included.",
+            "Nodes queued for the lock now, the holders' included.",
             MetricType::Gauge,
             None,
             |l| Some(l.queue as f64),
         ),
         (
+            "baton_lock_holders",
+            "Holders of the lock now: more than one when readers or permit holders share it.",
+            MetricType::Gauge,
+            None,
+            |l| Some(l.holders as f64),
+        ),
+        (
             "baton_lock_token",
-            "The holder's fencing token (absent while the lock is free).",
+            "The newest holder's fencing token (absent while the lock is free).",
             MetricType::Gauge,
             None,
             |l| l.token.map(|t| t as f64),

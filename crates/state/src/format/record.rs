@@ -17,9 +17,11 @@
 //!       4 create         session u64, path str, data bytes, mode u8, fence opt64
 //!       5 delete         path str, version opt32, fence opt64
 //!       6 set data       path str, data bytes, version opt32, fence opt64
-//!       7 enqueue        session u64, path str, data bytes
+//!       7 enqueue        session u64, path str, data bytes (exclusive)
 //!       8 multi          session u64, count u16, then count operations
 //!                        (as in a multi request: see baton_proto::txn)
+//!       9 enqueue        session u64, path str, data bytes, rule: kind u8
+//!                        (1 shared, 2 permits), then permits u32 if 2
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
@@ -27,7 +29,7 @@
 //! rather than taken for a record running past the end of the file.
 
 use baton_proto::wire::Reader;
-use baton_proto::{CreateMode, DecodeError, SessionId, SessionSecret, TxnOp};
+use baton_proto::{CreateMode, DecodeError, QueueRule, SessionId, SessionSecret, TxnOp};
 
 use crate::{Command, Origin, Proposal};
 
@@ -179,11 +181,16 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
             session,
             path,
             data,
+            rule,
         } => {
-            tag(out, 7);
+            let exclusive = *rule == QueueRule::Exclusive;
+            tag(out, if exclusive { 7 } else { 9 });
             put_u64(out, session.0);
             put_str(out, path);
             put_bytes(out, data);
+            if !exclusive {
+                rule.put(out);
+            }
         }
         Command::Multi { session, ops } => {
             tag(out, 8);
@@ -302,10 +309,15 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
             version: r.opt_u32("version")?,
             fence: r.opt_u64("fence")?,
         },
-        7 => Command::Enqueue {
+        t @ (7 | 9) => Command::Enqueue {
             session: SessionId(r.u64("session")?),
             path: r.str16("path")?,
             data: r.bytes32("data")?,
+            rule: if t == 7 {
+                QueueRule::Exclusive
+            } else {
+                QueueRule::read(r)?
+            },
         },
         8 => {
             let session = SessionId(r.u64("session")?);
@@ -403,6 +415,19 @@ mod tests {
                 session: SessionId(2),
                 path: "/q/lock-".into(),
                 data: Bytes::from_static(b"me"),
+                rule: QueueRule::Exclusive,
+            },
+            Command::Enqueue {
+                session: SessionId(2),
+                path: "/q/read-".into(),
+                data: Bytes::new(),
+                rule: QueueRule::Shared,
+            },
+            Command::Enqueue {
+                session: SessionId(3),
+                path: "/s/permit-".into(),
+                data: Bytes::new(),
+                rule: QueueRule::Permits(7),
             },
         ];
         commands

@@ -2,9 +2,9 @@
 //!
 //! # Format
 //! ```text
-//! header, 52 bytes (format 4):
+//! header, 52 bytes (format 5):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  4
+//!   format      u32  5
 //!   revision    u64  the state's revision
 //!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
@@ -25,10 +25,12 @@
 //!            8 checked (inside a multi only)
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
-//!   mtime u64, version u32, cversion u32, owner u64, fence u64
+//!   mtime u64, version u32, cversion u32, owner u64, fence u64,
+//!   rule: kind u8 (0 exclusive, 1 shared, 2 permits), then permits u32 if 2
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 3 (still read) is format 4 without transactions (no tags 6 to
+//! Format 4 (still read) is format 5 without the nodes' rules (every node
+//! exclusive); format 3 (still read) is format 4 without transactions (no tags 6 to
 //! 8); format 2 (still read) is format 3 whose sessions keep no refusal (no
 //! tag 5); format 1 (still read) has a 44-byte header without `last_now_ms`, and
 //! sessions without `last`.
@@ -42,12 +44,12 @@ use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 
 use baton_proto::wire::Reader;
-use baton_proto::{DecodeError, ErrorCode, ErrorReply, SessionId, SessionSecret, Stat};
+use baton_proto::{DecodeError, ErrorCode, ErrorReply, QueueRule, SessionId, SessionSecret, Stat};
 
 use crate::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
@@ -99,6 +101,9 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
         body.put(&n.cversion.to_be_bytes())?;
         body.put(&n.owner.to_be_bytes())?;
         body.put(&n.fence.to_be_bytes())?;
+        let mut rule = Vec::with_capacity(5);
+        n.rule.put(&mut rule);
+        body.put(&rule)?;
         nodes += 1;
     }
     let crc = body.crc;
@@ -225,8 +230,8 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
     let format = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let header_len = match format {
         1 => HEADER_V1,
-        2..=4 if bytes.len() >= HEADER => HEADER,
-        2..=4 => return Err(corrupt(0, "snapshot shorter than its header")),
+        2..=FORMAT if bytes.len() >= HEADER => HEADER,
+        2..=FORMAT => return Err(corrupt(0, "snapshot shorter than its header")),
         other => {
             return Err(corrupt(
                 8,
@@ -295,6 +300,11 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                 cversion: r.u32("cversion")?,
                 owner: r.u64("owner")?,
                 fence: r.u64("fence")?,
+                rule: if format >= 5 {
+                    QueueRule::read(&mut r)?
+                } else {
+                    QueueRule::Exclusive
+                },
             })
         })()
         .map_err(|e| corrupt(at(&r), e))?;

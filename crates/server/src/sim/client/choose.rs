@@ -126,6 +126,7 @@ impl Client {
                     let request = Request::Enqueue {
                         path: format!("{LOCK}/n"),
                         data: Bytes::new(),
+                        rule: baton_proto::QueueRule::Exclusive,
                     };
                     self.start(w, c, request, Purpose::Enqueue, now_ns);
                 }
