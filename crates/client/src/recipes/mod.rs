@@ -2,6 +2,8 @@
 //! could write another.
 //!
 //! - [`Lock`]: a fair, herd-free lock whose grants carry a [`FencingToken`].
+//! - [`RwLock`]: readers share, a writer holds alone, first in first out.
+//! - [`Semaphore`]: up to N holders at once, each permit a fencing token.
 //! - [`Election`]: leader election whose leaderships carry a fenced epoch.
 //! - [`FenceTracker`]: the check a storage system makes with a token.
 //! - [`Counter`]: a shared counter whose adds return the value they made.
@@ -13,6 +15,8 @@ mod counter;
 mod election;
 mod fence;
 mod lock;
+mod rwlock;
+mod semaphore;
 
 pub use barrier::{Barrier, DoubleBarrier, Entered};
 pub use counter::Counter;
@@ -20,6 +24,8 @@ pub use counter::Counter;
 pub use election::{Election, Leader, Leadership};
 pub use fence::{FenceTracker, FencingToken, StaleToken};
 pub use lock::{Contender, LeaseState, Lock, LockGuard, LostReason};
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 
 use crate::{Client, CreateMode, Error, Result};
 

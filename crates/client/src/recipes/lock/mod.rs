@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 use baton_proto::path;
 
 use super::FencingToken;
-use crate::{Client, Error, Result, SessionId};
+use crate::{Client, Error, QueueRule, Result, SessionId};
 
 mod guard;
 mod queue;
@@ -70,8 +70,11 @@ pub struct Lock {
     /// The path as given, for error messages.
     typed: String,
     identity: Bytes,
-    /// How contender nodes' names begin ("lock" or "candidate").
+    /// How contender nodes' names begin ("lock", "candidate", "read",
+    /// "write" or "permit").
     kind: &'static str,
+    /// The rule contenders join the queue by.
+    rule: QueueRule,
     /// How long before the session deadline a holder is told to stop; by
     /// default a tenth of the session timeout.
     stop_before: Option<Duration>,
@@ -88,6 +91,12 @@ pub struct Contender {
     pub token: FencingToken,
     /// What the contender stored in its node (see [`Lock::with_identity`]).
     pub identity: Bytes,
+    /// Whether it holds (or shares) the lock now, as the server decides by
+    /// the rule it joined by; otherwise it waits.
+    pub holds: bool,
+    /// How its node's name begins: `lock`, `read`, `write`, `permit` or
+    /// `candidate` for the recipes' contenders.
+    pub kind: String,
 }
 
 impl Lock {
@@ -101,6 +110,7 @@ impl Lock {
             typed: path.to_owned(),
             identity: Bytes::new(),
             kind: "lock",
+            rule: QueueRule::Exclusive,
             stop_before: None,
         }
     }
@@ -108,6 +118,15 @@ impl Lock {
     /// Names this contender's nodes `<kind>-<session>-<n>-<sequence>`.
     pub(crate) fn with_kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;
+        self
+    }
+
+    /// Makes contenders join the queue by `rule`, naming their nodes after
+    /// `kind`: the one difference between a lock, a read or write lock and
+    /// a semaphore.
+    pub(crate) fn with_rule(mut self, kind: &'static str, rule: QueueRule) -> Self {
+        self.kind = kind;
+        self.rule = rule;
         self
     }
 
@@ -146,6 +165,7 @@ impl Lock {
     fn check_path(&self) -> Result<()> {
         let what = match self.kind {
             "candidate" => "election",
+            "permit" => "semaphore",
             _ => "lock",
         };
         if self.path.is_empty() && !self.typed.is_empty() {
@@ -245,7 +265,8 @@ impl Lock {
         }
     }
 
-    /// The queue in order: the holder first, then the waiters.
+    /// The queue in order: the holders first (one, or several sharing the
+    /// lock: readers, permit holders), then the waiters.
     ///
     /// # Errors
     /// [`Error::InvalidPath`] if the lock's path is not valid, and errors of
@@ -259,14 +280,22 @@ impl Lock {
         };
         let reads = names.iter().map(|name| {
             let node = format!("{}/{name}", self.path);
+            let kind = name.split('-').next().unwrap_or_default().to_owned();
             async move {
-                match self.client.get_data(&node).await {
-                    Ok((identity, stat)) => Ok(Some(Contender {
-                        node,
+                let read = async {
+                    let (identity, stat) = self.client.get_data(&node).await?;
+                    let waits_on = self.client.queue_standing(&node).await?;
+                    Ok(Contender {
                         owner: stat.owner(),
                         token: FencingToken(stat.czxid),
                         identity,
-                    })),
+                        holds: waits_on.is_none(),
+                        kind,
+                        node,
+                    })
+                };
+                match read.await {
+                    Ok(contender) => Ok(Some(contender)),
                     Err(Error::NoNode(_)) => Ok(None), // left meanwhile
                     Err(e) => Err(e),
                 }
@@ -311,16 +340,17 @@ impl Lock {
         let (tx, rx) = oneshot::channel();
         // Detached: a join left behind must not keep a session the
         // application dropped (nor send its abandoned requests again).
-        let (client, lock, identity) = (
+        let (client, lock, identity, rule) = (
             self.client.detached(),
             self.path.clone(),
             self.identity.clone(),
+            self.rule,
         );
         tokio::spawn(async move {
             if tx.is_closed() {
                 return; // given up before anything was sent
             }
-            let joined = join_queue(&client, &lock, &prefix, identity, &tx).await;
+            let joined = join_queue(&client, &lock, &prefix, (identity, rule), &tx).await;
             let failed = joined.is_err();
             if let Err(Ok(joined)) = tx.send(joined) {
                 let _ = client.delete(&joined.node, None).await;

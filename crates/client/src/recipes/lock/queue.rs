@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use crate::recipes::{ensure_path, FencingToken};
-use crate::{Client, Enqueued, Error, QueueWatch, Result, SessionState};
+use crate::{Client, Enqueued, Error, QueueRule, QueueWatch, Result, SessionState};
 
 use super::guard::{delete_in_background, LockGuard};
 
@@ -103,8 +103,8 @@ impl From<Enqueued> for Joined {
     }
 }
 
-/// Joins the queue of `lock` with a node named `prefix` plus the sequence
-/// suffix. After a connection loss while enqueuing, finds the node if the
+/// Joins the queue of `lock` by `rule` with a node named `prefix` plus the
+/// sequence suffix, holding `identity`. After a connection loss while enqueuing, finds the node if the
 /// enqueue happened (the server applies nothing from the old connection once
 /// the session is resumed, so the enqueue either happened before the list or
 /// never), else joins afresh, unless `caller` is gone.
@@ -112,7 +112,7 @@ pub(super) async fn join_queue(
     client: &Client,
     lock: &str,
     prefix: &str,
-    identity: Bytes,
+    (identity, rule): (Bytes, QueueRule),
     caller: &oneshot::Sender<Result<Joined>>,
 ) -> Result<Joined> {
     let path = format!("{lock}/{prefix}");
@@ -146,7 +146,7 @@ pub(super) async fn join_queue(
             // it only makes the task withdraw what may be left.)
             return Err(Error::Closed);
         }
-        match client.enqueue(&path, identity.clone()).await {
+        match client.enqueue_by(&path, identity.clone(), rule).await {
             Ok(enqueued) => return Ok(Joined::from(enqueued)),
             Err(e @ Error::NoNode(_)) => {
                 unsure = false;
