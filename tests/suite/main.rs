@@ -10,6 +10,7 @@ mod lock;
 mod metrics;
 mod pipelining;
 mod postgres_fencing;
+mod queue_rules;
 mod recipes;
 mod resume;
 mod sequential;
