@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use baton_client::recipes::RwLock;
 use baton_client::{Client, Lock};
 
 use crate::lease::{check_grace, default_grace, hold, identity, run_under, stop_before, Run};
@@ -38,12 +39,30 @@ pub const EXIT_TIMEOUT: u8 = 124;
 /// SIGHUP. Whatever the way out, baton closes its session before it exits,
 /// so the lock is free at once.
 ///
+/// With --shared, takes the lock as a reader: readers share it with each
+/// other, and a `baton lock` without --shared (a writer) holds it alone.
+/// Both kinds are served in arrival order (a reader that comes after a
+/// waiting writer waits for it), and every holder gets a fencing token
+/// ordered with all the others.
+///
 /// Exit status: CMD's status (128+N if a signal N ended it); 124 if the lock
 /// was not acquired within --timeout; 125 if the lock was lost; 126 if CMD
 /// could not be run, 127 if it was not found; 1 if baton itself failed.
 #[derive(clap::Args)]
 pub struct LockArgs {
-    /// Path of the lock, such as /locks/nightly-report.
+    /// Take the lock shared, as a reader, rather than alone.
+    #[arg(long)]
+    shared: bool,
+
+    #[command(flatten)]
+    hold: HoldArgs,
+}
+
+/// How to wait for a grant and what to run while holding it: shared by
+/// `baton lock` and `baton semaphore`.
+#[derive(clap::Args)]
+pub struct HoldArgs {
+    /// Path of the lock (or semaphore), such as /locks/nightly-report.
     path: String,
 
     /// Give up waiting after this long (exit status 124): a duration such as
@@ -69,13 +88,17 @@ pub struct LockArgs {
     command: Vec<String>,
 }
 
-/// Show a lock's holder and queue, or the server's locks.
+/// Show a lock's holders and queue, or the server's locks.
 ///
 /// With a path: one line per contender, in order: the holder first, then
-/// the waiters. Each line shows the position, the fencing token, the owning
-/// session, the node and what the contender stored in it (for `baton lock`,
+/// the waiters. Each line shows the position, what it takes (writer,
+/// reader, permit or candidate), the fencing token, the owning session, the node and what the contender stored in it (for `baton lock`,
 /// its process id and host); a contender whose session is silent,
 /// disconnected or expiring says so, and when it will expire.
+///
+/// A read-write lock shows its readers and writers, a semaphore its permit
+/// holders: every contender that holds is listed as a holder (readers
+/// sharing the lock, up to N permit holders), then the waiters in order.
 ///
 /// Without a path (or with --all): the locks the server follows, busiest
 /// first (longest queue, then most grants; the 20 busiest), each with its
@@ -93,10 +116,12 @@ pub struct LocksArgs {
     #[arg(long)]
     all: bool,
 
-    /// Print JSON: with a path, an array of contenders (`role`, `token`,
+    /// Print JSON: with a path, an array of contenders (`role`, `kind`,
+    /// `token`,
     /// `session`, `node`, `identity`, `liveness`, `silent_ms`,
     /// `expires_in_ms`); without, an array of locks (`lock`, `queue`,
-    /// `token`, `grants`, `wait_seconds`, `holds`, `hold_seconds`).
+    /// `holders`, `token` (the newest holder's), `grants`, `wait_seconds`,
+    /// `holds`, `hold_seconds`).
     #[arg(long)]
     json: bool,
 }
@@ -121,10 +146,10 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
         let contenders: Vec<serde_json::Value> = queue
             .iter()
             .zip(&liveness)
-            .enumerate()
-            .map(|(i, (c, status))| {
+            .map(|(c, status)| {
                 serde_json::json!({
-                    "role": if i == 0 { "holder" } else { "waiter" },
+                    "role": if c.holds { "holder" } else { "waiter" },
+                    "kind": kind(c),
                     "token": c.token.get(),
                     "session": c.owner.map(|o| o.0),
                     "node": c.node,
@@ -141,15 +166,18 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
     if queue.is_empty() {
         println!("{path} is free: no holder, no waiters");
     }
-    for (i, (c, status)) in queue.iter().zip(&liveness).enumerate() {
-        let role = if i == 0 {
+    let mut waiters = 0;
+    for (c, status) in queue.iter().zip(&liveness) {
+        let role = if c.holds {
             "holder".to_string()
         } else {
-            format!("waiter {i}")
+            waiters += 1;
+            format!("waiter {waiters}")
         };
         let owner = c.owner.map_or_else(|| "-".into(), |o| o.to_string());
         println!(
-            "{role:<10} token {:<12} session {owner:<10} {}  {}{}",
+            "{role:<10} {:<7} token {:<12} session {owner:<10} {}  {}{}",
+            kind(c),
             c.token.get(),
             c.node,
             String::from_utf8_lossy(&c.identity),
@@ -157,6 +185,18 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a contender takes: `writer` (a `baton lock` holder or a read-write
+/// lock's writer), `reader`, `permit` (of a semaphore) or `candidate` (of an
+/// election), as its node's name says.
+fn kind(c: &baton_client::recipes::Contender) -> &'static str {
+    match c.kind.as_str() {
+        "read" => "reader",
+        "permit" => "permit",
+        "candidate" => "candidate",
+        _ => "writer",
+    }
 }
 
 /// What to add to a contender's line when its session is silent,
@@ -214,8 +254,8 @@ async fn busiest(servers: &str, json: bool) -> CliResult {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<40} {:>7} {:>12} {:>9} {:>12} {:>12}",
-        "lock", "queue", "token", "grants", "avg wait", "avg hold"
+        "{:<40} {:>7} {:>8} {:>12} {:>9} {:>12} {:>12}",
+        "lock", "queue", "holders", "token", "grants", "avg wait", "avg hold"
     );
     for l in &locks {
         let n = |k: &str| l[k].as_u64().unwrap_or(0);
@@ -228,9 +268,10 @@ async fn busiest(servers: &str, json: bool) -> CliResult {
             }
         };
         println!(
-            "{:<40} {:>7} {:>12} {:>9} {:>12} {:>12}",
+            "{:<40} {:>7} {:>8} {:>12} {:>9} {:>12} {:>12}",
             l["lock"].as_str().unwrap_or("?"),
             n("queue"),
+            n("holders"),
             l["token"]
                 .as_u64()
                 .map_or_else(|| "free".to_string(), |t| t.to_string()),
@@ -247,6 +288,27 @@ async fn busiest(servers: &str, json: bool) -> CliResult {
 }
 
 pub async fn lock(server: &str, args: LockArgs) -> CliResult {
+    let shared = args.shared;
+    hold_while(server, &args.hold, "lock", |client, path| {
+        let lock = Lock::new(client, path);
+        if shared {
+            RwLock::new(client, path).reader().clone()
+        } else {
+            lock
+        }
+    })
+    .await
+}
+
+/// Waits for the grant of the lock `make` makes (of `args.path`; `noun`
+/// names it in messages), then holds it while `args.command` runs, or
+/// until a signal without one.
+pub async fn hold_while(
+    server: &str,
+    args: &HoldArgs,
+    noun: &'static str,
+    make: impl FnOnce(&Client, &str) -> Lock,
+) -> CliResult {
     let requested = Duration::from_millis(args.session_timeout);
     if let (Some(ms), false) = (args.kill_grace, args.command.is_empty()) {
         check_grace(Duration::from_millis(ms), requested)?;
@@ -257,7 +319,8 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
         .connect()
         .await
         .map_err(crate::commands::connect_hint)?;
-    let result = lock_with(&client, server, &args, &mut interrupts).await;
+    let lock = make(&client, &args.path);
+    let result = lock_with(&client, server, args, (lock, noun), &mut interrupts).await;
     // Every way out ends the session, and the lock's node goes with it.
     client.close().await;
     result
@@ -266,10 +329,11 @@ pub async fn lock(server: &str, args: LockArgs) -> CliResult {
 async fn lock_with(
     client: &Client,
     server: &str,
-    args: &LockArgs,
+    args: &HoldArgs,
+    (lock, noun): (Lock, &str),
     interrupts: &mut Interrupts,
 ) -> CliResult {
-    let mut lock = Lock::new(client, &args.path).with_identity(identity());
+    let mut lock = lock.with_identity(identity());
     let grace = granted_grace(client, args.kill_grace, !args.command.is_empty())?;
     if let Some(grace) = grace {
         lock = lock.stop_before(stop_before(grace, client.session_timeout()));
@@ -288,13 +352,13 @@ async fn lock_with(
     };
     let Some(guard) = acquired else {
         eprintln!(
-            "baton: timed out after {} ms waiting for lock {}",
+            "baton: timed out after {} ms waiting for {noun} {}",
             args.timeout.unwrap_or_default(),
             args.path
         );
         return Ok(ExitCode::from(EXIT_TIMEOUT));
     };
-    let what = format!("the lock {}", args.path);
+    let what = format!("the {noun} {}", args.path);
     let Some(grace) = grace else {
         return Ok(hold(&guard, &what, interrupts).await);
     };

@@ -12,6 +12,7 @@ mod lease;
 mod local;
 mod lock;
 mod reaper;
+mod semaphore;
 mod serve;
 mod signals;
 mod status;
@@ -105,6 +106,7 @@ enum Command {
     /// (Ctrl-C), SIGTERM or SIGHUP, then closes its session.
     Watch(commands::PathArg),
     Lock(lock::LockArgs),
+    Semaphore(semaphore::SemaphoreArgs),
     Locks(lock::LocksArgs),
     Status(status::StatusArgs),
     Elect(elect::ElectArgs),
@@ -247,6 +249,7 @@ fn main() -> ExitCode {
             Command::Barrier(args) => barrier::barrier(&server, args).await,
             Command::Watch(args) => commands::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
+            Command::Semaphore(args) => semaphore::semaphore(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,
             Command::Status(args) => status::status(&server, args).await,
             Command::Elect(args) => elect::elect(&server, args).await,

@@ -181,8 +181,22 @@ fn help_describes_every_command_in_its_own_words() {
         .collect();
     let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
     for name in [
-        "serve", "create", "get", "set", "ls", "stat", "rm", "txn", "barrier", "watch", "lock",
-        "locks", "elect", "leader", "bench",
+        "serve",
+        "create",
+        "get",
+        "set",
+        "ls",
+        "stat",
+        "rm",
+        "txn",
+        "barrier",
+        "watch",
+        "lock",
+        "semaphore",
+        "locks",
+        "elect",
+        "leader",
+        "bench",
     ] {
         assert!(names.contains(&name), "{name} is not listed:\n{help}");
     }
@@ -353,8 +367,12 @@ fn locks_all_shows_the_busiest_locks_with_their_figures() {
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("lock"), "{table}");
     let busy: Vec<&str> = lines[1].split_whitespace().collect();
-    // lock, queue, token, grants, then the two averages.
-    assert_eq!(&busy[..4], ["/locks/busy", "0", "free", "3"], "{table}");
+    // lock, queue, holders, token, grants, then the two averages.
+    assert_eq!(
+        &busy[..5],
+        ["/locks/busy", "0", "0", "free", "3"],
+        "{table}"
+    );
     assert!(lines[2].starts_with("/locks/quiet"), "{table}");
     let status = s.ok(&["status"]);
     assert!(
@@ -578,7 +596,12 @@ fn barrier_runs_the_command_once_every_party_is_in_and_leaves_together() {
     let mut second = party(2, 300);
     // Both wait: neither command has started while the third is missing.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while s.ok(&["ls", "/barriers/b"]).lines().count() < 2 {
+    // (The barrier's node appears with the first party to enter.)
+    let entered = || {
+        let out = s.run(&["ls", "/barriers/b"]);
+        out.status.success() as usize * String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    while entered() < 2 {
         assert!(
             Instant::now() < deadline,
             "the first two parties never entered"

@@ -352,3 +352,132 @@ fn locks_says_when_the_holders_session_is_silent_or_disconnected() {
         s.ok(&["locks", "/locks/quiet"]).contains("free")
     });
 }
+
+/// Starts `baton ARGS...` holding a lock or permit (no command); returns it
+/// and the token it printed.
+fn holding(s: &Served, args: &[&str]) -> (Child, u64) {
+    let mut child = baton()
+        .args(["--server", &s.addr])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let token = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a token, not {line:?}"));
+    (child, token)
+}
+
+#[test]
+fn shared_holders_read_together_a_writer_waits_and_locks_lists_readers() {
+    let s = Served::start();
+    let (mut r1, t1) = holding(&s, &["lock", "--shared", "/locks/rw"]);
+    let (mut r2, t2) = holding(&s, &["lock", "--shared", "/locks/rw"]);
+    assert!(t2 > t1, "tokens are ordered across readers");
+    let out = s.run(&["lock", "--timeout", "200ms", "/locks/rw", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "a writer waits for the readers"
+    );
+    let listing = s.ok(&["locks", "/locks/rw"]);
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines.len(), 2, "{listing}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("holder") && l.contains("reader")),
+        "{listing}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&s.ok(&["locks", "--json", "/locks/rw"])).unwrap();
+    assert_eq!(json[0]["kind"], "reader", "{json}");
+    assert_eq!(json[1]["role"], "holder", "{json}");
+    // A waiting writer is listed as one, behind the readers.
+    let mut writer = baton()
+        .args(["--server", &s.addr, "lock", "/locks/rw", "--", "true"])
+        .spawn()
+        .unwrap();
+    eventually(10, "the writer to queue", || {
+        s.ok(&["locks", "/locks/rw"])
+            .lines()
+            .nth(2)
+            .is_some_and(|l| l.starts_with("waiter 1") && l.contains("writer"))
+    });
+    for r in [&r1, &r2] {
+        signal(r, libc::SIGTERM);
+    }
+    assert!(
+        exit_within(&mut writer, 10).success(),
+        "the writer runs once the readers leave"
+    );
+    exit_within(&mut r1, 10);
+    exit_within(&mut r2, 10);
+}
+
+#[test]
+fn a_semaphore_admits_its_permits_runs_the_command_and_refuses_another_count() {
+    let s = Served::start();
+    let out = s.run(&[
+        "semaphore",
+        "--permits",
+        "2",
+        "/sem/jobs",
+        "--",
+        "sh",
+        "-c",
+        "echo $BATON_FENCING_TOKEN",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (mut a, ta) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
+    let (mut b, tb) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
+    assert!(token < ta && ta < tb);
+    let out = s.run(&[
+        "semaphore",
+        "--permits",
+        "2",
+        "--timeout",
+        "200ms",
+        "/sem/jobs",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(124), "both permits are held");
+    let err = s.fails(&["semaphore", "--permits", "3", "/sem/jobs", "--", "true"]);
+    assert!(
+        err.contains("2 permits") && err.contains("3 permits"),
+        "{err}"
+    );
+    let listing = s.ok(&["locks", "/sem/jobs"]);
+    assert_eq!(
+        listing
+            .lines()
+            .filter(|l| l.starts_with("holder") && l.contains("permit"))
+            .count(),
+        2,
+        "{listing}"
+    );
+    let zero = s.run(&["semaphore", "--permits", "0", "/sem/jobs"]);
+    assert_eq!(zero.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--permits"));
+    for c in [&a, &b] {
+        signal(c, libc::SIGTERM);
+    }
+    exit_within(&mut a, 10);
+    exit_within(&mut b, 10);
+    assert!(s.ok(&["locks", "/sem/jobs"]).contains("free"));
+}
