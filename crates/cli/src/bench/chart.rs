@@ -14,15 +14,13 @@ fn color(recipe: Recipe) -> &'static str {
         Recipe::Predecessor => "#1b7837",
         Recipe::WatchAll => "#c51b7d",
         Recipe::Poll => "#2166ac",
+        Recipe::Rwlock => "#e08214",
+        Recipe::Semaphore => "#542788",
     }
 }
 
 fn name(recipe: Recipe) -> &'static str {
-    match recipe {
-        Recipe::Predecessor => "predecessor",
-        Recipe::WatchAll => "watch-all",
-        Recipe::Poll => "poll",
-    }
+    recipe.name()
 }
 
 /// Two panels side by side, both with log-scaled axes.

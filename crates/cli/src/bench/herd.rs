@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_client::{Client, CreateMode, Error, Lock};
+use baton_client::{recipes, Client, CreateMode, Error, Lock};
 use baton_server::persist::FsyncPolicy;
 use tokio::sync::{watch, Semaphore};
 
@@ -51,6 +51,9 @@ pub struct HerdArgs {
         default_value = "predecessor,watch-all,poll"
     )]
     recipe: Vec<Recipe>,
+    /// Permits of the semaphore recipe.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    permits: u32,
     /// How often the poll recipe retries (a duration; a bare number is
     /// milliseconds).
     #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = crate::duration::millis)]
@@ -200,6 +203,10 @@ struct Shared {
     target: AtomicU64,
     grants: AtomicU64,
     holders: AtomicUsize,
+    /// Holders that hold alone (writers of the rwlock recipe).
+    writers: AtomicUsize,
+    /// Holders allowed at once: the semaphore's permits, else 1.
+    permits: usize,
     violations: AtomicU64,
     fifo: AtomicU64,
     /// Token of the latest grant (predecessor recipe): a queue serves in
@@ -248,6 +255,11 @@ async fn one_run(
         target: AtomicU64::new(u64::MAX),
         grants: AtomicU64::new(0),
         holders: AtomicUsize::new(0),
+        writers: AtomicUsize::new(0),
+        permits: match recipe {
+            Recipe::Semaphore => args.permits as usize,
+            _ => 1,
+        },
         violations: AtomicU64::new(0),
         fifo: AtomicU64::new(0),
         last_token: AtomicU64::new(0),
@@ -476,17 +488,42 @@ async fn contend(client: Client, me: usize, shared: Arc<Shared>) {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(asked.elapsed());
-        if shared.holders.fetch_add(1, Ordering::SeqCst) != 0 {
+        let writes = writes(&shared, me);
+        if !enter(&shared, writes) {
             shared.violations.fetch_add(1, Ordering::Relaxed);
         }
         if !shared.hold.is_zero() {
             tokio::time::sleep(shared.hold).await;
+        }
+        if writes {
+            shared.writers.fetch_sub(1, Ordering::SeqCst);
         }
         shared.holders.fetch_sub(1, Ordering::SeqCst);
         let grants = shared.grants.fetch_add(1, Ordering::AcqRel) + 1;
         let _ = held.release(&client).await;
         if grants >= shared.target.load(Ordering::Acquire) {
             shared.done.send_replace(true);
+        }
+    }
+}
+
+/// Whether contender `me` holds alone: every contender but a reader of the
+/// rwlock recipe, where one contender in four writes.
+fn writes(shared: &Shared, me: usize) -> bool {
+    shared.recipe != Recipe::Rwlock || me % 4 == 0
+}
+
+/// Counts a new holder in; false if that breaks the recipe's promise
+/// (a writer with anyone else, a reader with a writer, more holders than
+/// permits).
+fn enter(shared: &Shared, writes: bool) -> bool {
+    let holders = shared.holders.fetch_add(1, Ordering::SeqCst) + 1;
+    match shared.recipe {
+        Recipe::Semaphore => holders <= shared.permits,
+        Recipe::Rwlock if !writes => shared.writers.load(Ordering::SeqCst) == 0,
+        _ => {
+            let writers = shared.writers.fetch_add(1, Ordering::SeqCst) + 1;
+            holders == 1 && writers == 1
         }
     }
 }
@@ -555,10 +592,23 @@ impl Drop for Arrival<'_> {
 
 async fn acquire(client: &Client, me: usize, shared: &Shared) -> Result<Held, Error> {
     match shared.recipe {
-        Recipe::Predecessor => {
-            let guard = Lock::new(client, &shared.path).acquire().await?;
+        Recipe::Predecessor | Recipe::Rwlock | Recipe::Semaphore => {
+            let guard = match shared.recipe {
+                Recipe::Predecessor => Lock::new(client, &shared.path).acquire().await?,
+                Recipe::Semaphore => {
+                    let permits = shared.permits as u32;
+                    recipes::Semaphore::new(client, &shared.path, permits)
+                        .acquire()
+                        .await?
+                }
+                _ if writes(shared, me) => {
+                    recipes::RwLock::new(client, &shared.path).write().await?
+                }
+                _ => recipes::RwLock::new(client, &shared.path).read().await?,
+            };
             // Arrival order is queue order (the token); grants are in
-            // arrival order while each grant's token exceeds the last one.
+            // arrival order while each grant's token exceeds the last one
+            // (readers granted together count in whatever order they run).
             let token = guard.token().get();
             if shared.last_token.fetch_max(token, Ordering::AcqRel) < token {
                 shared.fifo.fetch_add(1, Ordering::Relaxed);

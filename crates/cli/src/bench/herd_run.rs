@@ -14,6 +14,12 @@ pub enum Recipe {
     /// No queue: retry a non-blocking acquire every --poll-ms, as a loop
     /// around Redis `SET NX` does.
     Poll,
+    /// Baton's read-write lock: one contender in four writes, the others
+    /// read; readers share, each contender is woken once per grant.
+    Rwlock,
+    /// Baton's semaphore with --permits permits: each permit that comes
+    /// free wakes the first waiter alone.
+    Semaphore,
 }
 
 impl Recipe {
@@ -22,6 +28,8 @@ impl Recipe {
             Recipe::Predecessor => "predecessor",
             Recipe::WatchAll => "watch-all",
             Recipe::Poll => "poll",
+            Recipe::Rwlock => "rwlock",
+            Recipe::Semaphore => "semaphore",
         }
     }
 }
