@@ -282,6 +282,22 @@ async fn malformed_request_bodies_get_an_error_reply_and_the_connection_keeps_wo
             9,
             [vec![0; 8], vec![0xff, 0xff, 0xff, 0xff]].concat(),
         ),
+        ("predecessor watch 4", 10, [path.clone(), vec![4]].concat()),
+        (
+            "enqueue rule 3",
+            14,
+            [str16(b"/m/n-"), vec![0; 4], vec![3]].concat(),
+        ),
+        (
+            "enqueue permits cut short",
+            14,
+            [str16(b"/m/n-"), vec![0; 4], vec![2, 0, 0]].concat(),
+        ),
+        (
+            "enqueue with a byte after its permits",
+            14,
+            [str16(b"/m/n-"), vec![0; 4], vec![2, 0, 0, 0, 1, 0]].concat(),
+        ),
     ];
     for (name, op, body) in cases {
         let code = rejected(&mut raw, op, &body).await;
