@@ -245,7 +245,7 @@ async fn truncated_request_frame_then_eof_closes_only_that_connection() {
 async fn unknown_operation_gets_an_error_reply_and_the_connection_keeps_working() {
     let server = TestServer::start().await;
     let mut raw = Raw::open(&server.addr(), 10_000).await;
-    for op in [0u8, 17, 42, 200, 255] {
+    for op in [0u8, 18, 42, 200, 255] {
         let code = rejected(&mut raw, op, b"whatever body").await;
         assert_eq!(code, ErrorCode::UnknownOperation, "op {op}");
         ping_works(&mut raw).await;
@@ -292,6 +292,21 @@ async fn malformed_request_bodies_get_an_error_reply_and_the_connection_keeps_wo
             "enqueue permits cut short",
             14,
             [str16(b"/m/n-"), vec![0; 4], vec![2, 0, 0]].concat(),
+        ),
+        (
+            "add watch mode 2",
+            17,
+            [path.clone(), vec![2], vec![0; 8]].concat(),
+        ),
+        (
+            "add watch without from",
+            17,
+            [path.clone(), vec![0]].concat(),
+        ),
+        (
+            "remove watches kinds 8",
+            13,
+            [path.clone(), vec![8]].concat(),
         ),
         (
             "enqueue with a byte after its permits",

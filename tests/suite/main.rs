@@ -8,6 +8,7 @@ mod durability;
 mod election;
 mod lock;
 mod metrics;
+mod persistent_watches;
 mod pipelining;
 mod postgres_fencing;
 mod queue_rules;

@@ -19,6 +19,7 @@ mod status;
 mod supervise;
 mod sys;
 mod txn;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -98,13 +99,7 @@ enum Command {
     Rm(commands::RmArgs),
     Txn(txn::TxnArgs),
     Barrier(barrier::BarrierArgs),
-    /// Print every change to a node, its existence and its children.
-    ///
-    /// Each line: the kind of change, the path and the revision, then what
-    /// changed: the new data (as text, at most 200 characters) or the
-    /// children added (+name) and removed (-name). Runs until SIGINT
-    /// (Ctrl-C), SIGTERM or SIGHUP, then closes its session.
-    Watch(commands::PathArg),
+    Watch(watch::WatchArgs),
     Lock(lock::LockArgs),
     Semaphore(semaphore::SemaphoreArgs),
     Locks(lock::LocksArgs),
@@ -247,7 +242,7 @@ fn main() -> ExitCode {
             Command::Rm(args) => commands::rm(&server, args).await,
             Command::Txn(args) => txn::txn(&server, args).await,
             Command::Barrier(args) => barrier::barrier(&server, args).await,
-            Command::Watch(args) => commands::watch(&server, args).await,
+            Command::Watch(args) => watch::watch(&server, args).await,
             Command::Lock(args) => lock::lock(&server, args).await,
             Command::Semaphore(args) => semaphore::semaphore(&server, args).await,
             Command::Locks(args) => lock::locks(&server, args).await,

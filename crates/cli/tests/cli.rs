@@ -126,6 +126,58 @@ fn ephemeral_create_holds_the_node_until_interrupted_and_watch_reports_changes()
     assert!(watch.wait().unwrap().success());
 }
 
+/// `baton watch --recursive --json` prints every creation, deletion and
+/// data change below the path, one object per line, in order.
+#[test]
+fn watch_recursive_prints_every_change_below_the_path_as_json() {
+    let s = Served::start();
+    let mut watch = baton()
+        .args([
+            "--server",
+            &s.addr,
+            "watch",
+            "--recursive",
+            "--json",
+            "/tree",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(watch.stderr.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert!(ready.contains("watching /tree and below"), "{ready}");
+    s.ok(&["create", "/tree"]);
+    s.ok(&["create", "/tree/a", "one"]);
+    s.ok(&["set", "/tree/a", "two"]);
+    s.ok(&["rm", "/tree/a"]);
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let line: serde_json::Value =
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        seen.push((
+            line["kind"].as_str().unwrap().to_owned(),
+            line["path"].as_str().unwrap().to_owned(),
+        ));
+        assert!(line["revision"].as_u64().unwrap() > 0, "{line}");
+    }
+    let seen: Vec<(&str, &str)> = seen.iter().map(|(k, p)| (k.as_str(), p.as_str())).collect();
+    assert_eq!(
+        seen,
+        [
+            ("created", "/tree"),
+            ("created", "/tree/a"),
+            ("data-changed", "/tree/a"),
+            ("deleted", "/tree/a"),
+        ]
+    );
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    assert!(watch.wait().unwrap().success());
+}
+
 #[test]
 fn bench_ops_reports_every_measurement_as_json() {
     let out = baton()

@@ -22,6 +22,7 @@ mod deadline;
 mod error;
 mod link;
 mod pending;
+mod persistent;
 mod probe;
 mod queue;
 pub mod recipes;
@@ -39,6 +40,7 @@ pub use client::{
 };
 pub use deadline::DeadlineAlarm;
 pub use error::{Error, Result};
+pub use persistent::PersistentWatch;
 pub use probe::{backup, probe, probe_as, Backup};
 pub use queue::QueueWatch;
 pub use recipes::{Election, FenceTracker, FencingToken, Leadership, Lock, LockGuard};

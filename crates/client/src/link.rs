@@ -324,3 +324,16 @@ impl Outbound {
         }
     }
 }
+
+/// Queues the deletes of orphaned queue nodes: a node nobody waits with
+/// would block its queue until the session ends.
+pub(crate) fn push_orphan_deletes(out: &mut Outbound, orphans: &mut Vec<String>) {
+    for path in orphans.drain(..) {
+        let delete = Request::Delete {
+            path,
+            version: None,
+            fence: None,
+        };
+        out.push(delete, None, None);
+    }
+}

@@ -2,11 +2,13 @@
 //! goes to, and the watch its reply may confirm. The sending side
 //! ([`Link`](crate::link::Link)) records them; the session task answers them.
 
+use std::collections::VecDeque;
+
 use baton_proto::{Reply, Request};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::queue::QueueRequest;
 use crate::watcher::{WatchKind, WatchRequest};
 
@@ -70,6 +72,15 @@ impl Registration {
                 };
                 Some(Confirmed::Queue(node, heads, q))
             }
+        }
+    }
+}
+
+/// Answers every request in `pending` with `error`.
+pub(crate) fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
+    for p in pending {
+        if let Some(slot) = p.reply {
+            let _ = slot.send(Err(error.clone()));
         }
     }
 }

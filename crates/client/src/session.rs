@@ -24,8 +24,9 @@ use tracing::{debug, info, warn};
 
 use crate::deadline::Liveness;
 use crate::error::{Error, Result};
-use crate::link::{Link, Outbound, Route};
-use crate::pending::{Answer, Confirmed, Pending};
+use crate::link::{push_orphan_deletes, Link, Route};
+use crate::pending::{fail_pending, Answer, Confirmed, Pending};
+use crate::persistent::{PersistentRequest, PersistentTable};
 use crate::queue::QueueTable;
 use crate::state::SessionState;
 use crate::watcher::WatchTable;
@@ -278,12 +279,16 @@ pub(crate) struct SessionTask {
     /// The sending side, shared with every `Client` handle.
     pub(crate) link: Arc<Link>,
     pub(crate) unregister: mpsc::UnboundedReceiver<(String, u64)>,
+    /// Persistent watches being set, registered before their request is
+    /// written.
+    pub(crate) new_persistent: mpsc::UnboundedReceiver<(String, PersistentRequest)>,
     /// Queue nodes whose answers reached calls that were dropped unread.
     pub(crate) orphaned: mpsc::UnboundedReceiver<String>,
     pub(crate) state: watch::Sender<SessionState>,
     pub(crate) liveness: Arc<Liveness>,
     pub(crate) watches: WatchTable,
     pub(crate) queues: QueueTable,
+    pub(crate) persistent: PersistentTable,
     /// Nodes enqueued for callers that gave up waiting: deleted unseen.
     pub(crate) orphans: Vec<String>,
     /// Highest revision seen in any reply or event.
@@ -360,6 +365,7 @@ impl SessionTask {
         self.state.send_replace(state);
         self.watches.fail_all(&error);
         self.queues.fail_all(&error);
+        self.persistent.fail_all(&error);
         self.link.end(&error);
     }
 
@@ -444,9 +450,29 @@ impl SessionTask {
         }
     }
 
+    /// Registers the persistent watches being set.
+    fn take_persistent(&mut self) {
+        while let Ok((path, request)) = self.new_persistent.try_recv() {
+            self.persistent.add(&path, request);
+        }
+    }
+
     fn unregister_watch(&mut self, path: &str, id: u64) {
+        self.take_persistent();
         self.watches.remove(path, id);
         self.queues.remove(path, id);
+        if self.persistent.remove(path, id) {
+            // The last persistent watch on the path: the server's goes too.
+            let request = Request::RemoveWatches {
+                path: path.to_owned(),
+                data: false,
+                child: false,
+                persistent: true,
+            };
+            let mut out = self.link.lock();
+            out.push(request, None, None);
+            self.link.flush(&mut out);
+        }
     }
 
     /// Puts a connection to use: watches set again, unanswered requests
@@ -457,6 +483,8 @@ impl SessionTask {
         // before anything else, relative to the last revision we saw.
         let [data, exist, child] = self.watches.paths();
         let queue = self.queues.entries();
+        self.take_persistent();
+        let resumed = self.persistent.resume(self.last_revision);
         let mut out = self.link.lock();
         if !(data.is_empty() && exist.is_empty() && child.is_empty() && queue.is_empty()) {
             let request = Request::SetWatches {
@@ -466,6 +494,11 @@ impl SessionTask {
                 child,
                 queue,
             };
+            out.push(request, None, None);
+        }
+        // Persistent watches, each from the revision it had reached: the
+        // server replays what they missed.
+        for request in resumed {
             out.push(request, None, None);
         }
         out.resend(std::mem::take(&mut self.unanswered));
@@ -710,8 +743,12 @@ impl SessionTask {
             }
             ServerMessage::Event(event) => {
                 self.last_revision = self.last_revision.max(event.revision);
+                // A persistent watch is registered before its request is
+                // written, so before any event it brings back arrives.
+                self.take_persistent();
                 self.watches.fire(&event);
                 self.queues.fire(&event);
+                self.persistent.fire(&event);
                 None
             }
             ServerMessage::Disconnect(d) => match d.code {
@@ -739,27 +776,6 @@ impl SessionTask {
     }
 }
 
-/// Queues the deletes of orphaned queue nodes: a node nobody waits with
-/// would block its queue until the session ends.
-fn push_orphan_deletes(out: &mut Outbound, orphans: &mut Vec<String>) {
-    for path in orphans.drain(..) {
-        let delete = Request::Delete {
-            path,
-            version: None,
-            fence: None,
-        };
-        out.push(delete, None, None);
-    }
-}
-
-fn fail_pending(pending: VecDeque<Pending>, error: &Error) {
-    for p in pending {
-        if let Some(slot) = p.reply {
-            let _ = slot.send(Err(error.clone()));
-        }
-    }
-}
-
 /// Whether an answer shows that the session was alive after its request
 /// was sent: a success, or a refusal that says so
 /// ([`ErrorCode::shows_session_alive`]).
@@ -781,6 +797,7 @@ mod tests {
     fn task() -> SessionTask {
         let (_, unregister) = mpsc::unbounded_channel();
         let (_, orphaned) = mpsc::unbounded_channel();
+        let (_, new_persistent) = mpsc::unbounded_channel();
         let timeout = Duration::from_secs(10);
         SessionTask {
             addrs: Vec::new(),
@@ -792,11 +809,13 @@ mod tests {
             timeout,
             link: Arc::new(Link::new()),
             unregister,
+            new_persistent,
             orphaned,
             state: watch::channel(SessionState::Connected).0,
             liveness: Arc::new(Liveness::new(Instant::now(), timeout)),
             watches: WatchTable::default(),
             queues: QueueTable::default(),
+            persistent: Default::default(),
             orphans: Vec::new(),
             last_revision: 0,
             leader: None,

@@ -64,6 +64,24 @@ async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std
     )
 }
 
+/// The index of the member that leads now: the one that takes a new
+/// session itself (the others refuse with `not-leader`, naming it), asked
+/// until one does (an election may be under way).
+async fn leader_of(members: &[Running]) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        for (i, m) in members.iter().enumerate() {
+            let mut raw = baton_testkit::Raw::connect(&m.client).await;
+            let request = baton_proto::ConnectRequest::new(10_000);
+            if raw.handshake(&request).await.result.is_ok() {
+                return i;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no member leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Members that use mutual TLS between them elect a leader and replicate,
 /// and take no connection without a certificate from their authority.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,22 +166,7 @@ async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
 
     // Stop whichever member the client is on (the leader).
     let stats_before = client.server_stats().await.unwrap();
-    let leader_addr = {
-        // The member that answered is the leader; find it by trying each.
-        let mut found = None;
-        for (i, m) in members.iter().enumerate() {
-            if let Ok(c) = Client::builder(&m.client)
-                .connect_timeout(Duration::from_millis(500))
-                .connect()
-                .await
-            {
-                c.close().await;
-                found = Some(i);
-                break;
-            }
-        }
-        found.expect("a leader")
-    };
+    let leader_addr = leader_of(&members).await;
     let _ = stats_before;
     let gone = members.remove(leader_addr);
     let _ = gone.stop.map(|s| s.send(()));
@@ -327,5 +330,87 @@ async fn a_member_whose_replicated_log_stops_stops_with_an_error() {
         err.to_string().contains("the replicated log stopped"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A recursive persistent watch delivers every change, in order and once,
+/// while the leader it was set on is stopped and another takes over: the
+/// client sets it again on the new leader from the revision it had
+/// reached, and the new leader, which recorded the same events as it
+/// applied the log, replays what was missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_watch_misses_nothing_across_the_loss_of_the_leader() {
+    let (mut members, root) = cluster(3, "persistent").await;
+    let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let watcher = common::client_of(&addrs).await;
+    let writer = common::client_of(&addrs).await;
+    writer
+        .create("/w", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let mut w = watcher.watch("/w", true).await.unwrap();
+    let limit = Duration::from_secs(15);
+    let mut expected = Vec::new();
+    for i in 0..40 {
+        if i == 20 {
+            // Stop the leader: the member both clients are on.
+            let leader = leader_of(&members).await;
+            let gone = members.remove(leader);
+            let _ = gone.stop.map(|s| s.send(()));
+            let _ = gone.task.await;
+        }
+        let node = format!("/w/n{i}");
+        tokio::time::timeout(limit, writer.create(&node, "", CreateMode::Persistent))
+            .await
+            .expect("the cluster answers")
+            .unwrap();
+        expected.push((baton_client::EventKind::Created, node));
+    }
+    let (mut got, mut got_revisions) = (Vec::new(), Vec::new());
+    while got.len() < expected.len() {
+        let e = tokio::time::timeout(limit, w.next())
+            .await
+            .expect("the next event")
+            .unwrap();
+        got.push((e.kind, e.path));
+        got_revisions.push(e.revision);
+    }
+    assert_eq!(got, expected, "every change, in order, once");
+    // The new leader replays from its own history what came before it led:
+    // asked from a revision before the stop, it sends every change since.
+    let from = got_revisions[9];
+    let leader = leader_of(&members).await;
+    let mut raw = baton_testkit::Raw::open(&members[leader].client, 10_000).await;
+    let reply = raw
+        .call(baton_proto::Request::AddWatch {
+            path: "/w".into(),
+            recursive: true,
+            from,
+        })
+        .await;
+    assert!(reply.is_ok(), "{reply:?}");
+    let replayed: Vec<_> = raw
+        .events
+        .iter()
+        .map(|e| (e.kind, e.path.clone()))
+        .collect();
+    assert_eq!(
+        replayed,
+        expected[10..],
+        "the changes after revision {from}"
+    );
+    writer.set_data("/w", "end", None).await.unwrap();
+    let e = tokio::time::timeout(limit, w.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.path, "/w", "nothing was delivered twice");
+    assert!(w.try_next().is_none());
+    watcher.close().await;
+    writer.close().await;
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
     let _ = std::fs::remove_dir_all(&root);
 }

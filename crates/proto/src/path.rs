@@ -87,6 +87,17 @@ pub fn parent(path: &str) -> Option<&str> {
     }
 }
 
+/// Whether the valid path `path` lies strictly below `ancestor` (every
+/// path but the root lies below `/`).
+pub fn is_within(path: &str, ancestor: &str) -> bool {
+    if ancestor == "/" {
+        return path != "/";
+    }
+    path.len() > ancestor.len()
+        && path.starts_with(ancestor)
+        && path.as_bytes()[ancestor.len()] == b'/'
+}
+
 /// The last segment of a valid path (empty for the root).
 pub fn name(path: &str) -> &str {
     match path.rfind('/') {
@@ -131,6 +142,17 @@ pub fn parse_sequence(name: &str, prefix: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn within_means_strictly_below() {
+        assert!(is_within("/a/b", "/a"));
+        assert!(is_within("/a/b/c", "/a"));
+        assert!(is_within("/a", "/"));
+        assert!(!is_within("/", "/"));
+        assert!(!is_within("/a", "/a"));
+        assert!(!is_within("/ab", "/a"));
+        assert!(!is_within("/b", "/a"));
+    }
 
     #[test]
     fn accepts_good_paths() {

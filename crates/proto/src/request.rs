@@ -68,6 +68,7 @@ pub enum OpCode {
     Enqueue = 14,
     SessionStatus = 15,
     Multi = 16,
+    AddWatch = 17,
 }
 
 impl OpCode {
@@ -90,6 +91,7 @@ impl OpCode {
             14 => OpCode::Enqueue,
             15 => OpCode::SessionStatus,
             16 => OpCode::Multi,
+            17 => OpCode::AddWatch,
             _ => return None,
         })
     }
@@ -113,7 +115,8 @@ impl OpCode {
             | OpCode::CheckToken
             | OpCode::Stats
             | OpCode::RemoveWatches
-            | OpCode::SessionStatus => false,
+            | OpCode::SessionStatus
+            | OpCode::AddWatch => false,
         }
     }
 
@@ -136,6 +139,7 @@ impl OpCode {
             OpCode::Enqueue => "enqueue",
             OpCode::SessionStatus => "session status",
             OpCode::Multi => "multi",
+            OpCode::AddWatch => "add watch",
         }
     }
 }
@@ -211,11 +215,25 @@ pub enum Request {
     Stats,
     /// Removes this session's watches on `path`: the data watch (set by
     /// exists, get data or predecessor) if `data`, the child watch if
-    /// `child`. Removed watches never fire.
+    /// `child`, the persistent watches (plain and recursive) if
+    /// `persistent`. Removed watches never fire.
     RemoveWatches {
         path: String,
         data: bool,
         child: bool,
+        persistent: bool,
+    },
+    /// Sets a persistent watch on `path`, which stays armed and reports
+    /// every change to the node (created, deleted, data changed, children
+    /// changed) or, if `recursive`, every creation, deletion and data
+    /// change of the node and of every node below it. With `from` > 0 the
+    /// server first sends, in order, the events it would have sent for the
+    /// changes after revision `from`, or a `compacted` event if it no
+    /// longer holds them all.
+    AddWatch {
+        path: String,
+        recursive: bool,
+        from: u64,
     },
     /// Joins a queue by `rule`: creates an ephemeral sequential node at
     /// `path` (plus the sequence suffix) holding `data`, and sets a queue
@@ -303,6 +321,7 @@ impl Request {
             Request::Enqueue { .. } => OpCode::Enqueue,
             Request::SessionStatus { .. } => OpCode::SessionStatus,
             Request::Multi { .. } => OpCode::Multi,
+            Request::AddWatch { .. } => OpCode::AddWatch,
         }
     }
 
@@ -318,6 +337,7 @@ impl Request {
             | Request::Predecessor { path, .. }
             | Request::CheckToken { path, .. }
             | Request::RemoveWatches { path, .. }
+            | Request::AddWatch { path, .. }
             | Request::Enqueue { path, .. } => Some(path),
             Request::Ping
             | Request::CloseSession
@@ -429,9 +449,23 @@ impl RequestFrame {
                     put_str16(b, path);
                     b.put_u64(*token);
                 }
-                Request::RemoveWatches { path, data, child } => {
+                Request::RemoveWatches {
+                    path,
+                    data,
+                    child,
+                    persistent,
+                } => {
                     put_str16(b, path);
-                    b.put_u8(*data as u8 | (*child as u8) << 1);
+                    b.put_u8(*data as u8 | (*child as u8) << 1 | (*persistent as u8) << 2);
+                }
+                Request::AddWatch {
+                    path,
+                    recursive,
+                    from,
+                } => {
+                    put_str16(b, path);
+                    b.put_u8(*recursive as u8);
+                    b.put_u64(*from);
                 }
                 Request::SessionStatus { session } => b.put_u64(session.0),
                 Request::Multi { ops } => {
@@ -573,7 +607,7 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
         OpCode::RemoveWatches => {
             let path = read_path(r)?;
             let kinds = r.u8("kinds")?;
-            if kinds > 3 {
+            if kinds > 7 {
                 return Err(DecodeError::BadValue {
                     what: "kinds",
                     value: kinds.into(),
@@ -583,6 +617,22 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
                 path,
                 data: kinds & 1 != 0,
                 child: kinds & 2 != 0,
+                persistent: kinds & 4 != 0,
+            }
+        }
+        OpCode::AddWatch => {
+            let path = read_path(r)?;
+            let mode = r.u8("mode")?;
+            if mode > 1 {
+                return Err(DecodeError::BadValue {
+                    what: "mode",
+                    value: mode.into(),
+                });
+            }
+            Request::AddWatch {
+                path,
+                recursive: mode == 1,
+                from: r.u64("from")?,
             }
         }
         OpCode::Multi => {

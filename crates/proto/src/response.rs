@@ -162,6 +162,7 @@ pub enum Reply {
     /// Named counters.
     Stats(Vec<(String, u64)>),
     RemoveWatches,
+    AddWatch,
     /// The node created in the queue, and the member it waits on under
     /// its queue's rule (for an exclusive queue, the node just before it),
     /// none once it heads the queue: the server's decision, which the client
@@ -230,6 +231,7 @@ impl Reply {
             Reply::CheckToken(_) => OpCode::CheckToken,
             Reply::Stats(_) => OpCode::Stats,
             Reply::RemoveWatches => OpCode::RemoveWatches,
+            Reply::AddWatch => OpCode::AddWatch,
             Reply::Enqueue { .. } => OpCode::Enqueue,
             Reply::SessionStatus(_) => OpCode::SessionStatus,
             Reply::Multi(_) => OpCode::Multi,
@@ -306,7 +308,8 @@ impl Reply {
             | Reply::Ping
             | Reply::CloseSession
             | Reply::SetWatches
-            | Reply::RemoveWatches => {}
+            | Reply::RemoveWatches
+            | Reply::AddWatch => {}
         }
     }
 
@@ -353,6 +356,7 @@ impl Reply {
                 Reply::Stats(counters)
             }
             OpCode::RemoveWatches => Reply::RemoveWatches,
+            OpCode::AddWatch => Reply::AddWatch,
             OpCode::SessionStatus => {
                 let raw = r.u8("liveness")?;
                 Reply::SessionStatus(SessionStatus {
@@ -448,6 +452,10 @@ pub enum EventKind {
     ChildrenChanged,
     /// A queue watch's node has no predecessor left: it heads its queue.
     Head,
+    /// A persistent watch asked to resume after a revision whose later
+    /// changes the server no longer holds: the watcher must read again
+    /// what it watches (it has missed changes).
+    Compacted,
 }
 
 impl EventKind {
@@ -458,6 +466,7 @@ impl EventKind {
             EventKind::DataChanged => 3,
             EventKind::ChildrenChanged => 4,
             EventKind::Head => 5,
+            EventKind::Compacted => 6,
         }
     }
 
@@ -468,6 +477,7 @@ impl EventKind {
             3 => EventKind::DataChanged,
             4 => EventKind::ChildrenChanged,
             5 => EventKind::Head,
+            6 => EventKind::Compacted,
             _ => return None,
         })
     }

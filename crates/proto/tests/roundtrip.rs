@@ -80,8 +80,21 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|s| Request::SessionStatus {
             session: baton_proto::SessionId(s)
         }),
-        (path(), any::<bool>(), any::<bool>())
-            .prop_map(|(path, data, child)| Request::RemoveWatches { path, data, child }),
+        (path(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(path, data, child, persistent)| Request::RemoveWatches {
+                path,
+                data,
+                child,
+                persistent,
+            }
+        ),
+        (path(), any::<bool>(), any::<u64>()).prop_map(|(path, recursive, from)| {
+            Request::AddWatch {
+                path,
+                recursive,
+                from,
+            }
+        }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::Exists { path, watch }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetData { path, watch }),
         (path(), any::<bool>()).prop_map(|(path, watch)| Request::GetChildren { path, watch }),
@@ -247,6 +260,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         Just(EventKind::DataChanged),
         Just(EventKind::ChildrenChanged),
         Just(EventKind::Head),
+        Just(EventKind::Compacted),
     ]
 }
 
@@ -412,5 +426,50 @@ fn the_changes_are_create_delete_set_data_enqueue_close_and_multi() {
             "enqueue",
             "multi"
         ]
+    );
+}
+
+/// The bytes of docs/protocol.md's example 17.11: a recursive persistent
+/// watch set again from revision 5, the events replayed, and the event a
+/// compacted history sends.
+#[test]
+fn the_worked_example_of_a_persistent_watch_set_again_encodes_as_documented() {
+    let hex = |b: &[u8]| {
+        b.iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut buf = bytes::BytesMut::new();
+    RequestFrame {
+        xid: 3,
+        request: Request::AddWatch {
+            path: "/a".into(),
+            recursive: true,
+            from: 5,
+        },
+    }
+    .encode(&mut buf);
+    assert_eq!(
+        hex(&buf),
+        "00 00 00 12 00 00 00 03 11 00 02 2f 61 01 00 00 00 00 00 00 00 05"
+    );
+    let mut buf = bytes::BytesMut::new();
+    encode_event(&mut buf, EventKind::Deleted, 7, "/a/n-0000000004");
+    assert_eq!(
+        hex(&buf),
+        "00 00 00 1b 02 02 00 00 00 00 00 00 00 07 00 0f 2f 61 2f 6e 2d 30 30 30 30 30 30 30 30 30 34"
+    );
+    let mut buf = bytes::BytesMut::new();
+    encode_event(&mut buf, EventKind::Compacted, 7, "/a");
+    assert_eq!(
+        hex(&buf),
+        "00 00 00 0e 02 06 00 00 00 00 00 00 00 07 00 02 2f 61"
+    );
+    let mut buf = bytes::BytesMut::new();
+    baton_proto::response::encode_reply(&mut buf, 3, 17, 7, &Ok(Reply::AddWatch));
+    assert_eq!(
+        hex(&buf),
+        "00 00 00 10 01 00 00 00 03 11 00 00 00 00 00 00 00 07 00 00"
     );
 }

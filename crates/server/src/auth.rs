@@ -199,6 +199,7 @@ impl Identity {
             | Request::GetData { path, .. }
             | Request::GetChildren { path, .. }
             | Request::Predecessor { path, .. }
+            | Request::AddWatch { path, .. }
             | Request::CheckToken { path, .. } => self.need(Rights::READ, path),
             Request::SetWatches {
                 data,

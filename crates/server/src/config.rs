@@ -30,6 +30,10 @@ pub struct Config {
     /// watched path counts its length plus 64 bytes. A watch past it is
     /// refused with `too-many-watches`.
     pub max_watch_bytes: usize,
+    /// Events of the latest changes kept so that a client resuming its
+    /// persistent watches gets the ones it missed (default 10,000); one
+    /// that missed more is told to read afresh (a `compacted` event).
+    pub watch_history: usize,
     /// How long a new connection may take to send its handshake (default 10 s).
     pub handshake_timeout: Duration,
     /// How long output may wait on a client that takes no bytes at all before
@@ -54,6 +58,10 @@ pub struct Config {
     pub identities: Option<std::sync::Arc<crate::auth::Identities>>,
 }
 
+/// Events of the latest changes a server keeps by default, for clients
+/// resuming their persistent watches.
+pub const DEFAULT_WATCH_HISTORY: usize = 10_000;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -63,6 +71,7 @@ impl Default for Config {
             max_connections: 200_000,
             max_outbound_bytes: 16 << 20,
             max_watch_bytes: 8 << 20,
+            watch_history: DEFAULT_WATCH_HISTORY,
             handshake_timeout: Duration::from_secs(10),
             write_stall_timeout: Duration::from_secs(15),
             data_dir: None,

@@ -23,6 +23,7 @@ mod locks;
 pub mod metrics;
 mod outbox;
 pub mod persist;
+mod persistent;
 mod queues;
 pub mod replicate;
 mod server;

@@ -25,8 +25,9 @@ impl Kinds {
             EventKind::Created | EventKind::DataChanged => Kinds::DATA,
             EventKind::ChildrenChanged => Kinds::CHILD,
             EventKind::Deleted => Kinds::DATA.union(Kinds::CHILD),
-            // Reported by queue watches only (see queues.rs).
-            EventKind::Head => Kinds::default(),
+            // Reported by queue watches only (see queues.rs), and to a
+            // persistent watch set again (see persistent.rs).
+            EventKind::Head | EventKind::Compacted => Kinds::default(),
         }
     }
 

@@ -510,7 +510,7 @@ async fn contend(client: Client, me: usize, shared: Arc<Shared>) {
 /// Whether contender `me` holds alone: every contender but a reader of the
 /// rwlock recipe, where one contender in four writes.
 fn writes(shared: &Shared, me: usize) -> bool {
-    shared.recipe != Recipe::Rwlock || me % 4 == 0
+    shared.recipe != Recipe::Rwlock || me.is_multiple_of(4)
 }
 
 /// Counts a new holder in; false if that breaks the recipe's promise

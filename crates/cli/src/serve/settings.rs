@@ -204,6 +204,14 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) max_watch_bytes: Option<usize>,
 
+    /// Events of the latest changes kept in memory so that a client whose
+    /// connection broke gets the changes its persistent watches missed
+    /// (about 100 bytes each); a client away for more changes is told to
+    /// read afresh. [default: 10000]
+    #[arg(long, value_name = "EVENTS", env = "BATON_WATCH_HISTORY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) watch_history: Option<usize>,
+
     /// TLS: the server's certificate chain (PEM). Given, clients must
     /// connect with TLS. Set with the global --tls-cert, or
     /// BATON_SERVE_TLS_CERT.
@@ -339,6 +347,7 @@ pub struct Settings {
     pub(crate) max_data: usize,
     pub(crate) max_connections: usize,
     pub(crate) max_watch_bytes: usize,
+    pub(crate) watch_history: usize,
     pub(crate) threads: Option<u16>,
     /// Where the TLS material is, if clients must use TLS.
     pub(crate) tls_files: Option<TlsFiles>,
@@ -366,6 +375,7 @@ impl ServeArgs {
             max_data: Some(baton_proto::DEFAULT_MAX_DATA),
             max_connections: Some(200_000),
             max_watch_bytes: Some(8 << 20),
+            watch_history: Some(baton_server::config::DEFAULT_WATCH_HISTORY),
             ..ServeArgs::default()
         }
     }
@@ -590,6 +600,7 @@ impl Settings {
             max_data: s.max_data.unwrap_or_default(),
             max_connections: s.max_connections.unwrap_or_default(),
             max_watch_bytes: s.max_watch_bytes.unwrap_or_default(),
+            watch_history: s.watch_history.unwrap_or_default(),
             threads: s.threads,
             tls_files,
             tls,
@@ -635,6 +646,7 @@ impl Settings {
             max_data: self.max_data,
             max_connections: self.max_connections,
             max_watch_bytes: self.max_watch_bytes,
+            watch_history: self.watch_history,
             data_dir: Some(self.data_dir.clone()),
             fsync: self.fsync,
             snapshot_every_bytes: self.snapshot_every,

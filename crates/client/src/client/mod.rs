@@ -23,6 +23,7 @@ use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::error::{Error, Result};
 use crate::link::Link;
 use crate::pending::{Answer, Registration};
+use crate::persistent::PersistentWatch;
 use crate::queue::{QueueTable, QueueWatch};
 use crate::session::{open_leader, SessionTask};
 use crate::state::SessionState;
@@ -158,6 +159,7 @@ impl ClientBuilder {
         let grant = conn.grant.clone();
         let link = Arc::new(Link::new());
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
+        let (persistent_tx, persistent_rx) = mpsc::unbounded_channel();
         let (orphan_tx, orphan_rx) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(SessionState::Connected);
         let timeout = Duration::from_millis(grant.timeout_ms.into());
@@ -173,10 +175,12 @@ impl ClientBuilder {
             timeout: Duration::from_millis(grant.timeout_ms.into()),
             link: link.clone(),
             unregister: unreg_rx,
+            new_persistent: persistent_rx,
             orphaned: orphan_rx,
             state: state_tx,
             watches: WatchTable::default(),
             queues: QueueTable::default(),
+            persistent: Default::default(),
             orphans: Vec::new(),
             last_revision: 0,
             leader: Some(addr),
@@ -188,6 +192,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 link,
                 unregister: unreg_tx,
+                new_persistent: persistent_tx,
                 orphans: orphan_tx,
                 state: state_rx,
                 session: grant.session_id,
@@ -205,6 +210,8 @@ struct Inner {
     /// The sending side of the session: calls write their requests here.
     link: Arc<Link>,
     unregister: mpsc::UnboundedSender<(String, u64)>,
+    /// Persistent watches being set, to the session task.
+    new_persistent: mpsc::UnboundedSender<(String, crate::persistent::PersistentRequest)>,
     /// Queue nodes whose answers reached calls dropped before reading them:
     /// the session task deletes them.
     orphans: mpsc::UnboundedSender<String>,
@@ -384,8 +391,83 @@ impl Client {
             path: path.to_owned(),
             data,
             child,
+            persistent: false,
         };
         self.call(request, None).await.map(|_| ())
+    }
+
+    /// A persistent watch on `path`: every change to the node (its
+    /// creation, deletion, data changes and changes to its children list)
+    /// or, if `recursive`, every creation, deletion and data change of the
+    /// node and of every node below it, in revision order, until the watch
+    /// is dropped. The node need not exist.
+    ///
+    /// The watch survives reconnects and, on a cluster, leader changes:
+    /// the client sets it again from the revision it had reached, and the
+    /// server replays the changes it missed, each delivered once. If it was
+    /// away for more changes than the server keeps (see the server's
+    /// `--watch-history`), the watch delivers one event of kind
+    /// [`EventKind::Compacted`](crate::EventKind::Compacted): read afresh.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPath`], [`Error::Server`] with `too-many-watches`
+    /// past the session's watch budget, and a session or connection error.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> baton_client::Result<()> {
+    /// let client = baton_client::Client::connect("127.0.0.1:4181").await?;
+    /// let mut changes = client.watch("/config", true).await?;
+    /// loop {
+    ///     let event = changes.next().await?;
+    ///     println!("{:?} {} at revision {}", event.kind, event.path, event.revision);
+    /// }
+    /// # }
+    /// ```
+    pub async fn watch(&self, path: &str, recursive: bool) -> Result<PersistentWatch> {
+        self.watch_from(path, recursive, 0).await
+    }
+
+    /// Like [`watch`](Self::watch), and first every change after revision
+    /// `from` that the watch would have reported, in order, from the
+    /// server's watch history: set a watch from the revision of what was
+    /// read (a node's `mzxid`, a parent's `pzxid`) and no change between
+    /// the read and the watch is missed. If the history no longer goes
+    /// back to `from`, the first event is of kind
+    /// [`EventKind::Compacted`](crate::EventKind::Compacted). `from` = 0
+    /// is [`watch`](Self::watch).
+    ///
+    /// # Errors
+    /// As [`watch`](Self::watch).
+    pub async fn watch_from(
+        &self,
+        path: &str,
+        recursive: bool,
+        from: u64,
+    ) -> Result<PersistentWatch> {
+        self.check(path, None)?;
+        let id = self.inner.next_watch.fetch_add(1, Ordering::Relaxed);
+        let (watch, registration) = PersistentWatch::new(
+            path.to_owned(),
+            (recursive, from),
+            id,
+            self.inner.unregister.clone(),
+        );
+        // Registered first: the events replayed come before the reply.
+        self.inner
+            .new_persistent
+            .send((path.to_owned(), registration))
+            .map_err(|_| self.ended_error())?;
+        let request = Request::AddWatch {
+            path: path.to_owned(),
+            recursive,
+            from,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::AddWatch => Ok(watch),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// The server's counters (requests, watch events sent, bytes, CPU time,

@@ -37,6 +37,7 @@ use crate::clock::Now;
 use crate::config::Config;
 use crate::outbox::{Out, Outbox};
 use crate::persist::DurableMark;
+use crate::persistent::{History, PersistentWatches};
 use crate::queues::QueueWatches;
 use crate::replicate::{Replicator, Role};
 use crate::state::{Applied, Command, Origin, Outcome, Proposal, StateMachine, Unshared};
@@ -97,6 +98,10 @@ pub(crate) struct Core {
     sm: StateMachine,
     watches: Watches,
     queues: QueueWatches,
+    /// Persistent watches, plain and recursive.
+    persistent: PersistentWatches,
+    /// The events of the latest changes, to replay to a resuming client.
+    history: History,
     /// Queue notifications of the change being dispatched (scratch).
     queue_events: Vec<(SessionId, EventKind, Arc<str>)>,
     /// Grants, holds and waits per lock, for operators.
@@ -157,10 +162,13 @@ impl Core {
             mark,
             expiry_wake,
         } = with;
+        let revision = sm.revision();
         let mut core = Core {
             sm,
             watches: Watches::default(),
             queues: QueueWatches::default(),
+            persistent: PersistentWatches::default(),
+            history: History::new(config.watch_history, revision),
             queue_events: Vec::new(),
             locks: Default::default(),
             live: Unshared::new(),
@@ -451,7 +459,7 @@ impl Core {
         let mut snap = self.stats.snapshot();
         snap.sessions = self.sm.session_count() as u64;
         snap.nodes = self.sm.node_count() as u64;
-        snap.watches = (self.watches.len() + self.queues.len()) as u64;
+        snap.watches = (self.watches.len() + self.queues.len() + self.persistent.len()) as u64;
         snap.revision = self.sm.revision();
         snap
     }
@@ -471,6 +479,8 @@ impl Core {
     pub(crate) fn install(&mut self, sm: StateMachine, now: Now) {
         self.now = now;
         self.sm = sm;
+        // No event from before the snapshot can be replayed.
+        self.history.reset(self.sm.revision());
         // The holders it knew of may be gone: count afresh.
         self.locks = Default::default();
         if self.role == Role::Leader {

@@ -166,7 +166,12 @@ impl Core {
                 .sm
                 .child_created_at(&path, token)
                 .map(|found| Reply::CheckToken(found.map(|(p, n)| (p.to_string(), n.stat())))),
-            Request::RemoveWatches { path, data, child } => {
+            Request::RemoveWatches {
+                path,
+                data,
+                child,
+                persistent,
+            } => {
                 let kinds = match (data, child) {
                     (true, true) => Kinds::DATA.union(Kinds::CHILD),
                     (true, false) => Kinds::DATA,
@@ -174,6 +179,9 @@ impl Core {
                     (false, false) => Kinds::default(),
                 };
                 self.watches.remove(session, &path, kinds);
+                if persistent {
+                    self.persistent.remove(session, &path);
+                }
                 Ok(Reply::RemoveWatches)
             }
             Request::Stats => Ok(Reply::Stats(
@@ -204,6 +212,13 @@ impl Core {
                     self.set_queue_watches(session, outbox, queue);
                     Reply::SetWatches
                 }),
+            Request::AddWatch {
+                path,
+                recursive,
+                from,
+            } => self
+                .add_watch(session, outbox, &path, recursive, from)
+                .map(|()| Reply::AddWatch),
             Request::Create { .. }
             | Request::Delete { .. }
             | Request::SetData { .. }

@@ -202,6 +202,7 @@ impl Core {
         // connection, relative to the last revision it saw.
         self.watches.remove_session(id);
         self.queues.remove_session(id);
+        self.persistent.remove_session(id);
         self.stats
             .metrics
             .sessions_resumed
@@ -226,6 +227,7 @@ impl Core {
                 live.replies = None;
                 self.watches.remove_session(id);
                 self.queues.remove_session(id);
+                self.persistent.remove_session(id);
             }
         }
         // A handshake given up on before its session opened.
@@ -296,6 +298,7 @@ impl Core {
         let timeout_ms = self.expiring.remove(&id);
         self.watches.remove_session(id);
         self.queues.remove_session(id);
+        self.persistent.remove_session(id);
         self.dispatch(&applied.triggers, None);
         let Some(live) = self.live.remove(&id) else {
             return;

@@ -8,21 +8,77 @@ use baton_proto::{ErrorReply, EventKind, SessionId};
 
 use super::{too_many_watches, Core};
 use crate::outbox::{Out, Outbox};
+use crate::persistent::PersistentWatches;
 use crate::state::Trigger;
 use crate::watches::Kinds;
 
 impl Core {
-    /// Sets a watch for `session`, within its budget of watch bytes.
+    /// Sets a watch for `session`, within its budget of watch bytes (which
+    /// its persistent watches share).
     pub(super) fn watch(
         &mut self,
         session: SessionId,
         path: &str,
         kind: Kinds,
     ) -> Result<(), ErrorReply> {
-        let budget = self.config.max_watch_bytes;
+        let budget = self.watch_budget(session);
         self.watches
             .add(session, path, kind, budget)
             .map_err(|over| too_many_watches(session, over.held, over.wanted, budget))
+    }
+
+    /// What is left of `session`'s watch budget for one-shot watches once
+    /// its persistent watches are counted.
+    fn watch_budget(&self, session: SessionId) -> usize {
+        self.config
+            .max_watch_bytes
+            .saturating_sub(self.persistent.bytes(session))
+    }
+
+    /// Sets a persistent watch for `session` on `path`, within its watch
+    /// budget, after sending it the events it missed since revision `from`
+    /// (0: none), or `compacted` if the history no longer holds them all.
+    pub(super) fn add_watch(
+        &mut self,
+        session: SessionId,
+        outbox: &Arc<Outbox>,
+        path: &str,
+        recursive: bool,
+        from: u64,
+    ) -> Result<(), ErrorReply> {
+        let budget = self.config.max_watch_bytes;
+        if !self.persistent.has(session, path, recursive) {
+            let held = self.watches.bytes(session) + self.persistent.bytes(session);
+            let wanted = crate::watches::watch_cost(path);
+            if held + wanted > budget {
+                return Err(too_many_watches(session, held, wanted, budget));
+            }
+        }
+        let now_rev = self.sm.revision();
+        if from > 0 && from < now_rev {
+            match self.history.since(from) {
+                Ok(events) => {
+                    let missed: Vec<(u64, EventKind, Arc<str>)> = events
+                        .filter(|(_, kind, target)| {
+                            PersistentWatches::covers(path, recursive, target, *kind)
+                        })
+                        .cloned()
+                        .collect();
+                    for (revision, kind, target) in missed {
+                        self.notify(outbox, kind, revision, target);
+                    }
+                }
+                Err(crate::persistent::Compacted) => {
+                    self.stats
+                        .metrics
+                        .watch_history_compacted
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.notify(outbox, EventKind::Compacted, now_rev, Arc::from(path));
+                }
+            }
+        }
+        self.persistent.add(session, path, recursive);
+        Ok(())
     }
 
     /// Sets again the watches a client held before it moved to this
@@ -170,6 +226,7 @@ impl Core {
     pub(super) fn dispatch(&mut self, triggers: &[Trigger], actor: Option<SessionId>) {
         let revision = self.sm.revision();
         for trigger in triggers {
+            self.history.record(revision, trigger.kind, &trigger.path);
             if trigger.kind == EventKind::Deleted {
                 self.locks.deleted(&trigger.path, self.now.at);
                 self.queues
@@ -186,6 +243,13 @@ impl Core {
             self.fired.clear();
             self.watches
                 .fire(&trigger.path, trigger.kind, &mut self.fired);
+            if self.persistent.len() > 0 {
+                self.persistent
+                    .fire(&trigger.path, trigger.kind, &mut self.fired);
+                // One event per session, however many watches it concerns.
+                self.fired.sort_unstable();
+                self.fired.dedup();
+            }
             for session in &self.fired {
                 let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
                     continue;

@@ -110,7 +110,7 @@ impl Histogram {
 }
 
 /// Operations by wire number (0 for one the server does not know).
-pub(crate) const OPS: usize = 16;
+pub(crate) const OPS: usize = 18;
 /// Results: 0 for success, then the error codes by wire number, then one
 /// for any other code.
 pub(crate) const RESULTS: usize = 27;
@@ -132,6 +132,9 @@ pub(crate) struct Metrics {
     pub(crate) snapshot_bytes: AtomicU64,
     /// Sessions resumed on a new connection.
     pub(crate) sessions_resumed: AtomicU64,
+    /// Persistent watches set again after a revision whose events the
+    /// history no longer held (answered with a `compacted` event).
+    pub(crate) watch_history_compacted: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -144,6 +147,7 @@ impl Default for Metrics {
             snapshot: Histogram::new(SNAPSHOT_NS),
             snapshot_bytes: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
+            watch_history_compacted: AtomicU64::new(0),
         }
     }
 }
@@ -169,6 +173,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every operation the protocol knows is counted under its own number,
+    /// not as an unknown one.
+    #[test]
+    fn every_known_operation_has_its_own_counters() {
+        for op in 0..=u8::MAX {
+            if baton_proto::OpCode::from_u8(op).is_some() {
+                assert!((op as usize) < OPS, "operation {op} is past OPS = {OPS}");
+            }
+        }
+    }
 
     #[test]
     fn a_histogram_counts_each_value_in_the_first_bucket_that_holds_it() {

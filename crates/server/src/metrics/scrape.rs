@@ -173,6 +173,12 @@ impl Collector for Scrape {
             "Sessions resumed on a new connection.",
             m.sessions_resumed.load(Ordering::Relaxed),
         )?;
+        counter(
+            &mut e,
+            "baton_watch_history_compacted",
+            "Persistent watches resumed after more changes than the server's watch history holds: their clients were told to read afresh.",
+            m.watch_history_compacted.load(Ordering::Relaxed),
+        )?;
         gauge(
             &mut e,
             "baton_connections",

@@ -1,0 +1,325 @@
+//! Persistent watches, plain and recursive, and the history of recent
+//! events that lets a client resume them after a reconnect.
+//!
+//! A persistent watch stays armed until it is removed or its session (or
+//! connection) goes. A plain one on P reports every change to P: its
+//! creation, deletion, data changes and changes to its list of children. A
+//! recursive one on P reports the creation, deletion and data changes of P
+//! and of every node below it (not the children lists, whose changes are
+//! those creations and deletions). A session gets one event per change and
+//! path, however many of its watches (one-shot or persistent) it concerns.
+//!
+//! The server keeps the events of the latest changes, in revision order,
+//! up to a bound. A client that lost its connection sets its persistent
+//! watches again with the last revision it saw; the server replays the
+//! events it missed from this history, or, if the history no longer goes
+//! back that far, sends one `compacted` event, after which the client
+//! reads afresh. Like the other watches, these belong to this server and
+//! not to the state machine; every cluster member records the history as
+//! it applies the log, so a new leader can replay what the old one sent.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use baton_proto::{path, EventKind, SessionId};
+
+use crate::watches::watch_cost;
+
+/// One watch: its session and whether it covers the subtree.
+type Entry = (SessionId, bool);
+
+#[derive(Debug, Default)]
+pub(crate) struct PersistentWatches {
+    by_path: HashMap<Arc<str>, Vec<Entry>>,
+    /// How many recursive watches there are (none: no ancestor walk).
+    recursive: usize,
+    by_session: HashMap<SessionId, Vec<(Arc<str>, bool)>>,
+    bytes: HashMap<SessionId, usize>,
+    count: usize,
+}
+
+impl PersistentWatches {
+    /// Sets `session`'s persistent watch on `path` (recursive or not); one
+    /// already set is kept. Returns the bytes it adds to the session's
+    /// watches (0 if it was set already).
+    pub(crate) fn add(&mut self, session: SessionId, path: &str, recursive: bool) -> usize {
+        if self.has(session, path, recursive) {
+            return 0;
+        }
+        let key = match self.by_path.get_key_value(path) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(path),
+        };
+        self.by_path
+            .entry(key.clone())
+            .or_default()
+            .push((session, recursive));
+        self.by_session
+            .entry(session)
+            .or_default()
+            .push((key, recursive));
+        let cost = watch_cost(path);
+        *self.bytes.entry(session).or_default() += cost;
+        self.count += 1;
+        self.recursive += recursive as usize;
+        cost
+    }
+
+    /// Whether `session` has this watch.
+    pub(crate) fn has(&self, session: SessionId, path: &str, recursive: bool) -> bool {
+        self.by_path
+            .get(path)
+            .is_some_and(|e| e.contains(&(session, recursive)))
+    }
+
+    /// The bytes `session`'s persistent watches count for.
+    pub(crate) fn bytes(&self, session: SessionId) -> usize {
+        self.bytes.get(&session).copied().unwrap_or(0)
+    }
+
+    /// Removes `session`'s persistent watches on `path` (both kinds).
+    pub(crate) fn remove(&mut self, session: SessionId, path: &str) {
+        let Some(entries) = self.by_path.get_mut(path) else {
+            return;
+        };
+        let mut gone = Vec::new();
+        entries.retain(|e| {
+            let mine = e.0 == session;
+            if mine {
+                gone.push(e.1);
+            }
+            !mine
+        });
+        if entries.is_empty() {
+            self.by_path.remove(path);
+        }
+        for recursive in gone {
+            self.forget(session, path, recursive);
+        }
+    }
+
+    fn forget(&mut self, session: SessionId, path: &str, recursive: bool) {
+        self.count -= 1;
+        self.recursive -= recursive as usize;
+        if let Some(mine) = self.by_session.get_mut(&session) {
+            mine.retain(|(p, r)| !(&**p == path && *r == recursive));
+            if mine.is_empty() {
+                self.by_session.remove(&session);
+            }
+        }
+        if let Some(bytes) = self.bytes.get_mut(&session) {
+            *bytes -= watch_cost(path);
+            if *bytes == 0 {
+                self.bytes.remove(&session);
+            }
+        }
+    }
+
+    /// Forgets every persistent watch of a session.
+    pub(crate) fn remove_session(&mut self, session: SessionId) {
+        let Some(mine) = self.by_session.remove(&session) else {
+            return;
+        };
+        self.bytes.remove(&session);
+        for (path, recursive) in mine {
+            self.count -= 1;
+            self.recursive -= recursive as usize;
+            if let Some(entries) = self.by_path.get_mut(&path) {
+                entries.retain(|e| e.0 != session);
+                if entries.is_empty() {
+                    self.by_path.remove(&path);
+                }
+            }
+        }
+    }
+
+    /// Appends the sessions whose persistent watches an event of `kind` on
+    /// `path` concerns (a session may appear twice; the caller sends one
+    /// event per session).
+    pub(crate) fn fire(&self, target: &str, kind: EventKind, out: &mut Vec<SessionId>) {
+        if self.count == 0 {
+            return;
+        }
+        if let Some(entries) = self.by_path.get(target) {
+            // A plain watch reports every change to its node; a recursive
+            // one all but changes to children lists.
+            out.extend(
+                entries
+                    .iter()
+                    .filter(|(_, r)| !*r || kind != EventKind::ChildrenChanged)
+                    .map(|(s, _)| *s),
+            );
+        }
+        if self.recursive == 0 || kind == EventKind::ChildrenChanged {
+            return;
+        }
+        let mut at = target;
+        while let Some(parent) = path::parent(at) {
+            if let Some(entries) = self.by_path.get(parent) {
+                out.extend(entries.iter().filter(|(_, r)| *r).map(|(s, _)| *s));
+            }
+            at = parent;
+        }
+    }
+
+    /// Whether an event of `kind` on `target` concerns a persistent watch
+    /// on `path` (recursive or not).
+    pub(crate) fn covers(path: &str, recursive: bool, target: &str, kind: EventKind) -> bool {
+        if target == path {
+            return !recursive || kind != EventKind::ChildrenChanged;
+        }
+        recursive && kind != EventKind::ChildrenChanged && path::is_within(target, path)
+    }
+
+    /// Number of persistent watches.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+}
+
+/// The events of the latest changes, oldest first, up to a bound.
+#[derive(Debug)]
+pub(crate) struct History {
+    events: VecDeque<(u64, EventKind, Arc<str>)>,
+    limit: usize,
+    /// Every event of a change after this revision is held.
+    complete_after: u64,
+}
+
+/// The history no longer holds every event after the revision asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Compacted;
+
+impl History {
+    /// A history holding up to `limit` events, complete after `revision`
+    /// (the state it starts from).
+    pub(crate) fn new(limit: usize, revision: u64) -> Self {
+        History {
+            events: VecDeque::new(),
+            limit,
+            complete_after: revision,
+        }
+    }
+
+    pub(crate) fn record(&mut self, revision: u64, kind: EventKind, path: &Arc<str>) {
+        if self.limit == 0 {
+            self.complete_after = revision;
+            return;
+        }
+        if self.events.len() == self.limit {
+            if let Some((old, _, _)) = self.events.pop_front() {
+                // The events of `old` may no longer all be here.
+                self.complete_after = self.complete_after.max(old);
+            }
+        }
+        self.events.push_back((revision, kind, path.clone()));
+    }
+
+    /// The events after revision `from`, oldest first.
+    ///
+    /// # Errors
+    /// [`Compacted`] if some of them are no longer held.
+    pub(crate) fn since(
+        &self,
+        from: u64,
+    ) -> Result<impl Iterator<Item = &(u64, EventKind, Arc<str>)>, Compacted> {
+        if from < self.complete_after {
+            return Err(Compacted);
+        }
+        let start = self.events.partition_point(|(r, _, _)| *r <= from);
+        Ok(self.events.range(start..))
+    }
+
+    /// Forgets everything: the state was replaced (a snapshot installed),
+    /// so no event can be replayed from before `revision`.
+    pub(crate) fn reset(&mut self, revision: u64) {
+        self.events.clear();
+        self.complete_after = revision;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fired(w: &PersistentWatches, path: &str, kind: EventKind) -> Vec<u64> {
+        let mut out = Vec::new();
+        w.fire(path, kind, &mut out);
+        let mut ids: Vec<u64> = out.into_iter().map(|s| s.0).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn plain_watches_see_their_node_and_recursive_ones_the_subtree() {
+        let mut w = PersistentWatches::default();
+        w.add(SessionId(1), "/a", false);
+        w.add(SessionId(2), "/a", true);
+        w.add(SessionId(3), "/a/b", true);
+        assert_eq!(fired(&w, "/a", EventKind::ChildrenChanged), [1]);
+        assert_eq!(fired(&w, "/a", EventKind::DataChanged), [1, 2]);
+        assert_eq!(fired(&w, "/a/b/c", EventKind::Created), [2, 3]);
+        assert_eq!(
+            fired(&w, "/a/b/c", EventKind::ChildrenChanged),
+            Vec::<u64>::new()
+        );
+        assert_eq!(fired(&w, "/ab", EventKind::Created), Vec::<u64>::new());
+        assert!(PersistentWatches::covers(
+            "/a",
+            true,
+            "/a/b/c",
+            EventKind::Deleted
+        ));
+        assert!(!PersistentWatches::covers(
+            "/a",
+            true,
+            "/ab",
+            EventKind::Deleted
+        ));
+        assert!(PersistentWatches::covers(
+            "/a",
+            false,
+            "/a",
+            EventKind::ChildrenChanged
+        ));
+        assert!(!PersistentWatches::covers(
+            "/a",
+            false,
+            "/a/b",
+            EventKind::Created
+        ));
+        assert_eq!(w.add(SessionId(1), "/a", false), 0, "set once");
+        assert_eq!(w.len(), 3);
+        w.remove(SessionId(2), "/a");
+        assert_eq!(fired(&w, "/a/b", EventKind::Deleted), [3]);
+        w.remove_session(SessionId(3));
+        w.remove_session(SessionId(1));
+        assert_eq!((w.len(), w.recursive), (0, 0));
+        assert!(w.by_path.is_empty() && w.bytes.is_empty());
+    }
+
+    #[test]
+    fn the_history_replays_what_it_holds_and_says_when_it_does_not() {
+        let mut h = History::new(4, 10);
+        let p: Arc<str> = Arc::from("/a");
+        for r in [11, 12, 12, 13] {
+            h.record(r, EventKind::DataChanged, &p);
+        }
+        let revisions = |h: &History, from| {
+            h.since(from)
+                .map(|events| events.map(|(r, _, _)| *r).collect::<Vec<_>>())
+        };
+        assert_eq!(revisions(&h, 10), Ok(vec![11, 12, 12, 13]));
+        assert_eq!(revisions(&h, 12), Ok(vec![13]));
+        assert_eq!(revisions(&h, 13), Ok(vec![]));
+        assert_eq!(revisions(&h, 9), Err(Compacted), "before the history began");
+        // One event of revision 12 goes: 12 is no longer complete.
+        h.record(14, EventKind::Deleted, &p);
+        h.record(15, EventKind::Created, &p);
+        assert_eq!(revisions(&h, 11), Err(Compacted));
+        assert_eq!(revisions(&h, 12), Ok(vec![13, 14, 15]));
+        h.reset(20);
+        assert_eq!(revisions(&h, 15), Err(Compacted));
+        assert_eq!(revisions(&h, 20), Ok(vec![]));
+    }
+}
