@@ -386,3 +386,80 @@ async fn a_resign_cancelled_while_waiting_for_room_still_resigns() {
     observer.close().await;
     server.stop().await;
 }
+
+/// A leadership shorter than a round trip is still reported: two leaders
+/// resign back to back (the second leads between the two deletes), and
+/// the observer reports the first, the second and the third in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_see_a_leadership_that_ends_before_anyone_could_read_it() {
+    let server = TestServer::start().await;
+    let watcher = server.client().await;
+    let clients = [
+        server.client().await,
+        server.client().await,
+        server.client().await,
+    ];
+    let (mut leaders, mut queued) = (Vec::new(), Vec::new());
+    for (i, c) in clients.iter().enumerate() {
+        let election = Election::new(c, "/election/short");
+        if i == 0 {
+            leaders.push(election.campaign("first").await.unwrap());
+        } else {
+            // Queued behind the first.
+            let value = format!("candidate {i}");
+            let joined = tokio::spawn(async move { election.campaign(value).await.unwrap() });
+            eventually_async(10, "the candidate to queue", || {
+                let c = watcher.clone();
+                async move { c.get_children("/election/short").await.unwrap().0.len() == i + 1 }
+            })
+            .await;
+            queued.push(joined);
+        }
+    }
+    let mut changes = Box::pin(Election::new(&watcher, "/election/short").observe());
+    let first = within(5, "the first report", changes.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(first.value, "first");
+    // The first resigns and the second's node goes right behind it, both
+    // deletes sent without waiting: the second leads for no time at all.
+    let (names, _) = watcher.get_children("/election/short").await.unwrap();
+    let mut nodes: Vec<String> = names
+        .iter()
+        .map(|n| format!("/election/short/{n}"))
+        .collect();
+    nodes.sort_by_key(|n| n.rsplit('-').next().unwrap().to_owned());
+    let (a, b) = tokio::join!(
+        watcher.delete(&nodes[0], None),
+        watcher.delete(&nodes[1], None)
+    );
+    a.unwrap();
+    b.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let l = within(5, "the next leader", changes.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("a leader");
+        seen.push(l.token);
+    }
+    let tokens: Vec<u64> = nodes[1..]
+        .iter()
+        .map(|n| n.rsplit('-').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        seen.iter().map(|t| t.get()).collect::<Vec<_>>(),
+        tokens,
+        "the second leader, then the third"
+    );
+    drop(leaders);
+    drop(queued);
+    watcher.close().await;
+    for c in clients {
+        c.close().await;
+    }
+    server.stop().await;
+}

@@ -162,7 +162,7 @@ impl Lock {
     ///
     /// # Errors
     /// [`Error::InvalidPath`] naming the path as given.
-    fn check_path(&self) -> Result<()> {
+    pub(crate) fn check_path(&self) -> Result<()> {
         let what = match self.kind {
             "candidate" => "election",
             "permit" => "semaphore",

@@ -12,6 +12,8 @@
 use bytes::Bytes;
 use futures::Stream;
 
+mod observe;
+
 use super::lock::{LeaseState, Lock, LockGuard, LostReason};
 use super::FencingToken;
 use crate::{Client, Error, Result, SessionId};
@@ -48,7 +50,8 @@ pub struct Election {
 /// The leader as observers see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {
-    /// The value the leader campaigned with.
+    /// The value the leader campaigned with (empty if an observer could
+    /// not read it before the leader left).
     pub value: Bytes,
     /// Its epoch: greater than every earlier leader's.
     pub token: FencingToken,
@@ -148,7 +151,7 @@ impl Election {
     }
 
     /// The queue of candidates, as a lock.
-    fn candidates(&self) -> Lock {
+    pub(super) fn candidates(&self) -> Lock {
         Lock::new(&self.client, &self.typed).with_kind("candidate")
     }
 
@@ -202,62 +205,18 @@ impl Election {
     }
 
     /// Changes of leader, in order: the current leader (or `None`) first,
-    /// then each new one. Observers watch only the leader's node (or, while
-    /// there is none, the election's list of candidates), so they cost the
-    /// server nothing per candidate. Watches fire once and are set again on
-    /// each look, so a leadership that begins and ends between two looks
-    /// (within a round trip or so) can go unseen; what is seen is never out
-    /// of order, and a leader whose session ended is never reported.
+    /// then each new one, every one of them: also a leadership that began
+    /// and ended between two reads. The observer follows the election's
+    /// candidates from the events of one persistent watch on its node (it
+    /// creates the node if missing), so it costs the server one watch
+    /// however many candidates there are, and sees the queue as it was at
+    /// every change. A leader whose session ended is never reported as
+    /// leading after its end; one that left before its value could be read
+    /// is reported with an empty value. After a disconnection longer than
+    /// the server's watch history, the observer reads the candidates
+    /// afresh and reports the leader from then on: only then can a
+    /// leadership go unseen.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
-        let election = self.clone();
-        futures::stream::unfold(
-            (election, None::<Option<Leader>>),
-            |(election, last)| async move {
-                loop {
-                    if let Some(shown) = &last {
-                        if let Err(e) = election.wait_for_change(shown.as_ref()).await {
-                            return Some((Err(e), (election, last)));
-                        }
-                    }
-                    let now = match election.leader().await {
-                        Ok(now) => now,
-                        Err(e) => return Some((Err(e), (election, last))),
-                    };
-                    let changed = match (&last, &now) {
-                        (None, _) => true,
-                        (Some(before), now) => {
-                            before.as_ref().map(|l| l.token) != now.as_ref().map(|l| l.token)
-                        }
-                    };
-                    if changed {
-                        return Some((Ok(now.clone()), (election, Some(now))));
-                    }
-                }
-            },
-        )
-    }
-
-    /// Waits for the shown leader to go (or, with none, for a candidate).
-    async fn wait_for_change(&self, shown: Option<&Leader>) -> Result<()> {
-        match shown {
-            Some(leader) => match self.client.exists_watch(&leader.node).await? {
-                (None, _) => Ok(()),
-                // Any change to the leader's node is worth a look.
-                (Some(_), watcher) => watcher.await.map(|_| ()),
-            },
-            None => match self.client.get_children_watch(&self.path).await {
-                Ok((children, _, watcher)) if children.is_empty() => watcher.await.map(|_| ()),
-                Ok(_) => Ok(()),
-                Err(Error::NoNode(_)) => {
-                    // No election node yet: wait for it to appear.
-                    let (stat, watcher) = self.client.exists_watch(&self.path).await?;
-                    if stat.is_none() {
-                        watcher.await?;
-                    }
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            },
-        }
+        observe::observe(self.clone())
     }
 }
