@@ -204,3 +204,105 @@ async fn a_double_barrier_lets_parties_in_together_and_out_together() {
     stays.close().await;
     server.stop().await;
 }
+
+/// What the server holds under `root`: every node's data, by path.
+async fn tree_of(c: &baton::Client, root: &str) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(path) = pending.pop() {
+        if let Ok((data, _)) = c.get_data(&path).await {
+            if let Ok((names, _)) = c.get_children(&path).await {
+                pending.extend(names.iter().map(|n| format!("{path}/{n}")));
+            }
+            out.insert(path, data.to_vec());
+        }
+    }
+    out
+}
+
+/// A tree cache follows 200 random changes, made while its connection is
+/// cut now and then, and ends equal to the server's tree; a node cache
+/// follows its node; the stream reports the changes in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_follow_every_change_across_cut_connections() {
+    use baton::recipes::{CacheEvent, NodeCache, TreeCache};
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr().parse().unwrap()).await;
+    let follower = connect_with_timeout(&proxy.addr(), Duration::from_secs(10)).await;
+    let writer = server.client().await;
+    writer
+        .create("/cfg", "root", CreateMode::Persistent)
+        .await
+        .unwrap();
+    writer
+        .create("/cfg/a", "1", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let tree = TreeCache::start(&follower, "/cfg").await.unwrap();
+    let node = NodeCache::start(&follower, "/cfg/a").await.unwrap();
+    assert_eq!(&tree.get("/cfg/a").unwrap().0[..], b"1");
+    assert_eq!(tree.children("/cfg"), ["a"]);
+    let mut changes = tree.changes();
+    writer.set_data("/cfg/a", "2", None).await.unwrap();
+    let first = within(10, "the first change", changes.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        CacheEvent::Updated {
+            path: "/cfg/a".into(),
+            data: bytes::Bytes::from_static(b"2")
+        }
+    );
+    let mut seed = 7u64;
+    let mut rand = |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (seed >> 33) % n
+    };
+    for i in 0..200 {
+        let path = format!("/cfg/n{}", rand(8));
+        let child = format!("{path}/c");
+        let _ = match rand(4) {
+            0 => writer
+                .create(&path, i.to_string(), CreateMode::Persistent)
+                .await
+                .map(drop),
+            1 => writer.set_data(&path, i.to_string(), None).await.map(drop),
+            2 => writer
+                .create(&child, i.to_string(), CreateMode::Persistent)
+                .await
+                .map(drop),
+            _ => {
+                let _ = writer.delete(&child, None).await;
+                writer.delete(&path, None).await
+            }
+        };
+        if i % 50 == 25 {
+            proxy.sever();
+        }
+    }
+    writer.set_data("/cfg/a", "last", None).await.unwrap();
+    let want = tree_of(&writer, "/cfg").await;
+    eventually(10, "the cache to catch up", || {
+        let have: std::collections::BTreeMap<String, Vec<u8>> = tree
+            .snapshot()
+            .into_iter()
+            .map(|(p, (d, _))| (p, d.to_vec()))
+            .collect();
+        have == want
+    })
+    .await;
+    eventually(10, "the node cache to catch up", || {
+        node.get().is_some_and(|(d, _)| &d[..] == b"last")
+    })
+    .await;
+    writer.delete("/cfg/a", None).await.unwrap();
+    eventually(10, "the node cache to see the deletion", || {
+        node.get().is_none()
+    })
+    .await;
+    assert!(tree.is_following());
+    follower.close().await;
+    writer.close().await;
+    server.stop().await;
+}

@@ -9,8 +9,11 @@
 //! - [`Counter`]: a shared counter whose adds return the value they made.
 //! - [`Barrier`]: holds everyone until it is lifted; [`DoubleBarrier`]:
 //!   parties enter together and leave together.
+//! - [`TreeCache`] and [`NodeCache`]: local, always-current copies of a
+//!   subtree or a node, with a stream of changes.
 
 mod barrier;
+mod cache;
 mod counter;
 mod election;
 mod fence;
@@ -19,6 +22,7 @@ mod rwlock;
 mod semaphore;
 
 pub use barrier::{Barrier, DoubleBarrier, Entered};
+pub use cache::{CacheEvent, NodeCache, TreeCache};
 pub use counter::Counter;
 
 pub use election::{Election, Leader, Leadership};
