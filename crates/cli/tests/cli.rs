@@ -79,22 +79,29 @@ fn an_unreachable_server_is_reported_with_a_hint() {
     );
 }
 
-#[test]
-fn ephemeral_create_holds_the_node_until_interrupted_and_watch_reports_changes() {
-    let s = Served::start();
-    s.ok(&["create", "/w"]);
+/// Starts `baton watch ARGS...` and returns once it says on stderr (with
+/// `ready`) that its watch is set.
+fn start_watch(s: &Served, args: &[&str], ready: &str) -> std::process::Child {
     let mut watch = baton()
-        .args(["--server", &s.addr, "watch", "/w"])
+        .args(["--server", &s.addr, "watch"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The watcher says on stderr when its watches are set.
-    let mut ready = String::new();
+    let mut said = String::new();
     BufReader::new(watch.stderr.take().unwrap())
-        .read_line(&mut ready)
+        .read_line(&mut said)
         .unwrap();
-    assert!(ready.contains("watching /w"), "{ready}");
+    assert!(said.contains(ready), "{said}");
+    watch
+}
+
+#[test]
+fn ephemeral_create_holds_the_node_until_interrupted_and_watch_reports_changes() {
+    let s = Served::start();
+    s.ok(&["create", "/w"]);
+    let mut watch = start_watch(&s, &["/w"], "watching /w");
 
     let mut holder = baton()
         .args(["--server", &s.addr, "create", "--ephemeral", "/w/e", "held"])
@@ -131,24 +138,7 @@ fn ephemeral_create_holds_the_node_until_interrupted_and_watch_reports_changes()
 #[test]
 fn watch_recursive_prints_every_change_below_the_path_as_json() {
     let s = Served::start();
-    let mut watch = baton()
-        .args([
-            "--server",
-            &s.addr,
-            "watch",
-            "--recursive",
-            "--json",
-            "/tree",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(watch.stderr.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert!(ready.contains("watching /tree and below"), "{ready}");
+    let mut watch = start_watch(&s, &["--recursive", "--json", "/tree"], "and below");
     s.ok(&["create", "/tree"]);
     s.ok(&["create", "/tree/a", "one"]);
     s.ok(&["set", "/tree/a", "two"]);
@@ -527,16 +517,7 @@ fn everyday_commands_delete_trees_list_trees_and_speak_json() {
     assert!(watching.wait().unwrap().success());
 
     // watch: the new data on the line.
-    let mut watch = baton()
-        .args(["--server", &s.addr, "watch", "/g"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(watch.stderr.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
+    let mut watch = start_watch(&s, &["/g"], "watching /g");
     s.ok(&["set", "/g", "three"]);
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     let line = lines.next().unwrap().unwrap();

@@ -16,22 +16,8 @@ fn signal(child: &Child, sig: i32) {
 /// Starts `baton lock PATH` holding the lock (no command); returns it and
 /// the token it printed.
 fn holder(s: &Served, path: &str, session_timeout_ms: u32) -> (Child, u64, BufReader<ChildStdout>) {
-    let mut child = baton()
-        .args(["--server", &s.addr, "lock", "--session-timeout"])
-        .arg(session_timeout_ms.to_string())
-        .arg(path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let token = line
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("a token, not {line:?}"));
-    (child, token, out)
+    let timeout = session_timeout_ms.to_string();
+    holding(s, &["lock", "--session-timeout", &timeout, path])
 }
 
 #[test]
@@ -353,9 +339,9 @@ fn locks_says_when_the_holders_session_is_silent_or_disconnected() {
     });
 }
 
-/// Starts `baton ARGS...` holding a lock or permit (no command); returns it
-/// and the token it printed.
-fn holding(s: &Served, args: &[&str]) -> (Child, u64) {
+/// Starts `baton ARGS...` holding a lock or permit (no command); returns it,
+/// the token it printed and the rest of its output.
+fn holding(s: &Served, args: &[&str]) -> (Child, u64, BufReader<ChildStdout>) {
     let mut child = baton()
         .args(["--server", &s.addr])
         .args(args)
@@ -370,14 +356,14 @@ fn holding(s: &Served, args: &[&str]) -> (Child, u64) {
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("a token, not {line:?}"));
-    (child, token)
+    (child, token, out)
 }
 
 #[test]
 fn shared_holders_read_together_a_writer_waits_and_locks_lists_readers() {
     let s = Served::start();
-    let (mut r1, t1) = holding(&s, &["lock", "--shared", "/locks/rw"]);
-    let (mut r2, t2) = holding(&s, &["lock", "--shared", "/locks/rw"]);
+    let (mut r1, t1, _o1) = holding(&s, &["lock", "--shared", "/locks/rw"]);
+    let (mut r2, t2, _o2) = holding(&s, &["lock", "--shared", "/locks/rw"]);
     assert!(t2 > t1, "tokens are ordered across readers");
     let out = s.run(&["lock", "--timeout", "200ms", "/locks/rw", "--", "true"]);
     assert_eq!(
@@ -443,8 +429,8 @@ fn a_semaphore_admits_its_permits_runs_the_command_and_refuses_another_count() {
         .trim()
         .parse()
         .unwrap();
-    let (mut a, ta) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
-    let (mut b, tb) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
+    let (mut a, ta, _oa) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
+    let (mut b, tb, _ob) = holding(&s, &["semaphore", "--permits", "2", "/sem/jobs"]);
     assert!(token < ta && ta < tb);
     let out = s.run(&[
         "semaphore",
