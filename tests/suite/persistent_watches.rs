@@ -190,3 +190,39 @@ async fn a_watch_from_a_revision_replays_the_changes_since() {
     c.close().await;
     server.stop().await;
 }
+
+/// Persistent watches count against the session's watch budget with its
+/// other watches: past it, either kind is refused.
+#[tokio::test]
+async fn persistent_watches_share_the_watch_budget() {
+    // The smallest budget a server takes: room for two watches of 2,000-byte
+    // paths (2,064 bytes each), not for a third of any length.
+    let server = TestServer::with_config(baton::server::Config {
+        max_watch_bytes: 4_160,
+        ..fast_config()
+    })
+    .await;
+    let c = server.client().await;
+    let long = |name: char| format!("/{}", name.to_string().repeat(1_999));
+    let _a = c.watch(&long('a'), false).await.unwrap();
+    let _b = c.watch(&long('b'), true).await.unwrap();
+    let over = |r: baton::Result<()>| {
+        matches!(
+            r,
+            Err(baton::Error::Server {
+                code: baton::proto::ErrorCode::TooManyWatches,
+                ..
+            })
+        )
+    };
+    assert!(
+        over(c.watch("/c", false).await.map(drop)),
+        "a third persistent watch"
+    );
+    assert!(
+        over(c.exists_watch("/c").await.map(drop)),
+        "a one-shot watch past the budget"
+    );
+    c.close().await;
+    server.stop().await;
+}

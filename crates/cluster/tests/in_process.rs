@@ -414,3 +414,76 @@ async fn a_persistent_watch_misses_nothing_across_the_loss_of_the_leader() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A semaphore on a cluster: its rule is replicated with each enqueue, so
+/// after the leader is stopped the new leader still grants no more permits
+/// than the semaphore has, and a permit freed after the failover goes to
+/// the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_keeps_its_permits_across_the_loss_of_the_leader() {
+    use baton_client::recipes::Semaphore;
+    let (mut members, root) = cluster(3, "semaphore").await;
+    let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(common::client_of(&addrs).await);
+    }
+    let a = Semaphore::new(&clients[0], "/sem", 2)
+        .acquire()
+        .await
+        .unwrap();
+    let b = Semaphore::new(&clients[1], "/sem", 2)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let c = clients[2].clone();
+        tokio::spawn(async move { Semaphore::new(&c, "/sem", 2).acquire().await })
+    };
+    let limit = Duration::from_secs(15);
+    tokio::time::timeout(limit, async {
+        while clients[0].get_children("/sem").await.unwrap().0.len() < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiter queues");
+    let leader = leader_of(&members).await;
+    let gone = members.remove(leader);
+    let _ = gone.stop.map(|s| s.send(()));
+    let _ = gone.task.await;
+    // Still two permits held and one waiter, as the new leader sees it.
+    let listed = tokio::time::timeout(
+        limit,
+        Semaphore::new(&clients[0], "/sem", 2)
+            .as_lock()
+            .contenders(),
+    )
+    .await
+    .expect("the cluster answers")
+    .unwrap();
+    let holds: Vec<bool> = listed.iter().map(|c| c.holds).collect();
+    assert_eq!(holds, [true, true, false], "{listed:?}");
+    assert!(!waiter.is_finished());
+    let first = a.token();
+    tokio::time::timeout(limit, a.release())
+        .await
+        .expect("the release is answered")
+        .unwrap();
+    let third = tokio::time::timeout(limit, waiter)
+        .await
+        .expect("the waiter gets the freed permit")
+        .unwrap()
+        .unwrap();
+    assert!(third.token() > first);
+    third.release().await.unwrap();
+    b.release().await.unwrap();
+    for c in clients {
+        c.close().await;
+    }
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -94,7 +94,7 @@ impl Core {
         exist: Vec<String>,
         child: Vec<String>,
     ) -> Result<(), ErrorReply> {
-        let budget = self.config.max_watch_bytes;
+        let budget = self.watch_budget(session);
         let held = self.watches.bytes(session);
         let mut paths: std::collections::HashSet<&str> = std::collections::HashSet::new();
         let wanted: usize = data
