@@ -245,7 +245,7 @@ async fn truncated_request_frame_then_eof_closes_only_that_connection() {
 async fn unknown_operation_gets_an_error_reply_and_the_connection_keeps_working() {
     let server = TestServer::start().await;
     let mut raw = Raw::open(&server.addr(), 10_000).await;
-    for op in [0u8, 18, 42, 200, 255] {
+    for op in [0u8, 20, 42, 200, 255] {
         let code = rejected(&mut raw, op, b"whatever body").await;
         assert_eq!(code, ErrorCode::UnknownOperation, "op {op}");
         ping_works(&mut raw).await;
@@ -284,13 +284,13 @@ async fn malformed_request_bodies_get_an_error_reply_and_the_connection_keeps_wo
         ),
         ("predecessor watch 4", 10, [path.clone(), vec![4]].concat()),
         (
-            "enqueue rule 3",
-            14,
+            "enqueue by rule, rule 3",
+            19,
             [str16(b"/m/n-"), vec![0; 4], vec![3]].concat(),
         ),
         (
-            "enqueue permits cut short",
-            14,
+            "enqueue by rule, permits cut short",
+            19,
             [str16(b"/m/n-"), vec![0; 4], vec![2, 0, 0]].concat(),
         ),
         (
@@ -309,8 +309,8 @@ async fn malformed_request_bodies_get_an_error_reply_and_the_connection_keeps_wo
             [path.clone(), vec![8]].concat(),
         ),
         (
-            "enqueue with a byte after its permits",
-            14,
+            "enqueue by rule with a byte after its permits",
+            19,
             [str16(b"/m/n-"), vec![0; 4], vec![2, 0, 0, 0, 1, 0]].concat(),
         ),
     ];

@@ -491,3 +491,69 @@ async fn contenders_say_who_holds_by_the_rule() {
     c.close().await;
     server.stop().await;
 }
+
+/// Lock-delay: a holder whose session expires keeps the lock for the
+/// delay (its node stays, owned by no session), then the next waiter is
+/// granted it; a holder that releases leaves no such node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_holder_keeps_a_delayed_lock_for_its_delay_and_a_release_is_not_delayed() {
+    use baton::Lock;
+    let server = TestServer::with_config(fast_config()).await;
+    let proxy = Proxy::start(server.addr().parse().unwrap()).await;
+    let holder = connect_with_timeout(&proxy.addr(), Duration::from_millis(400)).await;
+    let waiter = server.client().await;
+    let store = server.client().await;
+    let delay = Duration::from_secs(2);
+    let held = Lock::new(&holder, "/locks/delayed")
+        .lock_delay(delay)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = {
+        let w = waiter.clone();
+        tokio::spawn(async move { Lock::new(&w, "/locks/delayed").acquire().await })
+    };
+    eventually_async(10, "the waiter to queue", || {
+        let s = store.clone();
+        async move { s.get_children("/locks/delayed").await.unwrap().0.len() == 2 }
+    })
+    .await;
+    // The holder's process stops: its session expires.
+    proxy.block();
+    proxy.hold();
+    let session = holder.session_id();
+    let alive_until = within(10, "the holder's session to expire", async {
+        let mut alive = std::time::Instant::now();
+        loop {
+            if store.session_status(session).await.unwrap().liveness == Liveness::Gone {
+                break alive;
+            }
+            alive = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Its node is still there, owned by no session, and holds the lock
+    // (unless the whole delay has passed since, on a very slow machine).
+    let kept = store.exists(held.node()).await.unwrap();
+    if alive_until.elapsed() < delay {
+        let stat = kept.expect("the expired holder's node is kept for the lock-delay");
+        assert_eq!(stat.ephemeral_owner, 0);
+        assert!(!waiting.is_finished(), "granted during the lock-delay");
+    }
+    let granted = within(10, "the grant after the lock-delay", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(store.exists(held.node()).await.unwrap().is_none());
+    assert!(granted.token() > held.token());
+    // A release leaves nothing behind: no delay for the next.
+    let node = granted.node().to_owned();
+    granted.release().await.unwrap();
+    assert!(store.exists(&node).await.unwrap().is_none());
+    drop(held);
+    proxy.release();
+    waiter.close().await;
+    store.close().await;
+    server.stop().await;
+}

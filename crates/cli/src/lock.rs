@@ -83,6 +83,14 @@ pub struct HoldArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::millis)]
     kill_grace: Option<u64>,
 
+    /// Set the lock's lock-delay: if a holder's session expires (its
+    /// process was killed, or fell silent) rather than releasing, the
+    /// server grants the lock to no one else for this long, for resources
+    /// that cannot check the fencing token. A duration (at most 10m; 0
+    /// removes it); the setting stays with the lock for every contender.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::millis)]
+    lock_delay: Option<u64>,
+
     /// The command to run and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -121,7 +129,7 @@ pub struct LocksArgs {
     /// `session`, `node`, `identity`, `liveness`, `silent_ms`,
     /// `expires_in_ms`); without, an array of locks (`lock`, `queue`,
     /// `holders`, `token` (the newest holder's), `grants`, `wait_seconds`,
-    /// `holds`, `hold_seconds`).
+    /// `holds`, `hold_seconds`, `lock_delay_ms`).
     #[arg(long)]
     json: bool,
 }
@@ -181,7 +189,13 @@ pub async fn locks(server: &str, args: LocksArgs) -> CliResult {
             c.token.get(),
             c.node,
             String::from_utf8_lossy(&c.identity),
-            status.as_ref().map(unhealthy).unwrap_or_default()
+            match status {
+                Some(status) => unhealthy(status),
+                // A contender's node owned by no session: a holder whose
+                // session expired, kept for the lock's lock-delay.
+                None if c.holds => "  [its session expired: the lock-delay keeps the lock until the server deletes this node]".into(),
+                None => String::new(),
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -267,9 +281,19 @@ async fn busiest(servers: &str, json: bool) -> CliResult {
                 crate::status::seconds(total / count as f64)
             }
         };
+        let delay = n("lock_delay_ms");
+        let name = l["lock"].as_str().unwrap_or("?");
+        let name = if delay > 0 {
+            format!(
+                "{name} (lock-delay {})",
+                crate::status::seconds(delay as f64 / 1e3)
+            )
+        } else {
+            name.to_string()
+        };
         println!(
             "{:<40} {:>7} {:>8} {:>12} {:>9} {:>12} {:>12}",
-            l["lock"].as_str().unwrap_or("?"),
+            name,
             n("queue"),
             n("holders"),
             l["token"]
@@ -334,6 +358,9 @@ async fn lock_with(
     interrupts: &mut Interrupts,
 ) -> CliResult {
     let mut lock = lock.with_identity(identity());
+    if let Some(ms) = args.lock_delay {
+        lock = lock.lock_delay(Duration::from_millis(ms));
+    }
     let grace = granted_grace(client, args.kill_grace, !args.command.is_empty())?;
     if let Some(grace) = grace {
         lock = lock.stop_before(stop_before(grace, client.session_timeout()));

@@ -467,3 +467,16 @@ fn a_semaphore_admits_its_permits_runs_the_command_and_refuses_another_count() {
     exit_within(&mut b, 10);
     assert!(s.ok(&["locks", "/sem/jobs"]).contains("free"));
 }
+
+#[test]
+fn lock_delay_is_set_by_baton_lock_and_shown_by_baton_locks() {
+    let s = Served::start();
+    s.ok(&["lock", "--lock-delay", "5s", "/locks/ld", "--", "true"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&s.ok(&["locks", "--all", "--json"])).unwrap();
+    assert_eq!(json[0]["lock"], "/locks/ld", "{json}");
+    assert_eq!(json[0]["lock_delay_ms"], 5000, "{json}");
+    assert!(s.ok(&["locks", "--all"]).contains("/locks/ld (lock-delay"));
+    let err = s.fails(&["lock", "--lock-delay", "11m", "/locks/ld", "--", "true"]);
+    assert!(err.contains("longer than the most allowed"), "{err}");
+}

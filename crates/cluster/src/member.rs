@@ -404,7 +404,9 @@ fn proposal_bytes(p: &Proposal) -> usize {
         Command::Create { path, data, .. }
         | Command::SetData { path, data, .. }
         | Command::Enqueue { path, data, .. } => path.len() + data.len(),
-        Command::Delete { path, .. } => path.len(),
+        Command::Delete { path, .. }
+        | Command::SetLockDelay { path, .. }
+        | Command::DeleteTombstone { path } => path.len(),
         Command::Multi { ops, .. } => ops
             .iter()
             .map(|op| op.path().len() + op.data().map_or(0, |d| d.len()) + 16)

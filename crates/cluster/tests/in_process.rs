@@ -487,3 +487,77 @@ async fn a_semaphore_keeps_its_permits_across_the_loss_of_the_leader() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Lock-delay on a cluster: a holder's session expires, its node stays as
+/// a tombstone, the leader is stopped during the delay, and the new leader
+/// deletes the tombstone when it is due, so the waiter gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_under_way_is_finished_by_the_next_leader() {
+    let (mut members, root) = cluster(3, "lock-delay").await;
+    let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let store = common::client_of(&addrs).await;
+    let waiter = common::client_of(&addrs).await;
+    store
+        .create("/l", "", CreateMode::Persistent)
+        .await
+        .unwrap();
+    store
+        .set_lock_delay("/l", Duration::from_secs(2))
+        .await
+        .unwrap();
+    // The holder: a session of its own that will fall silent.
+    let leader = leader_of(&members).await;
+    let mut raw = baton_testkit::Raw::open(&members[leader].client, 500).await;
+    let session = raw.grant().session_id;
+    let held = match raw
+        .call(baton_proto::Request::Enqueue {
+            path: "/l/lock-".into(),
+            data: Default::default(),
+            rule: Default::default(),
+        })
+        .await
+    {
+        Ok(baton_proto::Reply::Enqueue { path, .. }) => path,
+        other => panic!("{other:?}"),
+    };
+    let waiting = {
+        let w = waiter.clone();
+        tokio::spawn(async move { Lock::new(&w, "/l").acquire().await })
+    };
+    let limit = Duration::from_secs(15);
+    tokio::time::timeout(limit, async {
+        while store.get_children("/l").await.unwrap().0.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiter queues");
+    drop(raw);
+    tokio::time::timeout(limit, async {
+        while store.session_status(session).await.unwrap().liveness != baton_client::Liveness::Gone
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the holder's session expires");
+    // Stop the leader while the tombstone waits.
+    let leader = leader_of(&members).await;
+    let gone = members.remove(leader);
+    let _ = gone.stop.map(|s| s.send(()));
+    let _ = gone.task.await;
+    let guard = tokio::time::timeout(limit, waiting)
+        .await
+        .expect("the next leader ends the lock-delay")
+        .unwrap()
+        .unwrap();
+    assert!(store.exists(&held).await.unwrap().is_none());
+    guard.release().await.unwrap();
+    waiter.close().await;
+    store.close().await;
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

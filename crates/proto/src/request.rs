@@ -69,6 +69,8 @@ pub enum OpCode {
     SessionStatus = 15,
     Multi = 16,
     AddWatch = 17,
+    LockDelay = 18,
+    EnqueueByRule = 19,
 }
 
 impl OpCode {
@@ -92,6 +94,8 @@ impl OpCode {
             15 => OpCode::SessionStatus,
             16 => OpCode::Multi,
             17 => OpCode::AddWatch,
+            18 => OpCode::LockDelay,
+            19 => OpCode::EnqueueByRule,
             _ => return None,
         })
     }
@@ -104,8 +108,10 @@ impl OpCode {
             | OpCode::Delete
             | OpCode::SetData
             | OpCode::Enqueue
+            | OpCode::EnqueueByRule
             | OpCode::CloseSession
-            | OpCode::Multi => true,
+            | OpCode::Multi
+            | OpCode::LockDelay => true,
             OpCode::Exists
             | OpCode::GetData
             | OpCode::GetChildren
@@ -140,6 +146,8 @@ impl OpCode {
             OpCode::SessionStatus => "session status",
             OpCode::Multi => "multi",
             OpCode::AddWatch => "add watch",
+            OpCode::LockDelay => "lock delay",
+            OpCode::EnqueueByRule => "enqueue by rule",
         }
     }
 }
@@ -235,6 +243,13 @@ pub enum Request {
         recursive: bool,
         from: u64,
     },
+    /// Sets the lock-delay of the lock at `path` (0: none): when a session
+    /// holding the lock expires, rather than releasing it, the lock is
+    /// granted to no one else for `delay_ms`.
+    LockDelay {
+        path: String,
+        delay_ms: u32,
+    },
     /// Joins a queue by `rule`: creates an ephemeral sequential node at
     /// `path` (plus the sequence suffix) holding `data`, and sets a queue
     /// watch on it, in one step. The reply names the member it waits on
@@ -318,10 +333,14 @@ impl Request {
             Request::CheckToken { .. } => OpCode::CheckToken,
             Request::Stats => OpCode::Stats,
             Request::RemoveWatches { .. } => OpCode::RemoveWatches,
-            Request::Enqueue { .. } => OpCode::Enqueue,
+            // An exclusive enqueue is sent as protocol version 1 first
+            // defined it; another rule needs the operation that carries it.
+            Request::Enqueue { rule, .. } if *rule == QueueRule::Exclusive => OpCode::Enqueue,
+            Request::Enqueue { .. } => OpCode::EnqueueByRule,
             Request::SessionStatus { .. } => OpCode::SessionStatus,
             Request::Multi { .. } => OpCode::Multi,
             Request::AddWatch { .. } => OpCode::AddWatch,
+            Request::LockDelay { .. } => OpCode::LockDelay,
         }
     }
 
@@ -338,6 +357,7 @@ impl Request {
             | Request::CheckToken { path, .. }
             | Request::RemoveWatches { path, .. }
             | Request::AddWatch { path, .. }
+            | Request::LockDelay { path, .. }
             | Request::Enqueue { path, .. } => Some(path),
             Request::Ping
             | Request::CloseSession
@@ -438,9 +458,6 @@ impl RequestFrame {
                 Request::Enqueue { path, data, rule } => {
                     put_str16(b, path);
                     put_bytes32(b, data);
-                    // The rule is the one field a body may leave out: an
-                    // exclusive enqueue is sent as protocol version 1 first
-                    // defined it.
                     if *rule != QueueRule::Exclusive {
                         rule.put(b);
                     }
@@ -466,6 +483,10 @@ impl RequestFrame {
                     put_str16(b, path);
                     b.put_u8(*recursive as u8);
                     b.put_u64(*from);
+                }
+                Request::LockDelay { path, delay_ms } => {
+                    put_str16(b, path);
+                    b.put_u32(*delay_ms);
                 }
                 Request::SessionStatus { session } => b.put_u64(session.0),
                 Request::Multi { ops } => {
@@ -590,11 +611,12 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
         OpCode::Enqueue => Request::Enqueue {
             path: read_path(r)?,
             data: r.bytes32("data")?,
-            rule: if r.remaining() == 0 {
-                QueueRule::Exclusive
-            } else {
-                QueueRule::read(r)?
-            },
+            rule: QueueRule::Exclusive,
+        },
+        OpCode::EnqueueByRule => Request::Enqueue {
+            path: read_path(r)?,
+            data: r.bytes32("data")?,
+            rule: QueueRule::read(r)?,
         },
         OpCode::CheckToken => Request::CheckToken {
             path: read_path(r)?,
@@ -620,6 +642,10 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
                 persistent: kinds & 4 != 0,
             }
         }
+        OpCode::LockDelay => Request::LockDelay {
+            path: read_path(r)?,
+            delay_ms: r.u32("delay")?,
+        },
         OpCode::AddWatch => {
             let path = read_path(r)?;
             let mode = r.u8("mode")?;

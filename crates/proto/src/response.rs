@@ -163,6 +163,7 @@ pub enum Reply {
     Stats(Vec<(String, u64)>),
     RemoveWatches,
     AddWatch,
+    LockDelay,
     /// The node created in the queue, and the member it waits on under
     /// its queue's rule (for an exclusive queue, the node just before it),
     /// none once it heads the queue: the server's decision, which the client
@@ -232,6 +233,7 @@ impl Reply {
             Reply::Stats(_) => OpCode::Stats,
             Reply::RemoveWatches => OpCode::RemoveWatches,
             Reply::AddWatch => OpCode::AddWatch,
+            Reply::LockDelay => OpCode::LockDelay,
             Reply::Enqueue { .. } => OpCode::Enqueue,
             Reply::SessionStatus(_) => OpCode::SessionStatus,
             Reply::Multi(_) => OpCode::Multi,
@@ -309,7 +311,8 @@ impl Reply {
             | Reply::CloseSession
             | Reply::SetWatches
             | Reply::RemoveWatches
-            | Reply::AddWatch => {}
+            | Reply::AddWatch
+            | Reply::LockDelay => {}
         }
     }
 
@@ -357,6 +360,7 @@ impl Reply {
             }
             OpCode::RemoveWatches => Reply::RemoveWatches,
             OpCode::AddWatch => Reply::AddWatch,
+            OpCode::LockDelay => Reply::LockDelay,
             OpCode::SessionStatus => {
                 let raw = r.u8("liveness")?;
                 Reply::SessionStatus(SessionStatus {
@@ -384,7 +388,7 @@ impl Reply {
                     ),
                 })
             }),
-            OpCode::Enqueue => Reply::Enqueue {
+            OpCode::Enqueue | OpCode::EnqueueByRule => Reply::Enqueue {
                 path: r.str16("path")?,
                 sequence: r.u64("sequence")?,
                 stat: Stat::decode(r)?,

@@ -88,6 +88,7 @@ fn request() -> impl Strategy<Value = Request> {
                 persistent,
             }
         ),
+        (path(), any::<u32>()).prop_map(|(path, delay_ms)| Request::LockDelay { path, delay_ms }),
         (path(), any::<bool>(), any::<u64>()).prop_map(|(path, recursive, from)| {
             Request::AddWatch {
                 path,
@@ -410,7 +411,7 @@ fn other_protocol_versions_decode_to_just_their_version() {
 /// The requests that change the state are exactly the ones proposed: a
 /// front end lets them through without a read barrier, in request order.
 #[test]
-fn the_changes_are_create_delete_set_data_enqueue_close_and_multi() {
+fn the_changes_are_the_writes_enqueues_close_multi_and_lock_delay() {
     let changes: Vec<&str> = (0..=255u8)
         .filter_map(OpCode::from_u8)
         .filter(|op| op.is_change())
@@ -424,7 +425,9 @@ fn the_changes_are_create_delete_set_data_enqueue_close_and_multi() {
             "set data",
             "close session",
             "enqueue",
-            "multi"
+            "multi",
+            "lock delay",
+            "enqueue by rule"
         ]
     );
 }

@@ -195,6 +195,7 @@ impl Identity {
                 ErrorReply::new(e.code, format!("operation {index}: {}", e.message))
             }),
             Request::Enqueue { path, .. } => self.need_in_parent(Rights::LOCK, path),
+            Request::LockDelay { path, .. } => self.need(Rights::WRITE, path),
             Request::Exists { path, .. }
             | Request::GetData { path, .. }
             | Request::GetChildren { path, .. }

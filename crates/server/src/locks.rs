@@ -70,6 +70,8 @@ pub(crate) struct LockView {
     /// Holds that ended, and their summed length in seconds.
     pub(crate) holds: u64,
     pub(crate) hold_seconds: f64,
+    /// The lock's lock-delay, in ms (0: none).
+    pub(crate) lock_delay_ms: u32,
 }
 
 fn parent(path: &str) -> &str {
@@ -151,6 +153,7 @@ impl LockBoard {
                 wait_seconds: f.wait_ms as f64 / 1e3,
                 holds: f.holds,
                 hold_seconds: f.hold_ns as f64 / 1e9,
+                lock_delay_ms: sm.lock_delay(lock).unwrap_or(0),
             })
             .collect();
         views.sort_by(|a, b| {

@@ -81,6 +81,7 @@ pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
             "wait_seconds": l.wait_seconds,
             "holds": l.holds,
             "hold_seconds": l.hold_seconds,
+            "lock_delay_ms": l.lock_delay_ms,
         })).collect::<Vec<_>>(),
         "cluster": cluster,
     })

@@ -51,6 +51,11 @@ pub enum Command {
     },
     /// A transaction of `session`: `ops` applied in order, all or none.
     Multi { session: SessionId, ops: Vec<TxnOp> },
+    /// Sets the lock-delay of the lock at `path` (0: none); see
+    /// [`delay`](crate::delay).
+    SetLockDelay { path: String, delay_ms: u32 },
+    /// Deletes a lock-delay tombstone that is due.
+    DeleteTombstone { path: String },
 }
 
 /// The successful result of a command.
@@ -78,6 +83,8 @@ pub enum Outcome {
     DataSet(Stat),
     /// A check of a transaction held.
     Checked,
+    /// A lock's lock-delay was set.
+    LockDelaySet,
     /// A transaction was applied: one outcome per operation, in order.
     Multi(Vec<Outcome>),
     /// A transaction changed nothing: the operation at `index` (from 0)

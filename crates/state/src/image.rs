@@ -32,4 +32,8 @@ pub struct NodeImage {
     pub fence: u64,
     /// The rule the node joined its queue by.
     pub rule: QueueRule,
+    /// The node's lock-delay, in ms (0: none).
+    pub lock_delay_ms: u32,
+    /// If the node is a lock-delay tombstone, when it is due (ms); else 0.
+    pub tombstone_until: u64,
 }

@@ -15,6 +15,7 @@
 //! more than one, still deterministically.)
 
 mod command;
+pub mod delay;
 pub mod format;
 mod image;
 mod multi;
@@ -94,6 +95,8 @@ pub struct StateMachine {
     /// Queues with members that joined by a rule other than exclusive
     /// (derived from the nodes).
     ruled: queue::Ruled,
+    /// Lock-delays, and the tombstones they keep.
+    delays: delay::Delays,
 }
 
 impl Default for StateMachine {
@@ -117,6 +120,7 @@ impl StateMachine {
             revision: 0,
             last_now_ms: 0,
             ruled: queue::Ruled::default(),
+            delays: delay::Delays::default(),
         }
     }
 
@@ -331,9 +335,12 @@ impl StateMachine {
             Command::OpenSession { timeout_ms, secret } => {
                 Ok(self.open_session(*timeout_ms, *secret))
             }
-            Command::CloseSession { session } | Command::ExpireSession { session } => {
-                self.end_session(*session, triggers)
+            Command::CloseSession { session } => self.end_session(*session, None, triggers),
+            Command::ExpireSession { session } => {
+                self.end_session(*session, Some(now_ms), triggers)
             }
+            Command::SetLockDelay { path, delay_ms } => self.set_lock_delay(path, *delay_ms),
+            Command::DeleteTombstone { path } => self.delete_tombstone(path, triggers),
             Command::Create {
                 session,
                 path,
@@ -413,9 +420,12 @@ impl StateMachine {
         Outcome::SessionOpened(id)
     }
 
+    /// Ends a session: closed, or expired at `expired_at` (ms), when its
+    /// nodes that hold a lock with a lock-delay stay as tombstones.
     fn end_session(
         &mut self,
         id: SessionId,
+        expired_at: Option<u64>,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
         let Some(session) = self.sessions.get_mut(&id) else {
@@ -430,6 +440,9 @@ impl StateMachine {
         // Sorted so that the order of the fired watches does not depend on
         // hashing: the same commands give the same events everywhere.
         deleted.sort_unstable();
+        if let Some(now_ms) = expired_at {
+            self.keep_tombstones(&mut deleted, now_ms);
+        }
         for p in &deleted {
             self.unlink(p, triggers);
         }
@@ -630,6 +643,9 @@ impl StateMachine {
         let parent_path = path::parent(target).expect("the root is never unlinked");
         if !self.ruled.is_empty() {
             self.ruled.left(parent_path, czxid);
+        }
+        if !self.delays.is_empty() {
+            self.delays.forget(target);
         }
         if let Some(parent) = self.nodes.get_mut(parent_path) {
             parent.remove_child(czxid);

@@ -94,6 +94,11 @@ impl Node {
         self.data.as_ref().map_or(0, |d| d.len())
     }
 
+    /// The node no longer belongs to a session (a lock-delay tombstone).
+    pub(super) fn disown(&mut self) {
+        self.owner = 0;
+    }
+
     /// The session that owns the node, if it is ephemeral.
     pub fn owner(&self) -> Option<SessionId> {
         (self.owner != 0).then_some(SessionId(self.owner))

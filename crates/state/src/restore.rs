@@ -55,6 +55,8 @@ impl StateMachine {
                 owner: stat.ephemeral_owner,
                 fence: node.fence(),
                 rule: self.rule(path),
+                lock_delay_ms: self.lock_delay(path).unwrap_or(0),
+                tombstone_until: self.tombstone_until(path).unwrap_or(0),
             })
         })
     }
@@ -78,6 +80,7 @@ impl StateMachine {
             revision,
             last_now_ms,
             ruled: Ruled::default(),
+            delays: Default::default(),
         };
         for SessionImage {
             id,
@@ -127,6 +130,8 @@ impl StateMachine {
             if sm.nodes.contains_key(&path) {
                 return Err(Inconsistent::NodeTwice(path.to_string()));
             }
+            sm.delays
+                .restore(&path, image.lock_delay_ms, image.tombstone_until);
             sm.nodes.insert(path.clone(), node);
         }
         if !sm.nodes.contains_key("/") {

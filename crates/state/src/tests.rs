@@ -892,6 +892,12 @@ mod queue_rules {
             session: u64,
         },
         Restore,
+        /// Gives a queue a lock-delay (expired holders stay as tombstones).
+        Delay {
+            queue: usize,
+        },
+        /// Deletes the tombstones that are due.
+        Release,
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -907,6 +913,8 @@ mod queue_rules {
             5 => any::<usize>().prop_map(|pick| Step::Leave { pick }),
             1 => (1u64..6).prop_map(|session| Step::End { session }),
             1 => Just(Step::Restore),
+            1 => (0usize..3).prop_map(|queue| Step::Delay { queue }),
+            1 => Just(Step::Release),
         ]
     }
 
@@ -988,6 +996,23 @@ mod queue_rules {
                         let _ = sm.apply(&Command::ExpireSession { session: SessionId(session) }, now);
                     }
                     Step::Restore => sm = restored(&sm),
+                    Step::Delay { queue } => {
+                        let delay = Command::SetLockDelay { path: QUEUES[queue].into(), delay_ms: 50 };
+                        sm.apply(&delay, now).result.unwrap();
+                    }
+                    Step::Release => {
+                        let due: Vec<String> = sm.tombstones().map(|(p, _)| p.to_string()).collect();
+                        for path in due {
+                            let release = Command::DeleteTombstone { path };
+                            prop_assert!(sm.apply(&release, now).result.is_ok());
+                        }
+                    }
+                }
+                // A tombstone is owned by no session and is due after the
+                // expiry that made it.
+                for (p, until) in sm.tombstones() {
+                    prop_assert_eq!(sm.node(p).unwrap().owner(), None);
+                    prop_assert!(until <= sm.last_now_ms() + 50);
                 }
                 check(&sm)?;
             }

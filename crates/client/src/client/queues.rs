@@ -178,6 +178,29 @@ impl Client {
         }
     }
 
+    /// Sets the lock-delay of the lock at `path` (`Duration::ZERO`: none):
+    /// when a session holding the lock expires, rather than releasing it,
+    /// the server grants the lock to no one else for `delay` after the
+    /// expiry, for resources that cannot check a fencing token. The holder's
+    /// node stays in the queue meanwhile, owned by no session. A release, or
+    /// a session closed, is not delayed. At most 10 minutes.
+    ///
+    /// # Errors
+    /// [`Error::NoNode`] if there is no node at `path`,
+    /// [`Error::BadArguments`] for the root or a delay over 10 minutes.
+    pub async fn set_lock_delay(&self, path: &str, delay: std::time::Duration) -> Result<()> {
+        self.check(path, None)?;
+        let delay_ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        let request = Request::LockDelay {
+            path: path.to_owned(),
+            delay_ms,
+        };
+        match self.call(request, None).await?.reply {
+            Reply::LockDelay => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The child of `parent` whose creation revision (fencing token) is
     /// `token`, if it still exists: whether that token's holder still holds
     /// its lock node.

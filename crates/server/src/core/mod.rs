@@ -24,7 +24,7 @@ mod sessions;
 mod tests;
 mod watching;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use baton_proto::{
@@ -128,6 +128,8 @@ pub(crate) struct Core {
     /// Sessions whose expiry is proposed and not yet applied, with their
     /// timeouts (for the message their connection gets).
     expiring: HashMap<SessionId, u32>,
+    /// Lock-delay tombstones whose deletion is proposed and not yet applied.
+    releasing: HashSet<Arc<str>>,
     /// Wakes the expiry timer when a session's deadline becomes the earliest.
     expiry_wake: Arc<Notify>,
     /// The time of the call in hand, as its caller gave it: what the core
@@ -182,6 +184,7 @@ impl Core {
             role: Role::Follower { leader: None },
             opening: HashMap::new(),
             expiring: HashMap::new(),
+            releasing: HashSet::new(),
             expiry_wake,
             now,
         };
@@ -270,6 +273,11 @@ impl Core {
                 Command::CloseSession { session } | Command::ExpireSession { session },
                 Ok(Outcome::SessionEnded { .. }),
             ) => {
+                if self.sm.tombstones().next().is_some() {
+                    // It may have left a tombstone: the timer deletes it
+                    // when due.
+                    self.expiry_wake.notify_one();
+                }
                 self.ended(*session, &proposal.command, &applied);
                 return here.then_some(Ok(Reply::CloseSession));
             }
@@ -302,6 +310,7 @@ impl Core {
             }) => self.queue_up(actor.expect("here"), &path, sequence, stat),
             Ok(Outcome::Deleted) => Ok(Reply::Delete),
             Ok(Outcome::DataSet(stat)) => Ok(Reply::SetData(stat)),
+            Ok(Outcome::LockDelaySet) => Ok(Reply::LockDelay),
             Ok(Outcome::Multi(outcomes)) => Ok(Reply::Multi(Ok(outcomes
                 .into_iter()
                 .map(txn_result)

@@ -106,6 +106,7 @@ impl Core {
                 })
             }
             Request::CloseSession => Ok(Command::CloseSession { session }),
+            Request::LockDelay { path, delay_ms } => Ok(Command::SetLockDelay { path, delay_ms }),
             read => {
                 let result = self.read(session, read, outbox, now);
                 self.answer(session, outbox, xid, op, result);
@@ -224,6 +225,7 @@ impl Core {
             | Request::SetData { .. }
             | Request::Enqueue { .. }
             | Request::Multi { .. }
+            | Request::LockDelay { .. }
             | Request::CloseSession => unreachable!("changes are proposed"),
         }
     }

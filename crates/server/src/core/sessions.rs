@@ -45,15 +45,31 @@ fn expired(id: SessionId) -> (ErrorCode, String) {
 }
 
 impl Core {
-    /// The earliest time a session may expire, for the expiry timer.
+    /// The earliest time a session may expire or, on the leader, a
+    /// lock-delay tombstone is due, for the expiry timer.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|((t, _), ())| *t)
+        let session = self.deadlines.first().map(|((t, _), ())| *t);
+        let tombstone = (self.role == Role::Leader)
+            .then(|| self.sm.tombstones().map(|(_, due)| due).min())
+            .flatten()
+            .map(|due_ms| {
+                let wait = due_ms.saturating_sub(self.now.wall_ms);
+                self.now.at + Duration::from_millis(wait)
+            });
+        match (session, tombstone) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Notes a session's deadline, waking the expiry timer if it is the
     /// earliest.
     fn add_deadline(&mut self, deadline: Instant, id: SessionId) {
-        if self.next_deadline().is_none_or(|t| deadline < t) {
+        if self
+            .deadlines
+            .first()
+            .is_none_or(|((t, _), ())| deadline < *t)
+        {
             self.expiry_wake.notify_one();
         }
         self.deadlines.insert((deadline, id), ());
@@ -352,7 +368,36 @@ impl Core {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             count += 1;
         }
+        self.release_due_tombstones();
         count
+    }
+
+    /// On the leader: proposes the deletion of the lock-delay tombstones
+    /// that are due (each once), so that their queues move on.
+    fn release_due_tombstones(&mut self) {
+        if self.role != Role::Leader {
+            return;
+        }
+        let now_ms = self.now.wall_ms;
+        let sm = &self.sm;
+        self.releasing.retain(|p| sm.tombstone_until(p).is_some());
+        let due: Vec<Arc<str>> = self
+            .sm
+            .tombstones()
+            .filter(|(p, until)| *until <= now_ms && !self.releasing.contains(*p))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in due {
+            tracing::info!(%path, "lock-delay over: deleting the expired holder's node");
+            self.releasing.insert(path.clone());
+            self.propose(Proposal {
+                now_ms,
+                origin: None,
+                command: Command::DeleteTombstone {
+                    path: path.to_string(),
+                },
+            });
+        }
     }
 
     /// Tells every attached connection that the server is stopping, and
@@ -383,6 +428,7 @@ impl Core {
         self.live.clear();
         self.deadlines.clear();
         self.expiring.clear();
+        self.releasing.clear();
         let sessions: Vec<(SessionId, u32)> = self
             .sm
             .sessions()
@@ -391,6 +437,10 @@ impl Core {
         for (id, timeout_ms) in sessions {
             self.live.insert(id, Live::new(None, now));
             self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+        }
+        if self.sm.tombstones().next().is_some() {
+            // Lock-delays under way: the timer deletes their tombstones.
+            self.expiry_wake.notify_one();
         }
     }
 
@@ -407,6 +457,7 @@ impl Core {
         self.live.clear();
         self.deadlines.clear();
         self.expiring.clear();
+        self.releasing.clear();
         self.opening.clear();
         self.watches = Default::default();
         self.queues = Default::default();

@@ -22,6 +22,8 @@
 //!                        (as in a multi request: see baton_proto::txn)
 //!       9 enqueue        session u64, path str, data bytes, rule: kind u8
 //!                        (1 shared, 2 permits), then permits u32 if 2
+//!      10 lock delay     path str, delay_ms u32
+//!      11 delete tombstone  path str
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
@@ -192,6 +194,15 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
                 rule.put(out);
             }
         }
+        Command::SetLockDelay { path, delay_ms } => {
+            tag(out, 10);
+            put_str(out, path);
+            out.extend_from_slice(&delay_ms.to_be_bytes());
+        }
+        Command::DeleteTombstone { path } => {
+            tag(out, 11);
+            put_str(out, path);
+        }
         Command::Multi { session, ops } => {
             tag(out, 8);
             put_u64(out, session.0);
@@ -319,6 +330,13 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
                 QueueRule::read(r)?
             },
         },
+        10 => Command::SetLockDelay {
+            path: r.str16("path")?,
+            delay_ms: r.u32("delay")?,
+        },
+        11 => Command::DeleteTombstone {
+            path: r.str16("path")?,
+        },
         8 => {
             let session = SessionId(r.u64("session")?);
             let count = r.u16("operation count")?;
@@ -428,6 +446,13 @@ mod tests {
                 path: "/s/permit-".into(),
                 data: Bytes::new(),
                 rule: QueueRule::Permits(7),
+            },
+            Command::SetLockDelay {
+                path: "/s".into(),
+                delay_ms: 2_500,
+            },
+            Command::DeleteTombstone {
+                path: "/s/permit-0000000009".into(),
             },
         ];
         commands

@@ -2,9 +2,9 @@
 //!
 //! # Format
 //! ```text
-//! header, 52 bytes (format 5):
+//! header, 52 bytes (format 6):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  5
+//!   format      u32  6
 //!   revision    u64  the state's revision
 //!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
@@ -23,14 +23,18 @@
 //!            6 multi:    count u16, then count outcomes (tags 1, 3, 4, 8)
 //!            7 multi failed: index u32, code u16, message str
 //!            8 checked (inside a multi only)
+//!            9 lock delay set
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
 //!   mtime u64, version u32, cversion u32, owner u64, fence u64,
-//!   rule: kind u8 (0 exclusive, 1 shared, 2 permits), then permits u32 if 2
+//!   rule: kind u8 (0 exclusive, 1 shared, 2 permits), then permits u32 if 2,
+//!   extras u8: bit 0 a lock-delay follows (delay_ms u32), bit 1 the node is
+//!   a lock-delay tombstone (due_ms u64 follows)
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 4 (still read) is format 5 without the nodes' rules (every node
-//! exclusive); format 3 (still read) is format 4 without transactions (no tags 6 to
+//! Format 5 (still read) is format 6 without the extras (no lock-delays);
+//! format 4 is format 5 without the nodes' rules (every node exclusive);
+//! format 3 (still read) is format 4 without transactions (no tags 6 to
 //! 8); format 2 (still read) is format 3 whose sessions keep no refusal (no
 //! tag 5); format 1 (still read) has a 44-byte header without `last_now_ms`, and
 //! sessions without `last`.
@@ -49,7 +53,7 @@ use baton_proto::{DecodeError, ErrorCode, ErrorReply, QueueRule, SessionId, Sess
 use crate::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 5;
+const FORMAT: u32 = 6;
 const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
@@ -101,8 +105,16 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
         body.put(&n.cversion.to_be_bytes())?;
         body.put(&n.owner.to_be_bytes())?;
         body.put(&n.fence.to_be_bytes())?;
-        let mut rule = Vec::with_capacity(5);
+        let mut rule = Vec::with_capacity(18);
         n.rule.put(&mut rule);
+        let extras = u8::from(n.lock_delay_ms > 0) | u8::from(n.tombstone_until > 0) << 1;
+        rule.push(extras);
+        if n.lock_delay_ms > 0 {
+            rule.extend_from_slice(&n.lock_delay_ms.to_be_bytes());
+        }
+        if n.tombstone_until > 0 {
+            rule.extend_from_slice(&n.tombstone_until.to_be_bytes());
+        }
         body.put(&rule)?;
         nodes += 1;
     }
@@ -197,6 +209,7 @@ fn put_outcome<W: Write>(w: &mut CrcWriter<W>, outcome: &Outcome) -> std::io::Re
             put_str(w, &error.message)
         }
         Outcome::Checked => w.put(&[8]),
+        Outcome::LockDelaySet => w.put(&[9]),
         // Sessions that opened or ended keep no reply: the first has no
         // request to answer, the second no session to keep it in.
         Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => w.put(&[0]),
@@ -305,6 +318,20 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                 } else {
                     QueueRule::Exclusive
                 },
+                lock_delay_ms: 0,
+                tombstone_until: 0,
+            })
+            .and_then(|mut image| {
+                if format >= 6 {
+                    let extras = r.u8("node extras")?;
+                    if extras & 1 != 0 {
+                        image.lock_delay_ms = r.u32("lock delay")?;
+                    }
+                    if extras & 2 != 0 {
+                        image.tombstone_until = r.u64("tombstone due")?;
+                    }
+                }
+                Ok(image)
             })
         })()
         .map_err(|e| corrupt(at(&r), e))?;
@@ -389,6 +416,7 @@ fn outcome(r: &mut Reader, tag: u8, format: u32, in_multi: bool) -> Result<Outco
             ),
         },
         8 if format >= 4 && in_multi => Outcome::Checked,
+        9 if format >= 6 && !in_multi => Outcome::LockDelaySet,
         tag => {
             return Err(DecodeError::BadValue {
                 what: "reply tag",

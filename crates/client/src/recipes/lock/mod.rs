@@ -78,6 +78,8 @@ pub struct Lock {
     /// How long before the session deadline a holder is told to stop; by
     /// default a tenth of the session timeout.
     stop_before: Option<Duration>,
+    /// The lock-delay to set on the lock, if any.
+    lock_delay: Option<Duration>,
 }
 
 /// One contender in a lock's queue, as [`Lock::contenders`] reports it.
@@ -112,7 +114,18 @@ impl Lock {
             kind: "lock",
             rule: QueueRule::Exclusive,
             stop_before: None,
+            lock_delay: None,
         }
+    }
+
+    /// Sets the lock's lock-delay when a contender joins (see
+    /// [`Client::set_lock_delay`]): if a holder's session expires rather
+    /// than releasing, no one else is granted the lock for `delay`. The
+    /// setting is the server's, kept with the lock's node, so every
+    /// contender obeys it; the last one set wins.
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = Some(delay);
+        self
     }
 
     /// Names this contender's nodes `<kind>-<session>-<n>-<sequence>`.
@@ -314,6 +327,10 @@ impl Lock {
     async fn enter(&self) -> Result<Entry> {
         self.check_path()?;
         let margin = self.margin()?;
+        if let Some(delay) = self.lock_delay {
+            crate::recipes::ensure_path(&self.client, &self.path).await?;
+            self.client.set_lock_delay(&self.path, delay).await?;
+        }
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
         let joined = self.join(prefix).await?;
