@@ -119,12 +119,24 @@ async fn use_register(client: &Client, role: Role, guard: &LockGuard, who: usize
     }
 }
 
+/// Which recipe the contenders take.
+#[derive(Clone, Copy)]
+enum Shelf {
+    Lock,
+    RwLock,
+    Semaphore(u32),
+}
+
 /// `contenders` contenders, each on its own session, take `path` four
 /// times each by `shelf`'s recipe: one in eight acquires is cancelled
 /// after a random moment, and one contender in ten holds a grant while its
 /// process stops (its connection is frozen) until its session expires.
 /// Returns the board.
-async fn contend(path: &'static str, permits: Option<u32>, contenders: usize) -> Arc<Board> {
+async fn contend(path: &'static str, shelf: Shelf, contenders: usize) -> Arc<Board> {
+    let permits = match shelf {
+        Shelf::Semaphore(n) => Some(n),
+        _ => None,
+    };
     let server = TestServer::with_config(fast_config()).await;
     let store = server.client().await;
     store
@@ -152,18 +164,21 @@ async fn contend(path: &'static str, permits: Option<u32>, contenders: usize) ->
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng(who as u64 + 1);
             let rw = RwLock::new(&client, path);
+            let lock = baton::Lock::new(&client, path);
             let sem = permits.map(|n| Semaphore::new(&client, path, n));
             for round in 0..4 {
-                let role = match &sem {
-                    Some(_) => Role::Permit,
-                    None if rng.next(3) == 0 => Role::Writer,
-                    None => Role::Reader,
+                let role = match shelf {
+                    Shelf::Semaphore(_) => Role::Permit,
+                    Shelf::Lock => Role::Writer,
+                    Shelf::RwLock if rng.next(3) == 0 => Role::Writer,
+                    Shelf::RwLock => Role::Reader,
                 };
                 let acquire = async {
-                    match (&sem, role) {
-                        (Some(s), _) => s.acquire().await,
-                        (None, Role::Writer) => rw.write().await,
-                        (None, _) => rw.read().await,
+                    match (&sem, shelf, role) {
+                        (Some(s), _, _) => s.acquire().await,
+                        (None, Shelf::Lock, _) => lock.acquire().await,
+                        (None, _, Role::Writer) => rw.write().await,
+                        (None, _, _) => rw.read().await,
                     }
                 };
                 // (A contender that will pause is never cancelled.)
@@ -236,7 +251,7 @@ async fn contend(path: &'static str, permits: Option<u32>, contenders: usize) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwlock_readers_share_and_writers_exclude_under_sixty_contenders_with_cancellations_and_expiries(
 ) {
-    let board = contend("/locks/rw", None, 60).await;
+    let board = contend("/locks/rw", Shelf::RwLock, 60).await;
     assert!(
         board.most_readers.load(Ordering::SeqCst) > 1,
         "readers never shared the lock"
@@ -247,12 +262,21 @@ async fn rwlock_readers_share_and_writers_exclude_under_sixty_contenders_with_ca
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_never_grants_more_than_its_permits_under_sixty_contenders_with_cancellations_and_expiries(
 ) {
-    let board = contend("/semaphores/s", Some(3), 60).await;
+    let board = contend("/semaphores/s", Shelf::Semaphore(3), 60).await;
     assert_eq!(
         board.most_holders.load(Ordering::SeqCst),
         3,
         "the permits were never all in use at once"
     );
+}
+
+/// The plain lock under the same faults: writers only, one at a time, each
+/// write fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_excludes_under_sixty_contenders_with_cancellations_and_expiries() {
+    let board = contend("/locks/plain", Shelf::Lock, 60).await;
+    assert_eq!(board.most_holders.load(Ordering::SeqCst), 1);
+    assert!(board.grants.load(Ordering::SeqCst) >= 60);
 }
 
 /// A contender that reports its grant and holds until told to release.
