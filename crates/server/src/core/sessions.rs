@@ -49,8 +49,16 @@ impl Core {
     /// lock-delay tombstone is due, for the expiry timer.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let session = self.deadlines.first().map(|((t, _), ())| *t);
+        // Tombstones whose deletion is proposed already wait for that, not
+        // for the timer (which would otherwise spin until it is applied).
         let tombstone = (self.role == Role::Leader)
-            .then(|| self.sm.tombstones().map(|(_, due)| due).min())
+            .then(|| {
+                self.sm
+                    .tombstones()
+                    .filter(|(p, _)| !self.releasing.contains(*p))
+                    .map(|(_, due)| due)
+                    .min()
+            })
             .flatten()
             .map(|due_ms| {
                 let wait = due_ms.saturating_sub(self.now.wall_ms);

@@ -75,3 +75,68 @@ fn changes_are_stamped_and_sessions_expire_by_the_time_the_caller_gives() {
     assert!(state.node("/eph").is_none());
     assert_eq!(state.last_now_ms(), 3_000_500);
 }
+
+/// A lock-delay tombstone is due by the caller's wall clock: the expiry
+/// timer is told when, and deletes it then, not before.
+#[test]
+fn the_timer_deletes_a_lock_delay_tombstone_when_it_is_due() {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 5_000_000,
+    };
+    let mut core = core_at(start);
+    let outbox = Outbox::new();
+    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &outbox, start)
+    else {
+        panic!("a single server opens a session at once");
+    };
+    let session = connected.grant.session_id;
+    let requests = [
+        Request::Create {
+            path: "/l".into(),
+            data: bytes::Bytes::new(),
+            mode: CreateMode::Persistent,
+            fence: None,
+        },
+        Request::LockDelay {
+            path: "/l".into(),
+            delay_ms: 2_000,
+        },
+        Request::Enqueue {
+            path: "/l/n-".into(),
+            data: bytes::Bytes::new(),
+            rule: Default::default(),
+        },
+    ];
+    for (xid, request) in requests.into_iter().enumerate() {
+        let frame = RequestFrame {
+            xid: xid as u32 + 1,
+            request,
+        };
+        assert_eq!(
+            core.handle(session, frame, &outbox, None, start),
+            Flow::Continue
+        );
+    }
+    // The session expires at +1000 ms: its node stays, due at +3000 ms.
+    assert_eq!(core.expire_due(later(start, 1_000, 5_001_000)), 1);
+    let (node, due) = {
+        let state = core.state();
+        let (node, due) = state
+            .tombstones()
+            .next()
+            .map(|(p, d)| (p.clone(), d))
+            .unwrap();
+        (node, due)
+    };
+    assert_eq!(due, 5_003_000);
+    let wake = core
+        .next_deadline()
+        .expect("the timer has a tombstone to delete");
+    assert_eq!(wake, start.at + Duration::from_millis(3_000));
+    core.expire_due(later(start, 2_999, 5_002_999));
+    assert!(core.state().node(&node).is_some(), "not before it is due");
+    core.expire_due(later(start, 3_000, 5_003_000));
+    assert!(core.state().node(&node).is_none());
+    assert_eq!(core.next_deadline(), None);
+}
