@@ -86,11 +86,17 @@ impl Observer {
         let client = self.election.client.clone();
         let path = self.election.path.clone();
         self.election.candidates().check_path()?;
+        // The election's node may be deleted between its creation and the
+        // read: tried again a few times, not for ever.
+        let mut tries = 0;
         loop {
             ensure_path(&client, &path).await?;
             let (names, stat) = match client.get_children(&path).await {
                 Ok(listed) => listed,
-                Err(Error::NoNode(_)) => continue, // deleted in between
+                Err(Error::NoNode(_)) if tries < 5 => {
+                    tries += 1;
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             self.queue.clear();

@@ -24,7 +24,8 @@
 //! still on its way, and when that answer was lost with a connection (the
 //! task looks for the node by its name and deletes it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -78,8 +79,9 @@ pub struct Lock {
     /// How long before the session deadline a holder is told to stop; by
     /// default a tenth of the session timeout.
     stop_before: Option<Duration>,
-    /// The lock-delay to set on the lock, if any.
-    lock_delay: Option<Duration>,
+    /// The lock-delay to set on the lock, if any, and whether it was set
+    /// (by this lock or a clone): a setting is a logged change, made once.
+    lock_delay: Option<(Duration, Arc<AtomicBool>)>,
 }
 
 /// One contender in a lock's queue, as [`Lock::contenders`] reports it.
@@ -122,9 +124,11 @@ impl Lock {
     /// [`Client::set_lock_delay`]): if a holder's session expires rather
     /// than releasing, no one else is granted the lock for `delay`. The
     /// setting is the server's, kept with the lock's node, so every
-    /// contender obeys it; the last one set wins.
+    /// contender obeys it; the last one set wins. It is set by the first
+    /// acquire of this lock (and its clones) only, and goes if the lock's
+    /// node is deleted: set it again then with [`Client::set_lock_delay`].
     pub fn lock_delay(mut self, delay: Duration) -> Self {
-        self.lock_delay = Some(delay);
+        self.lock_delay = Some((delay, Arc::new(AtomicBool::new(false))));
         self
     }
 
@@ -327,9 +331,12 @@ impl Lock {
     async fn enter(&self) -> Result<Entry> {
         self.check_path()?;
         let margin = self.margin()?;
-        if let Some(delay) = self.lock_delay {
-            crate::recipes::ensure_path(&self.client, &self.path).await?;
-            self.client.set_lock_delay(&self.path, delay).await?;
+        if let Some((delay, set)) = &self.lock_delay {
+            if !set.load(Ordering::Acquire) {
+                crate::recipes::ensure_path(&self.client, &self.path).await?;
+                self.client.set_lock_delay(&self.path, *delay).await?;
+                set.store(true, Ordering::Release);
+            }
         }
         let n = NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}-{:x}-{n}-", self.kind, self.client.session_id().0);
