@@ -88,6 +88,28 @@ impl Out {
     }
 }
 
+/// How a front end writes the frames of its protocol.
+pub(crate) trait Encode {
+    /// Writes one queued frame.
+    fn frame(&mut self, out: &Out, buf: &mut BytesMut);
+    /// Writes the notice a connection is closed with (a protocol with no
+    /// such frame writes nothing: closing says it all).
+    fn notice(&mut self, code: ErrorCode, message: &str, buf: &mut BytesMut);
+}
+
+/// Baton's own frames.
+pub(crate) struct NativeFrames;
+
+impl Encode for NativeFrames {
+    fn frame(&mut self, out: &Out, buf: &mut BytesMut) {
+        out.encode(buf);
+    }
+
+    fn notice(&mut self, code: ErrorCode, message: &str, buf: &mut BytesMut) {
+        encode_disconnect(buf, code, message);
+    }
+}
+
 #[derive(Debug, Default)]
 struct OutState {
     queue: VecDeque<Out>,
@@ -198,7 +220,20 @@ impl Outbox {
     /// Encodes queued frames whose revision is at most `durable` into `buf`,
     /// until it holds about `budget` bytes. Returns what the task must do
     /// once `buf` is written out.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn drain_into(&self, buf: &mut BytesMut, budget: usize, durable: u64) -> Drained {
+        self.drain_with(buf, budget, durable, &mut NativeFrames)
+    }
+
+    /// [`drain_into`](Self::drain_into), with the frames written as
+    /// `encode` writes them (in another front end's protocol).
+    pub(crate) fn drain_with(
+        &self,
+        buf: &mut BytesMut,
+        budget: usize,
+        durable: u64,
+        encode: &mut impl Encode,
+    ) -> Drained {
         let mut st = self.lock();
         if st.overflowed {
             return Drained::Overflowed;
@@ -212,7 +247,7 @@ impl Outbox {
             }
             let out = st.queue.pop_front().expect("a front exists");
             st.bytes = st.bytes.saturating_sub(out.wire_size());
-            out.encode(buf);
+            encode.frame(&out, buf);
         }
         if !st.queue.is_empty() {
             return Drained::More;
@@ -226,7 +261,7 @@ impl Outbox {
             Some(closing) => {
                 // Sent once, however often a closing queue is drained.
                 if let Some((code, message)) = closing.notice.take() {
-                    encode_disconnect(buf, code, &message);
+                    encode.notice(code, &message, buf);
                 }
                 Drained::Close
             }

@@ -6,6 +6,7 @@
 //! - `gate.rs`: a cluster member's read gate;
 //! - `native/`: Baton's own protocol.
 
+pub(crate) mod conn;
 pub(crate) mod gate;
 pub(crate) mod native;
 pub(crate) mod socket;
