@@ -19,3 +19,4 @@ mod sessions;
 mod tls;
 mod txn;
 mod watches;
+mod zookeeper;

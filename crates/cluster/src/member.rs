@@ -234,6 +234,11 @@ impl ClusterMember {
     }
 
     /// The address clients reach this member at.
+    /// The address of the member's ZooKeeper listener, if it has one.
+    pub fn zk_addr(&self) -> Option<std::net::SocketAddr> {
+        self.server.zk_addr()
+    }
+
     pub fn client_addr(&self) -> std::io::Result<std::net::SocketAddr> {
         self.server.local_addr()
     }

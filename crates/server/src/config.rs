@@ -56,7 +56,18 @@ pub struct Config {
     /// and each request needs its identity's rights on its path (see
     /// [`crate::auth`]). Default: open to every client.
     pub identities: Option<std::sync::Arc<crate::auth::Identities>>,
+    /// If set, the server also speaks ZooKeeper's client protocol on this
+    /// address (with TLS only, if [`tls`](Self::tls) is set). Default: off.
+    pub zk_listen: Option<std::net::SocketAddr>,
+    /// The four-letter words the ZooKeeper listener answers (ZooKeeper's
+    /// `4lw.commands.whitelist`; `*` for all). Default: `ruok`, `srvr`,
+    /// `mntr`, `isro`.
+    pub zk_words: Vec<String>,
 }
+
+/// The four-letter words answered by default: status a health check or a
+/// monitor reads, nothing about clients or the host.
+pub const DEFAULT_ZK_WORDS: [&str; 4] = ["ruok", "srvr", "mntr", "isro"];
 
 /// Events of the latest changes a server keeps by default, for clients
 /// resuming their persistent watches.
@@ -79,6 +90,8 @@ impl Default for Config {
             snapshot_every_bytes: 64 << 20,
             tls: None,
             identities: None,
+            zk_listen: None,
+            zk_words: DEFAULT_ZK_WORDS.iter().map(|w| w.to_string()).collect(),
         }
     }
 }
@@ -136,6 +149,14 @@ impl Config {
                 "max-watch-bytes: {} must allow at least one watch on the longest path ({one_watch} bytes)",
                 self.max_watch_bytes
             )));
+        }
+        for word in &self.zk_words {
+            if word != "*" && !baton_zk::words::WORDS.contains(&word.as_str()) {
+                return Err(ConfigError(format!(
+                    "zk-4lw: {word:?} is not a four-letter word Baton answers (it answers {}, or * for all)",
+                    baton_zk::words::WORDS.join(", ")
+                )));
+            }
         }
         Ok(())
     }

@@ -51,6 +51,9 @@ pub enum ServerError {
 /// A Baton server bound to a listener, ready to [`run`](Server::run).
 pub struct Server {
     listener: TcpListener,
+    /// The ZooKeeper listener, if the configuration asks for one (bound
+    /// with the server, served once it runs).
+    zk_listener: Option<std::net::TcpListener>,
     shared: Arc<Shared>,
     data_dir: Option<DataDir>,
     log_failed: watch::Receiver<Option<String>>,
@@ -110,6 +113,11 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The address the ZooKeeper listener is bound to, if there is one.
+    pub fn zk_addr(&self) -> Option<SocketAddr> {
+        self.zk_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     pub fn handle(&self) -> ServerHandle {
         ServerHandle::new(self.shared.clone())
     }
@@ -122,6 +130,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
         let Server {
             listener,
+            zk_listener,
             shared,
             data_dir,
             mut log_failed,
@@ -133,6 +142,14 @@ impl Server {
         let limit = shared.config.max_connections;
         let timer = tokio::spawn(expiry_timer(shared.clone(), shared.stopping.subscribe()));
         info!(addr = %listener.local_addr()?, "serving");
+        let zk = match zk_listener {
+            Some(std_listener) => {
+                let zk = TcpListener::from_std(std_listener)?;
+                info!(addr = %zk.local_addr()?, "serving ZooKeeper clients");
+                Some(tokio::spawn(accept_zk(zk, shared.clone())))
+            }
+            None => None,
+        };
 
         tokio::pin!(shutdown);
         let mut accept_errors = 0u64;
@@ -179,6 +196,10 @@ impl Server {
 
         info!("shutting down");
         drop(listener);
+        if let Some(zk) = zk {
+            zk.abort();
+            let _ = zk.await;
+        }
         // Attached sessions hear it through their outboxes; connections still
         // in their handshake through the watch channel.
         shared.core().shutdown_connections();
@@ -203,6 +224,7 @@ impl Server {
 /// A server's state, recovered and ready, before it has a listener.
 struct Parts {
     shared: Arc<Shared>,
+    zk_listener: Option<std::net::TcpListener>,
     data_dir: Option<DataDir>,
     log_failed: watch::Receiver<Option<String>>,
     _no_log: Option<watch::Sender<Option<String>>>,
@@ -250,7 +272,7 @@ impl Parts {
                 Arc::new(DurableMark::new(u64::MAX)),
             ),
         };
-        Ok(Parts::assemble_core(
+        Parts::assemble_core(
             sm,
             config,
             stats,
@@ -260,7 +282,8 @@ impl Parts {
             data_dir,
             log_failed,
             failed_tx,
-        ))
+        )
+        .bind_zk()
     }
 
     /// The parts of a cluster member: its state comes from the replicated
@@ -269,7 +292,7 @@ impl Parts {
     fn member(config: Config) -> Result<Parts, ServerError> {
         config.validate()?;
         let (failed_tx, log_failed) = watch::channel(None);
-        Ok(Parts::assemble_core(
+        Parts::assemble_core(
             StateMachine::new(),
             config,
             Arc::new(Stats::default()),
@@ -279,7 +302,8 @@ impl Parts {
             None,
             log_failed,
             Some(failed_tx),
-        ))
+        )
+        .bind_zk()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -295,6 +319,7 @@ impl Parts {
         no_log: Option<watch::Sender<Option<String>>>,
     ) -> Parts {
         Parts {
+            zk_listener: None,
             shared: Arc::new(Shared::new(sm, log, role, Arc::new(config), stats, mark)),
             data_dir,
             log_failed,
@@ -302,9 +327,26 @@ impl Parts {
         }
     }
 
+    /// Binds the ZooKeeper listener the configuration asks for, if any.
+    fn bind_zk(mut self) -> Result<Parts, ServerError> {
+        if let Some(addr) = self.shared.config.zk_listen {
+            let bind = |addr| {
+                let listener = std::net::TcpListener::bind(addr)?;
+                listener.set_nonblocking(true)?;
+                Ok::<_, io::Error>(listener)
+            };
+            self.zk_listener = Some(bind(addr).map_err(|source| ServerError::Bind {
+                addr: format!("{addr} (--zk-listen)"),
+                source,
+            })?);
+        }
+        Ok(self)
+    }
+
     fn assemble(self, listener: TcpListener) -> Server {
         Server {
             listener,
+            zk_listener: self.zk_listener,
             shared: self.shared,
             data_dir: self.data_dir,
             log_failed: self.log_failed,
@@ -323,6 +365,34 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     Server::new(listener, config)?.run(shutdown).await
+}
+
+/// Accepts ZooKeeper clients until the server stops (the task is aborted).
+/// They share the server's connection slots with Baton's own clients.
+async fn accept_zk(listener: TcpListener, shared: Arc<Shared>) {
+    let mut last_error_log: Option<Instant> = None;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                    error!("ZooKeeper accept failed: {e}; retrying every 100 ms");
+                    last_error_log = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = shared.connection_slots.try_acquire() else {
+            Stats::add(&shared.stats.connections_refused, 1);
+            warn!(%peer, limit = shared.config.max_connections, "refusing ZooKeeper connection: at the connection limit");
+            continue; // closed: ZooKeeper's clients move on to the next server
+        };
+        slot.forget(); // given back when the connection's state drops
+        Stats::add(&shared.stats.connections_accepted, 1);
+        let conn = crate::front::conn::Conn::new(shared.clone(), stream);
+        tokio::spawn(crate::front::zk::serve(conn));
+    }
 }
 
 /// Answers a connection over the limit with a handshake error, best effort.

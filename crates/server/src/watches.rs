@@ -31,8 +31,13 @@ impl Kinds {
         }
     }
 
-    fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
+    }
+
+    /// Whether every kind of `other` is among these.
+    pub(crate) fn contains(self, other: Kinds) -> bool {
+        self.0 & other.0 == other.0
     }
 
     pub(crate) fn union(self, other: Kinds) -> Kinds {
@@ -115,6 +120,14 @@ impl Watches {
         self.by_session
             .get(&session)
             .is_some_and(|w| w.paths.contains(path))
+    }
+
+    /// The kinds of watch `session` holds on `path`.
+    pub(crate) fn kinds(&self, session: SessionId, path: &str) -> Kinds {
+        self.by_path
+            .get(path)
+            .and_then(|entries| entries.iter().find(|(s, _)| *s == session))
+            .map_or(Kinds::default(), |&(_, kinds)| kinds)
     }
 
     /// Bytes `session`'s watches count for against its budget.

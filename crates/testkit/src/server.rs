@@ -13,6 +13,8 @@ use crate::within;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The ZooKeeper listener's address, if the config asked for one.
+    pub zk_addr: Option<SocketAddr>,
     pub handle: ServerHandle,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -33,6 +35,7 @@ impl TestServer {
         count_panics();
         let server = Server::bind(addr, config).await.expect("bind");
         let addr = server.local_addr().unwrap();
+        let zk_addr = server.zk_addr();
         let handle = server.handle();
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
@@ -45,6 +48,7 @@ impl TestServer {
         });
         TestServer {
             addr,
+            zk_addr,
             handle,
             stop: Some(stop),
             task: Some(task),

@@ -50,11 +50,25 @@ pub struct Create {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MultiOp {
     Create(Create),
-    Delete { path: String, version: i32 },
-    SetData { path: String, data: Bytes, version: i32 },
-    Check { path: String, version: i32 },
-    GetData { path: String },
-    GetChildren { path: String },
+    Delete {
+        path: String,
+        version: i32,
+    },
+    SetData {
+        path: String,
+        data: Bytes,
+        version: i32,
+    },
+    Check {
+        path: String,
+        version: i32,
+    },
+    GetData {
+        path: String,
+    },
+    GetChildren {
+        path: String,
+    },
 }
 
 /// A request's body.

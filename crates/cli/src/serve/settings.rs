@@ -64,6 +64,23 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) metrics_listen: Option<String>,
 
+    /// Also speak ZooKeeper's client protocol on this address (such as
+    /// 127.0.0.1:2181), so that ZooKeeper clients and their recipes
+    /// (kazoo, Curator, zkCli) work unchanged; on a cluster, give every
+    /// member one. With TLS only if the server has a certificate
+    /// (docs/zookeeper.md). Off unless given.
+    #[arg(long, value_name = "HOST:PORT", env = "BATON_ZK_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) zk_listen: Option<String>,
+
+    /// The four-letter words the ZooKeeper listener answers, separated by
+    /// commas (ZooKeeper's 4lw.commands.whitelist), or * for all of ruok,
+    /// srvr, stat, mntr, cons, wchs, isro, conf, envi.
+    /// [default: ruok,srvr,mntr,isro]
+    #[arg(long = "zk-4lw", value_name = "WORDS", env = "BATON_ZK_4LW")]
+    #[serde(rename = "zk-4lw", skip_serializing_if = "Option::is_none")]
+    pub(crate) zk_4lw: Option<String>,
+
     /// This server is member ID of a cluster (a positive number, unique in
     /// the cluster).
     #[arg(long, value_name = "ID", env = "BATON_NODE_ID")]
@@ -329,6 +346,9 @@ const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
 pub struct Settings {
     pub(crate) listen: Option<String>,
     pub(crate) metrics_listen: Option<String>,
+    /// The ZooKeeper listener's address, resolved.
+    pub(crate) zk_listen: Option<std::net::SocketAddr>,
+    pub(crate) zk_words: Vec<String>,
     pub(crate) node_id: Option<u64>,
     pub(crate) peers: Option<String>,
     pub(crate) join: bool,
@@ -495,6 +515,7 @@ impl Settings {
             ("listen", &s.listen),
             ("metrics-listen", &s.metrics_listen),
             ("peer-listen", &s.peer_listen),
+            ("zk-listen", &s.zk_listen),
         ] {
             if let Some(addr) = addr {
                 check_addr(addr).map_err(|why| bad(key, why))?;
@@ -579,9 +600,24 @@ impl Settings {
                     .get_or_insert_with(|| crate::DEFAULT_SERVER.to_owned());
             }
         }
+        let zk_listen = match &s.zk_listen {
+            Some(addr) => Some(resolve_addr(addr).map_err(|why| bad("zk-listen", why))?),
+            None => None,
+        };
+        let zk_words = match &s.zk_4lw {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            None => Config::default().zk_words,
+        };
         let settings = Settings {
             listen: s.listen.clone(),
             metrics_listen: s.metrics_listen.clone(),
+            zk_listen,
+            zk_words,
             node_id: s.node_id,
             peers: s.peers.clone(),
             join: s.join,
@@ -652,6 +688,8 @@ impl Settings {
             snapshot_every_bytes: self.snapshot_every,
             tls: self.tls.clone(),
             identities: self.identities.clone(),
+            zk_listen: self.zk_listen,
+            zk_words: self.zk_words.clone(),
             ..Config::default()
         };
         // Room for the largest reply twice over, whatever the data limit.
@@ -660,6 +698,16 @@ impl Settings {
             .max(4 * (config.max_data + baton_proto::REQUEST_OVERHEAD));
         config
     }
+}
+
+/// The socket address `addr` (HOST:PORT) names: the first its host
+/// resolves to.
+fn resolve_addr(addr: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr:?} resolves to no address"))
 }
 
 /// Whether `addr` reads as HOST:PORT: a host (a name, an IPv4 address or

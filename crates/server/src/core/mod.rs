@@ -42,7 +42,7 @@ use crate::queues::QueueWatches;
 use crate::replicate::{Replicator, Role};
 use crate::state::{Applied, Command, Origin, Outcome, Proposal, StateMachine, Unshared};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::watches::Watches;
+use crate::watches::{Kinds, Watches};
 
 pub(crate) use sessions::{Connected, Connecting};
 
@@ -474,6 +474,25 @@ impl Core {
     }
 
     /// The state's revision.
+    /// The state as it is, for what a front end answers from it.
+    pub(crate) fn sm(&self) -> &StateMachine {
+        &self.sm
+    }
+
+    /// Which watches `session` holds on `path`: its one-shot watches'
+    /// kinds, and whether it holds a persistent watch there (plain or
+    /// recursive).
+    pub(crate) fn watches_on(&self, session: SessionId, path: &str) -> (Kinds, bool) {
+        let persistent =
+            self.persistent.has(session, path, false) || self.persistent.has(session, path, true);
+        (self.watches.kinds(session, path), persistent)
+    }
+
+    /// Watches held, one-shot and persistent, for operators.
+    pub(crate) fn watch_count(&self) -> usize {
+        self.watches.len() + self.persistent.len()
+    }
+
     pub(crate) fn revision(&self) -> u64 {
         self.sm.revision()
     }

@@ -30,8 +30,12 @@ pub(crate) trait Dialect: Encode {
     /// buffer, unless the client falls behind
     /// ([`Conn::backlogged`]) or the read gate holds the next one back.
     /// Returns true when no more requests must be read.
-    fn handle_buffered(&mut self, conn: &mut Conn, session: SessionId, outbox: &Arc<Outbox>)
-        -> bool;
+    fn handle_buffered(
+        &mut self,
+        conn: &mut Conn,
+        session: SessionId,
+        outbox: &Arc<Outbox>,
+    ) -> bool;
 }
 
 /// Bytes encoded into the write buffer per batch.
@@ -85,7 +89,6 @@ impl Drop for Conn {
     }
 }
 
-
 impl Conn {
     pub(crate) fn max_frame(&self) -> usize {
         self.shared.config.max_request_frame()
@@ -113,7 +116,9 @@ impl Conn {
             }
             match outbox.status() {
                 Status::Open => {}
-                Status::Closing => return Box::pin(self.finish(&mut dialect, session, outbox)).await,
+                Status::Closing => {
+                    return Box::pin(self.finish(&mut dialect, session, outbox)).await
+                }
                 Status::Overflowed => {
                     warn!(peer = %self.socket.peer(), %session, limit = self.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
                     Stats::add(&self.shared.stats.slow_client_disconnects, 1);

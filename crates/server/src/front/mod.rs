@@ -10,3 +10,4 @@ pub(crate) mod conn;
 pub(crate) mod gate;
 pub(crate) mod native;
 pub(crate) mod socket;
+pub(crate) mod zk;

@@ -150,6 +150,22 @@ impl Socket {
         }
     }
 
+    /// Reads until at least `n` bytes are buffered; false on a clean close
+    /// before that. `plaintext` counts the bytes read.
+    pub(crate) async fn read_at_least(
+        &mut self,
+        n: usize,
+        plaintext: &mut u64,
+    ) -> io::Result<bool> {
+        while self.rbuf.len() < n {
+            self.stream.readable().await?;
+            if self.read_some(plaintext)? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The client's address, for logs.
     pub(crate) fn peer(&self) -> String {
         self.stream.peer_addr().map_or_else(

@@ -46,7 +46,6 @@ pub(crate) async fn serve(mut conn: Box<Conn>) {
     }
 }
 
-
 /// Baton's own protocol, as a connection speaks it once its handshake is
 /// done.
 pub(crate) struct Native;
@@ -144,21 +143,21 @@ impl Dialect for Native {
 /// Whether the next buffered request may be handled now: always on a
 /// single server; on a cluster member, as its [`ReadGate`] admits it.
 fn gate_open(this: &mut Conn, outbox: &Outbox) -> bool {
-        let Some(gate) = &mut this.gate else {
-            return true;
-        };
-        let buffered = this.socket.rbuf.bytes();
-        if buffered.len() < 9 {
-            return true; // no whole header yet: next_frame says what to do
-        }
-        let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
-        let start = gate.received - buffered.len() as u64;
-        gate.admits(
-            start + 4 + len,
-            is_change(buffered[8]),
-            outbox,
-            &this.shared,
-        )
+    let Some(gate) = &mut this.gate else {
+        return true;
+    };
+    let buffered = this.socket.rbuf.bytes();
+    if buffered.len() < 9 {
+        return true; // no whole header yet: next_frame says what to do
+    }
+    let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
+    let start = gate.received - buffered.len() as u64;
+    gate.admits(
+        start + 4 + len,
+        is_change(buffered[8]),
+        outbox,
+        &this.shared,
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,435 @@
+//! What each ZooKeeper request becomes: a native request (its reply then
+//! written in ZooKeeper's form), or an answer read from the state under the
+//! core's lock (for what Baton's own protocol has no request for).
+
+use baton_proto::txn::Check;
+use baton_proto::{path, CreateMode, Request, SessionId, TxnOp};
+use baton_zk::codes::{err, mode, op, watch};
+use baton_zk::jute::{put_buffer, put_int, put_str, put_strings};
+use baton_zk::request::{Create, MultiOp};
+use baton_zk::{Acl, Request as Zk};
+use bytes::{Bytes, BytesMut};
+
+use super::answer::{failed_multi, multi_end, multi_error, multi_header, stat_of, Answer};
+use crate::auth::{Identity, Rights};
+use crate::core::Core;
+use crate::watches::Kinds;
+
+/// What a request becomes.
+pub(super) enum Plan {
+    /// One native request, answered as `Answer` says.
+    Native(Request, Answer),
+    /// An answer read from the state now (a body, or an error code).
+    Local(Result<Bytes, i32>),
+    /// setWatches2: the persistent watches set again (quietly), then the
+    /// one-shot watches, whose reply is the request's.
+    Watches(Vec<Request>, Request),
+}
+
+/// Whether an op changes the state: a cluster member hands it on at once,
+/// where a read waits for its read barrier.
+pub(super) fn is_change(code: i32) -> bool {
+    matches!(
+        code,
+        op::CREATE
+            | op::CREATE2
+            | op::CREATE_CONTAINER
+            | op::CREATE_TTL
+            | op::DELETE
+            | op::SET_DATA
+            | op::MULTI
+            | op::CLOSE_SESSION
+    )
+}
+
+/// A path, checked against Baton's path rules (which ZooKeeper's client
+/// checks too): bad arguments if it breaks one.
+fn checked(p: String) -> Result<String, i32> {
+    match path::validate(&p) {
+        Ok(()) => Ok(p),
+        Err(_) => Err(err::BAD_ARGUMENTS),
+    }
+}
+
+/// A version condition: -1 matches any version.
+fn version(v: i32) -> Option<u32> {
+    (v != -1).then_some(v as u32)
+}
+
+/// The plan for a request other than auth (which the connection handles
+/// itself). `core` is locked for the whole request, so an answer read from
+/// the state is the state the request sees.
+pub(super) fn plan(
+    core: &Core,
+    session: SessionId,
+    identity: Option<&Identity>,
+    request: Zk,
+) -> Plan {
+    match plan_inner(core, session, identity, request) {
+        Ok(plan) => plan,
+        Err(code) => Plan::Local(Err(code)),
+    }
+}
+
+fn plan_inner(
+    core: &Core,
+    session: SessionId,
+    identity: Option<&Identity>,
+    request: Zk,
+) -> Result<Plan, i32> {
+    let native = |r| Ok(Plan::Native(r, Answer::Plain));
+    // What is answered here rather than by the core is checked here: the
+    // identity needs `right` on the path (native requests: in the core).
+    let may = |right: Rights, path: &str| match identity {
+        Some(id) if !id.rights_on(path).allow(right) => Err(err::NO_AUTH),
+        _ => Ok(()),
+    };
+    match request {
+        Zk::Create(c) => {
+            let (path, data, mode) = create(c)?;
+            native(Request::Create {
+                path,
+                data,
+                mode,
+                fence: None,
+            })
+        }
+        Zk::Delete { path, version: v } => native(Request::Delete {
+            path: checked(path)?,
+            version: version(v),
+            fence: None,
+        }),
+        Zk::Exists { path, watch } => native(Request::Exists {
+            path: checked(path)?,
+            watch,
+        }),
+        Zk::GetData { path, watch } => native(Request::GetData {
+            path: checked(path)?,
+            watch,
+        }),
+        Zk::SetData {
+            path,
+            data,
+            version: v,
+        } => native(Request::SetData {
+            path: checked(path)?,
+            data,
+            version: version(v),
+            fence: None,
+        }),
+        Zk::GetChildren { path, watch, .. } => native(Request::GetChildren {
+            path: checked(path)?,
+            watch,
+        }),
+        Zk::Sync { path } => Ok(Plan::Native(Request::Ping, Answer::Sync(checked(path)?))),
+        Zk::Ping => native(Request::Ping),
+        Zk::CloseSession => native(Request::CloseSession),
+        Zk::Multi { ops, read: false } => multi(ops),
+        Zk::Multi { ops, read: true } => Ok(Plan::Local(Ok(multi_read(core, &may, ops)))),
+        Zk::GetAcl { path } => {
+            let path = checked(path)?;
+            may(Rights::READ, &path)?;
+            let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+            let mut b = BytesMut::new();
+            Acl::encode_list(&[Acl::open()], &mut b);
+            stat_of(&node.stat()).encode(&mut b);
+            Ok(Plan::Local(Ok(b.freeze())))
+        }
+        Zk::SetAcl { path, acl, version } => {
+            let path = checked(path)?;
+            may(Rights::ADMIN, &path)?;
+            let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+            open_acl(&acl)?;
+            if version != -1 && version != 0 {
+                return Err(err::BAD_VERSION);
+            }
+            let mut b = BytesMut::new();
+            stat_of(&node.stat()).encode(&mut b);
+            Ok(Plan::Local(Ok(b.freeze())))
+        }
+        Zk::CheckWatches { path, kind } => {
+            let path = checked(path)?;
+            may(Rights::READ, &path)?;
+            watched(core, session, &path, kind)?;
+            Ok(Plan::Local(Ok(Bytes::new())))
+        }
+        Zk::RemoveWatches { path, kind } => {
+            let path = checked(path)?;
+            let (data, child, persistent) = watched(core, session, &path, kind)?;
+            native(Request::RemoveWatches {
+                path,
+                data,
+                child,
+                persistent,
+            })
+        }
+        Zk::AddWatch { path, mode } => {
+            let recursive = match mode {
+                watch::MODE_PERSISTENT => false,
+                watch::MODE_PERSISTENT_RECURSIVE => true,
+                _ => return Err(err::BAD_ARGUMENTS),
+            };
+            native(Request::AddWatch {
+                path: checked(path)?,
+                recursive,
+                from: 0,
+            })
+        }
+        Zk::SetWatches {
+            relative_zxid,
+            data,
+            exist,
+            child,
+            persistent,
+            recursive,
+        } => {
+            let all =
+                |list: Vec<String>| list.into_iter().map(checked).collect::<Result<Vec<_>, _>>();
+            let (data, exist, child) = (all(data)?, all(exist)?, all(child)?);
+            let mut again = Vec::with_capacity(persistent.len() + recursive.len());
+            for (list, recursive) in [(persistent, false), (recursive, true)] {
+                for path in list {
+                    again.push(Request::AddWatch {
+                        path: checked(path)?,
+                        recursive,
+                        // As ZooKeeper does: set again, without replaying
+                        // what changed meanwhile.
+                        from: 0,
+                    });
+                }
+            }
+            Ok(Plan::Watches(
+                again,
+                Request::SetWatches {
+                    revision: relative_zxid.max(0) as u64,
+                    data,
+                    exist,
+                    child,
+                    queue: Vec::new(),
+                },
+            ))
+        }
+        Zk::GetEphemerals { prefix } => {
+            // A session's own nodes: no right is needed to list them.
+            let mut paths: Vec<&str> = core
+                .sm()
+                .session(session)
+                .map(|s| {
+                    s.ephemerals
+                        .iter()
+                        .map(|p| &**p)
+                        .filter(|p| p.starts_with(&prefix))
+                        .collect()
+                })
+                .unwrap_or_default();
+            paths.sort_unstable();
+            let mut b = BytesMut::new();
+            put_strings(&mut b, paths.iter());
+            Ok(Plan::Local(Ok(b.freeze())))
+        }
+        Zk::GetAllChildrenNumber { path } => {
+            let path = checked(path)?;
+            may(Rights::READ, &path)?;
+            let count = descendants(core, &path).ok_or(err::NO_NODE)?;
+            let mut b = BytesMut::new();
+            put_int(&mut b, count.min(i32::MAX as usize) as i32);
+            Ok(Plan::Local(Ok(b.freeze())))
+        }
+        Zk::Reconfig => Err(err::RECONFIG_DISABLED),
+        // A server configured without SASL: ZooKeeper's client reports the
+        // authentication failed.
+        Zk::Sasl => Err(err::AUTH_FAILED),
+        // ZooKeeper's own server sends this one to itself.
+        Zk::DeleteContainer { .. } => Err(err::UNIMPLEMENTED),
+        Zk::WhoAmI | Zk::Auth { .. } => unreachable!("the connection answers these itself"),
+    }
+}
+
+/// Every ACL entry must be `world:anyone`: Baton keeps no ACL per node
+/// (rights come from its identities), and refuses what it would not
+/// enforce rather than ignore it.
+fn open_acl(acl: &[Acl]) -> Result<(), i32> {
+    if acl.is_empty() || !acl.iter().all(Acl::is_open) {
+        return Err(err::INVALID_ACL);
+    }
+    Ok(())
+}
+
+/// A create's path, data and mode.
+fn create(c: Create) -> Result<(String, Bytes, CreateMode), i32> {
+    if c.op == op::CREATE_TTL {
+        return Err(err::UNIMPLEMENTED);
+    }
+    open_acl(&c.acl)?;
+    let mode = match c.flags {
+        mode::PERSISTENT | mode::CONTAINER => CreateMode::Persistent,
+        mode::EPHEMERAL => CreateMode::Ephemeral,
+        mode::PERSISTENT_SEQUENTIAL => CreateMode::PersistentSequential,
+        mode::EPHEMERAL_SEQUENTIAL => CreateMode::EphemeralSequential,
+        mode::PERSISTENT_WITH_TTL | mode::PERSISTENT_SEQUENTIAL_WITH_TTL => {
+            return Err(err::UNIMPLEMENTED)
+        }
+        _ => return Err(err::BAD_ARGUMENTS),
+    };
+    Ok((checked(c.path)?, c.data, mode))
+}
+
+/// A multi: one native transaction, or (an operation refused on its form)
+/// the answer that it failed there.
+fn multi(ops: Vec<MultiOp>) -> Result<Plan, i32> {
+    let count = ops.len();
+    let mut codes = Vec::with_capacity(count);
+    let mut txn = Vec::with_capacity(count);
+    for (i, o) in ops.into_iter().enumerate() {
+        let (code, converted) = match o {
+            MultiOp::Create(c) => (
+                c.op,
+                create(c).map(|(path, data, mode)| TxnOp::Create {
+                    path,
+                    data,
+                    mode,
+                    fence: None,
+                }),
+            ),
+            MultiOp::Delete { path, version: v } => (
+                op::DELETE,
+                checked(path).map(|path| TxnOp::Delete {
+                    path,
+                    version: version(v),
+                    fence: None,
+                }),
+            ),
+            MultiOp::SetData {
+                path,
+                data,
+                version: v,
+            } => (
+                op::SET_DATA,
+                checked(path).map(|path| TxnOp::SetData {
+                    path,
+                    data,
+                    version: version(v),
+                    fence: None,
+                }),
+            ),
+            MultiOp::Check { path, version: v } => (
+                op::CHECK,
+                checked(path).map(|path| TxnOp::Check {
+                    path,
+                    check: version(v).map_or(Check::Exists, Check::Version),
+                }),
+            ),
+            // Reads belong in a multiRead.
+            MultiOp::GetData { .. } | MultiOp::GetChildren { .. } => {
+                (op::GET_DATA, Err(err::BAD_ARGUMENTS))
+            }
+        };
+        match converted {
+            Ok(t) => txn.push(t),
+            Err(code) => {
+                let mut b = BytesMut::new();
+                failed_multi(&mut b, count, i, code);
+                multi_end(&mut b);
+                return Ok(Plan::Local(Ok(b.freeze())));
+            }
+        }
+        codes.push(code);
+    }
+    if txn.is_empty() {
+        let mut b = BytesMut::new();
+        multi_end(&mut b);
+        return Ok(Plan::Local(Ok(b.freeze())));
+    }
+    Ok(Plan::Native(
+        Request::Multi { ops: txn },
+        Answer::Multi(codes.into_boxed_slice()),
+    ))
+}
+
+/// A multiRead's results, read from the state at once: each operation's
+/// data or children, or its error.
+fn multi_read(
+    core: &Core,
+    may: &impl Fn(Rights, &str) -> Result<(), i32>,
+    ops: Vec<MultiOp>,
+) -> Bytes {
+    let node = |path: String| {
+        let path = checked(path)?;
+        may(Rights::READ, &path)?;
+        core.sm().node(&path).ok_or(err::NO_NODE)
+    };
+    let mut b = BytesMut::new();
+    for o in ops {
+        match o {
+            MultiOp::GetData { path } => match node(path) {
+                Ok(node) => {
+                    multi_header(&mut b, op::GET_DATA, err::OK);
+                    put_buffer(&mut b, &node.data());
+                    stat_of(&node.stat()).encode(&mut b);
+                }
+                Err(e) => multi_error(&mut b, e),
+            },
+            MultiOp::GetChildren { path } => match node(path) {
+                Ok(node) => {
+                    multi_header(&mut b, op::GET_CHILDREN, err::OK);
+                    put_strings(&mut b, node.child_names().iter());
+                }
+                Err(e) => multi_error(&mut b, e),
+            },
+            _ => multi_error(&mut b, err::BAD_ARGUMENTS),
+        }
+    }
+    multi_end(&mut b);
+    b.freeze()
+}
+
+/// Which of `session`'s watches on `path` a check or remove watches of
+/// ZooKeeper's watcher type `kind` names (data, child, persistent); no
+/// watcher if it holds none of them.
+fn watched(
+    core: &Core,
+    session: SessionId,
+    path: &str,
+    kind: i32,
+) -> Result<(bool, bool, bool), i32> {
+    let (kinds, persistent) = core.watches_on(session, path);
+    let data = kinds.contains(Kinds::DATA);
+    let child = kinds.contains(Kinds::CHILD);
+    let wanted = match kind {
+        watch::CHILDREN => (false, child, false),
+        watch::DATA => (data, false, false),
+        watch::ANY => (data, child, persistent),
+        watch::PERSISTENT | watch::PERSISTENT_RECURSIVE => (false, false, persistent),
+        _ => return Err(err::BAD_ARGUMENTS),
+    };
+    if wanted == (false, false, false) {
+        return Err(err::NO_WATCHER);
+    }
+    Ok(wanted)
+}
+
+/// How many nodes lie below `path` (none if it does not exist).
+fn descendants(core: &Core, path: &str) -> Option<usize> {
+    let sm = core.sm();
+    let mut stack = vec![sm.node(path)?];
+    let mut count = 0usize;
+    while let Some(node) = stack.pop() {
+        for child in node.children() {
+            count += 1;
+            stack.extend(sm.node(child));
+        }
+    }
+    Some(count)
+}
+
+/// A whoAmI's answer: the client's identities, ZooKeeper's way
+/// (`ClientInfo` records of scheme and user).
+pub(super) fn who_am_i(ids: &[(String, String)]) -> Bytes {
+    let mut b = BytesMut::new();
+    put_int(&mut b, ids.len() as i32);
+    for (scheme, user) in ids {
+        put_str(&mut b, scheme);
+        put_str(&mut b, user);
+    }
+    b.freeze()
+}
