@@ -3,7 +3,10 @@
 //! sessions, multi, ACLs), kazoo's recipes in `python.rs`, and raw bytes
 //! for bad input in `bad_input.rs`.
 
+mod bad_input;
 mod operations;
+mod sessions;
+mod watches;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -76,3 +76,158 @@ async fn create_read_update_and_delete() {
     c.sync("/").await.unwrap();
     server.stop().await;
 }
+
+#[tokio::test]
+async fn multi_is_all_or_nothing_and_multi_read_reads_each() {
+    let server = zk_server().await;
+    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
+    c.create("/m", b"0", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+
+    let mut w = c.new_multi_writer();
+    w.add_check_version("/m", 0).unwrap();
+    w.add_create("/m/a", b"a", &open(zk::CreateMode::Persistent))
+        .unwrap();
+    w.add_set_data("/m", b"1", Some(0)).unwrap();
+    w.add_create("/m/s-", b"", &open(zk::CreateMode::PersistentSequential))
+        .unwrap();
+    let results = w.commit().await.unwrap();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0], zk::MultiWriteResult::Check);
+    let zk::MultiWriteResult::Create { path, stat } = &results[1] else {
+        panic!("{results:?}")
+    };
+    assert_eq!(path, "/m/a");
+    let zk::MultiWriteResult::SetData { stat: set } = &results[2] else {
+        panic!("{results:?}")
+    };
+    assert_eq!(set.version, 1);
+    // Each operation that changes the tree takes a zxid of its own, in
+    // order (ZooKeeper gives a multi one zxid: docs/zookeeper.md).
+    assert!(set.mzxid > stat.czxid, "{set:?} after {stat:?}");
+    let zk::MultiWriteResult::Create { path: seq, .. } = &results[3] else {
+        panic!("{results:?}")
+    };
+    assert!(
+        seq.starts_with("/m/s-") && seq.len() == "/m/s-".len() + 10,
+        "{seq}"
+    );
+
+    // A failing check in the middle: nothing of it is applied.
+    let mut w = c.new_multi_writer();
+    w.add_create("/m/b", b"", &open(zk::CreateMode::Persistent))
+        .unwrap();
+    w.add_check_version("/m", 0).unwrap();
+    w.add_delete("/m/a", None).unwrap();
+    match w.commit().await {
+        Err(zk::MultiWriteError::OperationFailed {
+            index: 1,
+            source: zk::Error::BadVersion,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        c.check_stat("/m/b").await.unwrap(),
+        None,
+        "the create before the failure was not applied"
+    );
+    assert!(
+        c.check_stat("/m/a").await.unwrap().is_some(),
+        "the delete after it was not applied"
+    );
+
+    let mut r = c.new_multi_reader();
+    r.add_get_data("/m").unwrap();
+    r.add_get_children("/m").unwrap();
+    r.add_get_data("/nothing").unwrap();
+    let results = r.commit().await.unwrap();
+    match &results[0] {
+        zk::MultiReadResult::Data { data, stat } => {
+            assert_eq!(data, b"1");
+            assert_eq!(stat.version, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    match &results[1] {
+        zk::MultiReadResult::Children { children } => assert_eq!(children.len(), 2),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(
+            &results[2],
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode
+            }
+        ),
+        "{:?}",
+        results[2]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn acls_are_open_and_others_are_refused_not_ignored() {
+    let server = zk_server().await;
+    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
+    c.create("/acl", b"", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    let (acls, stat) = c.get_acl("/acl").await.unwrap();
+    assert_eq!(acls.len(), 1);
+    assert_eq!((acls[0].scheme(), acls[0].id()), ("world", "anyone"));
+    assert_eq!(acls[0].permission(), zk::Permission::ALL);
+    assert_eq!(stat.aversion, 0);
+    c.set_acl("/acl", &zk::Acls::anyone_all(), None)
+        .await
+        .unwrap();
+
+    // An ACL Baton would not enforce is refused, never silently dropped.
+    let digest = [zk::Acl::new(
+        zk::Permission::ALL,
+        zk::AuthId::new("digest", "alice:X/NSthOgx1CRuDcE5hDpv5ABzF4="),
+    )];
+    let restricted = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&digest));
+    assert!(matches!(
+        c.create("/acl/x", b"", &restricted).await,
+        Err(zk::Error::InvalidAcl)
+    ));
+    assert!(matches!(
+        c.set_acl("/acl", &zk::Acls::new(&digest), None).await,
+        Err(zk::Error::InvalidAcl)
+    ));
+    assert!(matches!(c.get_acl("/none").await, Err(zk::Error::NoNode)));
+
+    // addAuth and whoAmI.
+    c.auth("digest", b"alice:secret").await.unwrap();
+    let users = c.list_auth_users().await.unwrap();
+    assert!(
+        users
+            .iter()
+            .any(|u| u.scheme() == "digest" && u.user() == "alice"),
+        "{users:?}"
+    );
+    assert!(
+        users
+            .iter()
+            .any(|u| u.scheme() == "ip" && u.user() == "127.0.0.1"),
+        "{users:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn containers_are_created_and_ttl_nodes_are_unimplemented() {
+    let server = zk_server().await;
+    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
+    c.create("/box", b"", &open(zk::CreateMode::Container))
+        .await
+        .unwrap();
+    assert!(c.check_stat("/box").await.unwrap().is_some());
+    let ttl = open(zk::CreateMode::Persistent).with_ttl(Duration::from_secs(5));
+    assert!(matches!(
+        c.create("/ttl", b"", &ttl).await,
+        Err(zk::Error::Unimplemented)
+    ));
+    server.stop().await;
+}
