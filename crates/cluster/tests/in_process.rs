@@ -12,6 +12,8 @@ use tokio::sync::oneshot;
 
 struct Running {
     client: String,
+    /// The member's ZooKeeper listener.
+    zk: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -39,8 +41,10 @@ async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std
         config.initial = Some(initial.clone());
         config.server.min_session_timeout = Duration::from_millis(500);
         config.peer_tls = tls.clone();
+        config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
         let member = ClusterMember::start(config, clients, peers).await.unwrap();
         let client = member.client_addr().unwrap().to_string();
+        let zk = member.zk_addr().expect("a ZooKeeper listener");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _ = member
@@ -51,6 +55,7 @@ async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std
         });
         running.push(Running {
             client,
+            zk,
             stop: Some(stop),
             task,
         });
@@ -555,6 +560,90 @@ async fn a_lock_delay_under_way_is_finished_by_the_next_leader() {
     guard.release().await.unwrap();
     waiter.close().await;
     store.close().await;
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A ZooKeeper client whose connect string names every member: it finds
+/// the leader (the others close its connection), and its session, its
+/// ephemeral node and its watches survive the leader's loss, with the
+/// change made meanwhile reported. (This client sets persistent watches
+/// again with setWatches, not setWatches2, so they are not tried here: the
+/// ZooKeeper suite's raw-bytes test covers setWatches2.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zookeeper_session_and_its_watches_survive_the_loss_of_the_leader() {
+    use zookeeper_client as zk;
+    let (mut members, root) = cluster(3, "zookeeper").await;
+    let hosts: Vec<String> = members.iter().map(|m| m.zk.to_string()).collect();
+    let hosts = hosts.join(",");
+    let limit = Duration::from_secs(20);
+    let connect = || {
+        zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(&hosts)
+    };
+    let c = tokio::time::timeout(limit, connect())
+        .await
+        .expect("a session")
+        .unwrap();
+    let other = tokio::time::timeout(limit, connect())
+        .await
+        .expect("a session")
+        .unwrap();
+    let open = |mode: zk::CreateMode| mode.with_acls(zk::Acls::anyone_all());
+    c.create("/z", b"0", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    c.create("/z/mine", b"", &open(zk::CreateMode::Ephemeral))
+        .await
+        .unwrap();
+    let id = c.session_id();
+    let (_, _, data) = c.get_and_watch_data("/z").await.unwrap();
+    let (_, kids) = c.list_and_watch_children("/z").await.unwrap();
+    let before = c.check_stat("/z").await.unwrap().unwrap().mzxid;
+
+    let leader = leader_of(&members).await;
+    let gone = members.remove(leader);
+    let _ = gone.stop.map(|s| s.send(()));
+    let _ = gone.task.await;
+
+    tokio::time::timeout(limit, other.set_data("/z", b"1", None))
+        .await
+        .expect("the cluster answers after the leader went")
+        .unwrap();
+    let e = tokio::time::timeout(limit, data.changed())
+        .await
+        .expect("the data watch");
+    assert_eq!(e.event_type, zk::EventType::NodeDataChanged);
+    assert!(
+        e.zxid > before,
+        "zxids go on growing across leaders: {} after {before}",
+        e.zxid
+    );
+    let (_, stat) = tokio::time::timeout(limit, c.get_data("/z/mine"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stat.ephemeral_owner, id.0,
+        "the same session, its node kept"
+    );
+    assert_eq!(c.session_id(), id);
+    other
+        .create("/z/after", b"", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(limit, kids.changed())
+        .await
+        .expect("the child watch, set again on the new leader");
+    assert_eq!(
+        (e.event_type, e.path.as_str()),
+        (zk::EventType::NodeChildrenChanged, "/z")
+    );
+    drop((c, other));
     for m in members {
         let _ = m.stop.map(|s| s.send(()));
         let _ = m.task.await;

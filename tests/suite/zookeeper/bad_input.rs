@@ -171,3 +171,84 @@ async fn four_letter_words_answer_only_from_the_list() {
     );
     server.stop().await;
 }
+
+/// setWatches2 on a resumed session, in raw bytes: the persistent watches
+/// it names are set again (reporting changes from then on, as ZooKeeper's),
+/// and a data watch whose node changed after the client's zxid fires at
+/// once.
+#[tokio::test]
+async fn set_watches2_sets_persistent_watches_again() {
+    let server = zk_server().await;
+    let addr = zk_addr(&server).to_string();
+    let c = zk_client(&addr, Duration::from_secs(10)).await;
+    c.create("/q", b"", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    let (first, granted) = raw_session(&addr, 0, Bytes::from_static(&[0; 16])).await;
+    drop(first);
+    let seen = c.check_stat("/q").await.unwrap().unwrap().mzxid;
+    c.set_data("/q", b"changed", None).await.unwrap();
+
+    let (mut s, again) = raw_session(&addr, granted.session_id, granted.passwd.clone()).await;
+    assert_eq!(again.session_id, granted.session_id, "resumed");
+    let mut buf = BytesMut::new();
+    Request::SetWatches {
+        relative_zxid: seen,
+        data: vec!["/q".into()],
+        exist: vec![],
+        child: vec![],
+        persistent: vec![],
+        recursive: vec!["/q".into()],
+    }
+    .encode(baton_zk::codes::xid::SET_WATCHES, &mut buf);
+    s.write_all(&buf).await.unwrap();
+    // The data watch fires at once (its node changed after `seen`), then the
+    // reply.
+    let mut frames = Vec::new();
+    for _ in 0..2 {
+        let f = within(10, "a frame", read_frame(&mut s))
+            .await
+            .expect("a frame");
+        let mut r = JuteReader::new(&f);
+        let h = ReplyHeader::decode(&mut r).unwrap();
+        let event = (h.xid == -1).then(|| {
+            (
+                r.int("type").unwrap(),
+                r.int("state").unwrap(),
+                r.ustring("path").unwrap(),
+            )
+        });
+        frames.push((h.xid, h.err, event));
+    }
+    assert_eq!(
+        frames[0],
+        (-1, 0, Some((3, 3, "/q".to_string()))),
+        "{frames:?}"
+    );
+    assert_eq!(
+        frames[1],
+        (baton_zk::codes::xid::SET_WATCHES, 0, None),
+        "{frames:?}"
+    );
+    // The recursive watch reports what changes from now on.
+    c.create("/q/new", b"", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    let f = within(10, "the persistent watch's event", read_frame(&mut s))
+        .await
+        .expect("a frame");
+    let mut r = JuteReader::new(&f);
+    let h = ReplyHeader::decode(&mut r).unwrap();
+    assert_eq!(h.xid, -1);
+    let event = (
+        r.int("type").unwrap(),
+        r.int("state").unwrap(),
+        r.ustring("path").unwrap(),
+    );
+    assert_eq!(
+        event,
+        (1, 3, "/q/new".to_string()),
+        "node created, connected"
+    );
+    server.stop().await;
+}
