@@ -4,6 +4,7 @@
 //! for bad input in `bad_input.rs`.
 
 mod bad_input;
+mod interplay;
 mod operations;
 mod sessions;
 mod watches;
