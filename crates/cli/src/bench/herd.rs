@@ -156,6 +156,30 @@ pub async fn run(target: Option<String>, args: HerdArgs) -> Result<(), CliError>
     Ok(())
 }
 
+/// One run of Baton's own lock (the predecessor recipe) at `addr`, for
+/// `bench zookeeper`'s comparison.
+pub(super) async fn predecessor_run(
+    addr: &str,
+    waiters: usize,
+    handovers: u64,
+    max_seconds: u64,
+) -> Result<Run, CliError> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: HerdArgs,
+    }
+    let Wrap { args } = Wrap::try_parse_from([
+        "herd".to_string(),
+        format!("--handovers={handovers}"),
+        format!("--max-seconds={max_seconds}"),
+        "--session-timeout-ms=30s".to_string(),
+    ])
+    .map_err(|e| CliError::msg(e.to_string()))?;
+    one_run(addr, Recipe::Predecessor, waiters, &args).await
+}
+
 impl Run {
     fn failed(recipe: Recipe, waiters: usize, why: String) -> Run {
         Run {

@@ -12,6 +12,8 @@ mod herd;
 mod herd_run;
 mod ops;
 mod server;
+mod zk_client;
+mod zookeeper;
 
 use std::process::ExitCode;
 
@@ -23,6 +25,7 @@ pub enum BenchCommand {
     Durability(durability::DurabilityArgs),
     Herd(herd::HerdArgs),
     Cluster(cluster::ClusterArgs),
+    Zookeeper(zookeeper::ZkBenchArgs),
 }
 
 /// Runs a benchmark against `server` if one was named (--server or
@@ -33,6 +36,7 @@ pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
         BenchCommand::Durability(args) => durability::run(args).await,
         BenchCommand::Herd(args) => herd::run(server, args).await,
         BenchCommand::Cluster(args) => cluster::run(args).await,
+        BenchCommand::Zookeeper(args) => zookeeper::run(args).await,
     }
     .map(|()| ExitCode::SUCCESS)
 }

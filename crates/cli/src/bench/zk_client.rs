@@ -1,0 +1,266 @@
+//! A small ZooKeeper client for `baton bench zookeeper`: what the lock
+//! recipes need (connect, create, get children, exists with a watch,
+//! delete, ping), over `baton-zk`'s records, so that one client drives
+//! Baton's ZooKeeper listener and a ZooKeeper server alike.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_zk::codes::{err, mode, op, xid};
+use baton_zk::jute::JuteReader;
+use baton_zk::{Acl, ConnectRequest, ConnectResponse, Create, ReplyHeader, Request};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::CliError;
+
+/// A reply: its error code (0 for none) and body.
+type Reply = (i32, Bytes);
+
+/// Requests sent and not yet answered, in order, with where each answer
+/// goes.
+type Pending = Arc<Mutex<VecDeque<(i32, oneshot::Sender<Reply>)>>>;
+
+/// A watch notification: its event type and path.
+pub struct Event {
+    pub kind: i32,
+    pub path: String,
+}
+
+/// One ZooKeeper session on one connection.
+pub struct ZkClient {
+    writer: tokio::sync::Mutex<Writer>,
+    pending: Pending,
+    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
+    reader: tokio::task::JoinHandle<()>,
+    pinger: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+struct Writer {
+    half: OwnedWriteHalf,
+    next_xid: i32,
+    buf: BytesMut,
+}
+
+fn io(what: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::msg(format!("ZooKeeper client: {what}: {e}"))
+}
+
+async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Bytes> {
+    let len = r.read_u32().await? as usize;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(Bytes::from(body))
+}
+
+impl ZkClient {
+    /// Opens a session at `addr` with `timeout`.
+    pub async fn connect(addr: &str, timeout: Duration) -> Result<Arc<ZkClient>, CliError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| io(&format!("cannot connect to {addr}"), e))?;
+        stream.set_nodelay(true).map_err(|e| io("nodelay", e))?;
+        let (read, mut write) = stream.into_split();
+        let mut read = BufReader::new(read);
+        let mut buf = BytesMut::new();
+        ConnectRequest {
+            protocol_version: 0,
+            last_zxid_seen: 0,
+            timeout_ms: timeout.as_millis() as i32,
+            session_id: 0,
+            passwd: Bytes::from_static(&[0; 16]),
+            read_only: Some(false),
+        }
+        .encode(&mut buf);
+        write.write_all(&buf).await.map_err(|e| io("connect", e))?;
+        let answer = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut read))
+            .await
+            .map_err(|_| io("connect", "no answer within 30 s"))?
+            .map_err(|e| io("connect", e))?;
+        let granted = ConnectResponse::decode(&answer).map_err(|e| io("connect response", e))?;
+        if granted.timeout_ms <= 0 {
+            return Err(io("connect", "the server refused the session"));
+        }
+        let pending: Pending = Arc::default();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_loop(read, pending.clone(), events_tx));
+        let client = Arc::new(ZkClient {
+            writer: tokio::sync::Mutex::new(Writer {
+                half: write,
+                next_xid: 1,
+                buf: BytesMut::new(),
+            }),
+            pending,
+            events: tokio::sync::Mutex::new(events),
+            reader,
+            pinger: Mutex::new(None),
+        });
+        // Pings keep the session alive while the client waits on a watch.
+        let weak = Arc::downgrade(&client);
+        let every = Duration::from_millis(granted.timeout_ms as u64 / 3);
+        let pinger = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(client) = weak.upgrade() else { return };
+                if client.send(xid::PING, &Request::Ping).await.is_err() {
+                    return;
+                }
+            }
+        });
+        *client.pinger.lock().unwrap_or_else(|e| e.into_inner()) = Some(pinger);
+        Ok(client)
+    }
+
+    /// Sends a request; returns its reply once it comes.
+    async fn send(
+        &self,
+        fixed_xid: i32,
+        request: &Request,
+    ) -> Result<oneshot::Receiver<Reply>, CliError> {
+        let (tx, rx) = oneshot::channel();
+        let mut w = self.writer.lock().await;
+        let xid = if fixed_xid != 0 {
+            fixed_xid
+        } else {
+            w.next_xid += 1;
+            w.next_xid
+        };
+        let Writer { half, buf, .. } = &mut *w;
+        buf.clear();
+        request.encode(xid, buf);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((xid, tx));
+        half.write_all(buf).await.map_err(|e| io("send", e))?;
+        Ok(rx)
+    }
+
+    async fn call(&self, request: &Request) -> Result<Reply, CliError> {
+        let rx = self.send(0, request).await?;
+        rx.await
+            .map_err(|_| io(op::name(request.op()), "the connection closed"))
+    }
+
+    /// Creates `path` with ZooKeeper create mode `flags`; the path made.
+    pub async fn create(&self, path: &str, flags: i32) -> Result<String, CliError> {
+        let request = Request::Create(Create {
+            path: path.into(),
+            data: Bytes::new(),
+            acl: vec![Acl::open()],
+            flags,
+            ttl: None,
+            op: op::CREATE,
+        });
+        match self.call(&request).await? {
+            (0, body) => JuteReader::new(&body)
+                .ustring("path")
+                .map_err(|e| io("create", e)),
+            (code, _) => Err(io("create", format!("error {code}"))),
+        }
+    }
+
+    /// Creates a persistent node, or finds it there.
+    pub async fn ensure(&self, path: &str) -> Result<(), CliError> {
+        match self.create(path, mode::PERSISTENT).await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.to_string()
+                    .contains(&format!("error {}", err::NODE_EXISTS)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn children(&self, path: &str, watch: bool) -> Result<Vec<String>, CliError> {
+        let request = Request::GetChildren {
+            path: path.into(),
+            watch,
+            stat: false,
+        };
+        match self.call(&request).await? {
+            (0, body) => JuteReader::new(&body)
+                .strings("children")
+                .map_err(|e| io("get children", e)),
+            (code, _) => Err(io("get children", format!("error {code}"))),
+        }
+    }
+
+    /// Whether `path` exists, leaving a watch on it if `watch`.
+    pub async fn exists(&self, path: &str, watch: bool) -> Result<bool, CliError> {
+        let request = Request::Exists {
+            path: path.into(),
+            watch,
+        };
+        match self.call(&request).await? {
+            (0, _) => Ok(true),
+            (err::NO_NODE, _) => Ok(false),
+            (code, _) => Err(io("exists", format!("error {code}"))),
+        }
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<(), CliError> {
+        let request = Request::Delete {
+            path: path.into(),
+            version: -1,
+        };
+        match self.call(&request).await? {
+            (0, _) => Ok(()),
+            (code, _) => Err(io("delete", format!("error {code}"))),
+        }
+    }
+
+    /// The next watch notification.
+    pub async fn event(&self) -> Option<Event> {
+        self.events.lock().await.recv().await
+    }
+
+    /// Closes the session (its ephemeral nodes go with it).
+    pub async fn close(&self) {
+        if let Ok(rx) = self.send(0, &Request::CloseSession).await {
+            let _ = tokio::time::timeout(Duration::from_secs(10), rx).await;
+        }
+        if let Some(pinger) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            pinger.abort();
+        }
+        self.reader.abort();
+    }
+}
+
+async fn read_loop(
+    mut read: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    pending: Pending,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    while let Ok(frame) = read_frame(&mut read).await {
+        let mut r = JuteReader::new(&frame);
+        let Ok(header) = ReplyHeader::decode(&mut r) else {
+            return;
+        };
+        if header.xid == xid::NOTIFICATION {
+            let (Ok(kind), Ok(_state), Ok(path)) =
+                (r.int("type"), r.int("state"), r.ustring("path"))
+            else {
+                return;
+            };
+            let _ = events.send(Event { kind, path });
+            continue;
+        }
+        let waiter = pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        match waiter {
+            Some((x, tx)) if x == header.xid => {
+                let _ = tx.send((header.err, frame.slice(ReplyHeader::LEN..)));
+            }
+            _ => return, // out of order: the connection is not usable
+        }
+    }
+}
