@@ -25,6 +25,8 @@ import argparse
 import logging
 import os
 import re
+import select
+import socket
 import sys
 import threading
 import time
@@ -36,7 +38,10 @@ try:
     from kazoo.exceptions import (
         BadVersionError,
         KazooException,
+        NoChildrenForEphemeralsError,
+        NodeExistsError,
         NoNodeError,
+        NotEmptyError,
         RolledBackError,
         RuntimeInconsistency,
     )
@@ -104,7 +109,7 @@ def children(client, path):
 
 def sequence_of(node):
     """The sequence number a sequential node's name ends with."""
-    m = re.search(r"(-?\d{10})$", node)
+    m = re.search(r"(\d{10})$", node)
     expect(m is not None, "node %r has no 10-digit sequence suffix", node)
     return int(m.group(1))
 
@@ -119,11 +124,25 @@ class Env:
         self._clients = []
         self._guard = threading.Lock()
         self._threads = []
+        self._proxies = []
         self.errors = []
 
-    def client(self, **kwargs):
+    def proxy(self):
+        proxy = Proxy(self.hosts)
+        with self._guard:
+            self._proxies.append(proxy)
+        return proxy
+
+    def proxied_client(self, proxy, timeout=10.0):
+        """A client that reaches the servers through `proxy` only, and
+        tries again quickly when its connection breaks."""
+        return self.client(hosts=proxy.hosts, timeout=timeout, connection_retry={
+            "max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_jitter": 0.05,
+            "max_delay": 0.5})
+
+    def client(self, hosts=None, timeout=10.0, **kwargs):
         """A new, started client: a session of its own."""
-        c = KazooClient(hosts=self.hosts, timeout=10.0, **kwargs)
+        c = KazooClient(hosts=hosts or self.hosts, timeout=timeout, **kwargs)
         with self._guard:
             self._clients.append(c)
         c.start(timeout=WAIT)
@@ -177,6 +196,9 @@ class Env:
     def close(self):
         with self._guard:
             clients, self._clients = self._clients, []
+            proxies, self._proxies = self._proxies, []
+        for proxy in proxies:
+            proxy.unblock()  # let the clients close their sessions
         closers = []
         for c in clients:
             t = threading.Thread(target=quietly_close, args=(c,), daemon=True)
@@ -185,6 +207,8 @@ class Env:
         deadline = time.monotonic() + 15
         for t in closers:
             t.join(max(0.0, deadline - time.monotonic()))
+        for proxy in proxies:
+            proxy.close()
 
 
 def quietly_close(c):
@@ -199,6 +223,87 @@ def describe(e):
     if isinstance(e, CheckFailed):
         return str(e)
     return "%s: %s" % (type(e).__name__, e) if str(e) else type(e).__name__
+
+
+class Proxy:
+    """A TCP proxy on loopback to the servers of the connect string (each new
+    connection to the next server, so that a client that lands on a cluster
+    member that does not serve it reaches another), whose connections can be
+    cut, and new ones refused, at will: a network fault for one client."""
+
+    def __init__(self, hosts):
+        self.upstreams = []
+        for hp in hosts.split("/", 1)[0].split(","):
+            host, _, port = hp.strip().rpartition(":")
+            self.upstreams.append((host.strip("[]") or "127.0.0.1", int(port or 2181)))
+        self._next = 0
+        self._guard = threading.Lock()
+        self._conns = []
+        self.blocked = False
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.hosts = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="proxy", daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self._listener.accept()
+            except OSError:
+                return
+            if self.blocked:
+                down.close()
+                continue
+            with self._guard:
+                upstream = self.upstreams[self._next % len(self.upstreams)]
+                self._next += 1
+            try:
+                up = socket.create_connection(upstream, timeout=5)
+            except OSError:
+                down.close()
+                continue
+            with self._guard:
+                self._conns.append((down, up))
+            threading.Thread(target=self._pump, args=(down, up), name="proxy pump",
+                             daemon=True).start()
+
+    def _pump(self, down, up):
+        try:
+            while True:
+                readable, _, _ = select.select([down, up], [], [], 1.0)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    (up if sock is down else down).sendall(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            for sock in (down, up):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def cut(self, block=False):
+        """Breaks every connection; with `block`, refuses new ones too."""
+        self.blocked = block
+        with self._guard:
+            conns, self._conns = self._conns, []
+        for pair in conns:
+            for sock in pair:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def unblock(self):
+        self.blocked = False
+
+    def close(self):
+        self.cut(block=True)
+        self._listener.close()
 
 
 # --- locks ----------------------------------------------------------------
@@ -763,6 +868,11 @@ def check_watches(env, args):
            "exists() found a node not yet created")
     b.create(path + "/later")
     wait_event(created, "an exists watch to fire on creation")
+    # DataWatch follows its node's deletion and re-creation.
+    b.delete(path, recursive=True)
+    wait_for(lambda: has(datas, (None, None)), "DataWatch to see its node deleted")
+    b.create(path, b"again")
+    wait_for(lambda: has(datas, (b"again", 0)), "DataWatch to see its node created again")
     return "DataWatch, ChildrenWatch, one-shot getData and exists watches fire"
 
 
@@ -826,7 +936,180 @@ def check_server_version(env, args):
     return "server_version() %s; ruok: imok" % ".".join(map(str, version))
 
 
+def check_basics(env, args):
+    """Errors and stats as ZooKeeper gives them."""
+    path = env.path
+    a = env.client()
+    created, stat = a.create(path, b"abc", makepath=True, include_data=True)
+    expect(created == path, "create2 returned %r", created)
+    expect(stat.version == 0 and stat.czxid == stat.mzxid and stat.dataLength == 3
+           and stat.numChildren == 0 and stat.ephemeralOwner == 0,
+           "a new node's stat %s", stat)
+    for exc, what, fn in [
+        (NodeExistsError, "create of an existing node", lambda: a.create(path)),
+        (NoNodeError, "create under a missing parent", lambda: a.create(path + "/no/child")),
+        (NoNodeError, "get of a missing node", lambda: a.get(path + "/missing")),
+        (BadVersionError, "set with a wrong version", lambda: a.set(path, b"x", version=7)),
+        (BadVersionError, "delete with a wrong version", lambda: a.delete(path, version=7)),
+    ]:
+        try:
+            fn()
+        except exc:
+            continue
+        except KazooException as e:
+            raise CheckFailed("%s raised %s, expected %s" % (what, describe(e), exc.__name__))
+        raise CheckFailed("%s succeeded, expected %s" % (what, exc.__name__))
+    stat2 = a.set(path, b"abcd", version=0)
+    expect(stat2.version == 1 and stat2.mzxid > stat.mzxid and stat2.czxid == stat.czxid
+           and stat2.dataLength == 4, "stat after a set %s", stat2)
+    a.create(path + "/c1")
+    a.create(path + "/e1", ephemeral=True)
+    children, pstat = a.get_children(path, include_data=True)
+    expect(sorted(children) == ["c1", "e1"] and pstat.numChildren == 2
+           and pstat.cversion == stat.cversion + 2 and pstat.pzxid > stat2.mzxid,
+           "children %s with stat %s", children, pstat)
+    for exc, what, fn in [
+        (NotEmptyError, "delete of a node with children", lambda: a.delete(path)),
+        (NoChildrenForEphemeralsError, "create under an ephemeral node",
+         lambda: a.create(path + "/e1/x")),
+    ]:
+        try:
+            fn()
+        except exc:
+            continue
+        except KazooException as e:
+            raise CheckFailed("%s raised %s, expected %s" % (what, describe(e), exc.__name__))
+        raise CheckFailed("%s succeeded, expected %s" % (what, exc.__name__))
+    acls, _ = a.get_acls(path)
+    expect([(x.perms, x.id.scheme, x.id.id) for x in acls] == [(31, "world", "anyone")],
+           "get_acls gave %s", acls)
+    a.delete(path + "/c1")
+    expect(a.exists(path).cversion == stat.cversion + 3, "cversion did not count a delete")
+    expect(a.sync(path) == path, "sync() did not return its path")
+    return "create2/getChildren2 stats, version/cversion/pzxid, the usual errors, getACL, sync"
+
+
+def check_sequential(env, args):
+    path = env.path
+    clients = env.clients(4)
+    a = clients[0]
+    a.ensure_path(path)
+    made = [[] for _ in clients]
+
+    def create(i):
+        for _ in range(10):
+            made[i].append(clients[i].create(path + "/job-", b"", sequence=True,
+                                             ephemeral=bool(i % 2)))
+
+    env.run_all([lambda i=i: create(i) for i in range(len(clients))], "concurrent sequential creates")
+    names = [n for m in made for n in m]
+    expect(len(set(names)) == len(names) == 40, "%d distinct names for 40 creates",
+           len(set(names)))
+    for m in made:
+        seqs = [sequence_of(n) for n in m]
+        expect(seqs == sorted(seqs) and len(set(seqs)) == len(seqs),
+               "one client's sequence numbers do not grow: %s", seqs)
+    expect(sorted(a.get_children(path)) == sorted(n.rsplit("/", 1)[1] for n in names),
+           "the children are not the names the creates returned")
+    # ZooKeeper checks a sequential create's path with its sequence number
+    # appended, so a path ending in / names the node by the number alone.
+    try:
+        bare = a.create(path + "/", b"", sequence=True)
+    except KazooException as e:
+        raise CheckFailed("create(%r, sequence=True) refused with %s; ZooKeeper takes it "
+                          "(the node is named by its sequence number)" % (path + "/", describe(e)))
+    expect(re.match(re.escape(path) + r"/\d{10}$", bare), "create(path/, sequence) gave %r", bare)
+    return "40 concurrent creates from 4 sessions: distinct, growing 10-digit numbers; path/ + number"
+
+
+def check_reconnect(env, args):
+    path = env.path
+    proxy = env.proxy()
+    a = env.proxied_client(proxy)
+    b = env.client()
+    a.add_auth("digest", "kazoo:secret")
+    node, eph = path + "/d", path + "/eph"
+    a.create(node, b"before", makepath=True)
+    a.create(eph, b"", ephemeral=True)
+    session = a.client_id
+    guard = threading.Lock()
+    datas = []
+    DataWatch(a, node)(lambda data, stat: datas.append(data))
+    states = []
+    connected = threading.Event()
+    suspended = threading.Event()
+
+    def listener(state):
+        with guard:
+            states.append(state)
+        if state == KazooState.SUSPENDED:
+            suspended.set()
+        elif state == KazooState.CONNECTED:
+            connected.set()
+
+    a.add_listener(listener)
+    for round_, block in enumerate((True, False)):
+        suspended.clear()
+        connected.clear()
+        proxy.cut(block=block)
+        wait_event(suspended, "the client to notice its connection cut (round %d)" % round_)
+        b.set(node, b"while away %d" % round_)
+        proxy.unblock()
+        wait_event(connected, "the client to reconnect (round %d)" % round_)
+        expect(a.client_id is not None and a.client_id[0] == session[0],
+               "the client came back with session %r, not %#x", a.client_id, session[0])
+        stat = b.exists(eph)
+        expect(stat is not None and stat.ephemeralOwner == session[0],
+               "the ephemeral node did not survive a reconnect: %s", stat)
+        wait_for(lambda: b"while away %d" % round_ in datas,
+                 "DataWatch to catch up on a change made while disconnected")
+    expect(KazooState.LOST not in states, "the session was lost: states %s", states)
+    a.set(node, b"after")
+    expect(b.get(node)[0] == b"after", "a write after reconnecting did not land")
+    return "connection cut twice: same session, ephemeral kept, auth resent, DataWatch caught up"
+
+
 def check_session_expiry(env, args):
+    path = env.path
+    proxy = env.proxy()
+    a = env.proxied_client(proxy, timeout=1.0)
+    observer = env.client()
+    node = path + "/eph"
+    a.create(node, b"", ephemeral=True, makepath=True)
+    session = a.client_id
+    states = []
+    changed = threading.Event()
+    lost = threading.Event()
+
+    def listener(state):
+        states.append(state)
+        changed.set()
+        if state == KazooState.LOST:
+            lost.set()
+
+    a.add_listener(listener)
+    # Idle past the session timeout (1 s asked; the server may grant up to
+    # its minimum): the client's pings keep the session.
+    idle = 2.5
+    expect(not changed.wait(idle), "an idle client's connection went %s within %.1f s: pings "
+           "do not keep it", states, idle)
+    expect(observer.exists(node) is not None, "an idle session's ephemeral node is gone")
+    gone = threading.Event()
+    observer.exists(node, watch=lambda e: gone.set())
+    t0 = time.monotonic()
+    proxy.cut(block=True)
+    wait_event(gone, "the server to expire the session of a client cut off")
+    after = time.monotonic() - t0
+    expect(observer.exists(node) is None, "the expired session's node is still there")
+    proxy.unblock()
+    wait_event(lost, "the cut-off client to find its session expired (LOST)")
+    wait_for(lambda: a.connected and a.client_id, "the client to open a new session")
+    expect(a.client_id[0] != session[0], "the client resumed an expired session")
+    return ("idle %.1f s on a 1 s timeout, kept by pings; cut off: expired after %.1f s, "
+            "node gone, client LOST, then a new session" % (idle, after))
+
+
+def check_session_close(env, args):
     """The way kazoo's own test harness expires a session: a second
     connection attaches to the session and closes it."""
     path = env.path
@@ -870,11 +1153,15 @@ CHECKS = [
     ("locking-queue", check_locking_queue),
     ("party", check_party),
     ("tree-cache", check_tree_cache),
+    ("basics", check_basics),
+    ("sequential", check_sequential),
     ("ephemeral", check_ephemeral),
     ("watches", check_watches),
     ("transaction", check_transaction),
     ("server-version", check_server_version),
+    ("reconnect", check_reconnect),
     ("session-expiry", check_session_expiry),
+    ("session-close", check_session_close),
 ]
 
 

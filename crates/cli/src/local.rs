@@ -40,6 +40,11 @@ pub struct LocalArgs {
     /// milliseconds).
     #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
     pub(crate) election_timeout: u64,
+    /// Also serve ZooKeeper clients: member ID listens on 127.0.0.1 at
+    /// PORT+ID-1 (2181 with a bare --zk: 2181, 2182, 2183), and the
+    /// connect string to give them is printed (docs/zookeeper.md).
+    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2181")]
+    pub(crate) zk: Option<u16>,
 }
 
 /// One member process of a local cluster.
@@ -71,6 +76,8 @@ pub struct LocalCluster {
     /// Whether each member reads a disk fault control file
     /// ([`LocalCluster::disk_fault`]).
     disk_faults: bool,
+    /// Member ID serves ZooKeeper clients at this port + ID - 1.
+    zk_base: Option<u16>,
 }
 
 /// How often `baton cluster local` looks for a change of leader.
@@ -91,6 +98,26 @@ impl LocalCluster {
     /// with `extra` arguments to `baton serve`.
     pub fn start(n: u64, dir: &Path, extra: &[String]) -> Result<LocalCluster, CliError> {
         Self::launch(n, dir, extra, false, None)
+    }
+
+    /// [`LocalCluster::start`], each member also serving ZooKeeper clients
+    /// on 127.0.0.1 at `zk_base` + its id - 1.
+    pub fn start_with_zk(
+        n: u64,
+        dir: &Path,
+        extra: &[String],
+        zk_base: u16,
+    ) -> Result<LocalCluster, CliError> {
+        Self::launch_full(
+            n,
+            dir,
+            extra,
+            false,
+            None,
+            false,
+            Some(zk_base),
+            |_, c, p| Ok((c.to_owned(), p.to_owned())),
+        )
     }
 
     /// Starts `n` members (or, with `single`, one single server, not a
@@ -121,6 +148,20 @@ impl LocalCluster {
         single: bool,
         exe: Option<PathBuf>,
         disk_faults: bool,
+        front: impl FnMut(u64, &str, &str) -> Result<(String, String), CliError>,
+    ) -> Result<LocalCluster, CliError> {
+        Self::launch_full(n, dir, extra, single, exe, disk_faults, None, front)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_full(
+        n: u64,
+        dir: &Path,
+        extra: &[String],
+        single: bool,
+        exe: Option<PathBuf>,
+        disk_faults: bool,
+        zk_base: Option<u16>,
         mut front: impl FnMut(u64, &str, &str) -> Result<(String, String), CliError>,
     ) -> Result<LocalCluster, CliError> {
         std::fs::create_dir_all(dir)
@@ -151,6 +192,7 @@ impl LocalCluster {
             fronts,
             peer_fronts,
             disk_faults,
+            zk_base,
         };
         for (id, (client, peer)) in listeners {
             cluster.spawn(id, client, peer, false)?;
@@ -180,6 +222,11 @@ impl LocalCluster {
             .open(&log_path)
             .map_err(|e| CliError::msg(format!("cannot open {}: {e}", log_path.display())))?;
         let data_dir = self.dir.join(format!("member-{id}"));
+        let mut extra = self.extra.clone();
+        if let Some(base) = self.zk_base {
+            extra.push("--zk-listen".into());
+            extra.push(format!("127.0.0.1:{}", u64::from(base) + id - 1));
+        }
         // How to start this member again once it is gone: its data
         // directory records the membership, and so the ports it listens on.
         let again = if self.peers.is_empty() {
@@ -188,14 +235,14 @@ impl LocalCluster {
                 exe.display(),
                 data_dir.display(),
                 local_addr(&client)?,
-                self.extra.join(" ")
+                extra.join(" ")
             )
         } else {
             format!(
                 "{} serve --node-id {id} --data-dir {} {}",
                 exe.display(),
                 data_dir.display(),
-                self.extra.join(" ")
+                extra.join(" ")
             )
         };
         use std::io::Write;
@@ -221,7 +268,7 @@ impl LocalCluster {
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["--listen-fd", &client_fd.to_string()])
-            .args(&self.extra);
+            .args(&extra);
         if self.disk_faults {
             command
                 .arg("--test-disk-faults")
@@ -443,12 +490,30 @@ pub async fn run(args: LocalArgs) -> CliResult {
         "--election-timeout".to_string(),
         args.election_timeout.to_string(),
     ];
-    let mut cluster = LocalCluster::start(args.members, &args.data_dir, &extra)?;
+    let mut cluster = match args.zk {
+        Some(base) => {
+            if u64::from(base) + args.members - 1 > u64::from(u16::MAX) {
+                return Err(CliError::msg(format!(
+                    "--zk {base}: {} members need ports {base} to {}, past 65535",
+                    args.members,
+                    u64::from(base) + args.members - 1
+                )));
+            }
+            LocalCluster::start_with_zk(args.members, &args.data_dir, &extra, base)?
+        }
+        None => LocalCluster::start(args.members, &args.data_dir, &extra)?,
+    };
     for m in cluster.members.values() {
         println!(
             "member {} client {} peer {} pid {}",
             m.id, m.client, m.peer, m.pid
         );
+    }
+    if let Some(base) = args.zk {
+        let hosts: Vec<String> = (0..args.members)
+            .map(|i| format!("127.0.0.1:{}", u64::from(base) + i))
+            .collect();
+        println!("ZooKeeper clients: connect string {}", hosts.join(","));
     }
     let clients = cluster.clients();
     println!(
