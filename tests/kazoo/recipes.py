@@ -379,7 +379,8 @@ def check_lock(env, args):
     threads = [env.spawn("contender %d" % i, lambda i=i: contend(i)) for i in range(n)]
     # All of them queue behind the first holder before anyone releases.
     queued = wait_for(
-        lambda: (lambda c: c if len(c) == n + 1 else None)(children(gate_client, path)),
+        lambda: env.errors or len(grants) > 1
+        or (lambda c: c if len(c) == n + 1 else None)(children(gate_client, path)),
         "all %d contenders to queue (lock nodes under %s)" % (n, path))
     env.raise_errors()
     expect(len(grants) == 1, "a contender got the lock while the first holder held it")
@@ -472,39 +473,47 @@ def check_semaphore(env, args):
     n, leases = 10, 3
     path = env.path
     clients = env.clients(n)
-    cond = threading.Condition()
-    state = {"active": 0, "max": 0, "done": 0}
+    guard = threading.Lock()
+    state = {"active": 0, "max": 0}
+    release = threading.Event()
 
     def contend(i):
         sem = Semaphore(clients[i], path, "s%d" % i, max_leases=leases)
         if not sem.acquire(timeout=2 * WAIT):
             raise CheckFailed("contender %d never got a lease" % i)
         try:
-            with cond:
+            with guard:
                 state["active"] += 1
                 state["max"] = max(state["max"], state["active"])
-                cond.notify_all()
-                # Hold until the leases are all taken (or no one else is
-                # left to take them), so that sharing shows.
-                full = cond.wait_for(
-                    lambda: state["active"] >= leases
-                    or state["active"] + state["done"] >= n, timeout=WAIT)
-                expect(full, "contender %d: the other leases were never taken (%d of %d held)",
-                       i, state["active"], leases)
             holders = sem.lease_holders()
             expect(len(holders) <= leases, "lease holders %s exceed %d", holders, leases)
+            # The first holders keep their leases until the test has seen
+            # everyone else wait; later ones give them back at once.
+            wait_event(release, "the test to let contender %d release" % i)
         finally:
-            with cond:
+            with guard:
                 state["active"] -= 1
-                state["done"] += 1
-                cond.notify_all()
             sem.release()
 
-    env.run_all([lambda i=i: contend(i) for i in range(n)], "the semaphore's contenders")
-    expect(state["max"] <= leases, "%d held a lease at once (max_leases=%d)", state["max"], leases)
-    expect(state["max"] == leases, "at most %d held a lease at once: leases not shared",
-           state["max"])
-    return "%d contenders, max_leases=%d: at most %d at once" % (n, leases, state["max"])
+    threads = [env.spawn("contender %d" % i, lambda i=i: contend(i)) for i in range(n)]
+    # Every contender either holds a lease or waits in the semaphore's
+    # queue (its lock, path-__lock__), behind the holders.
+    waiting = lambda: len(children(clients[0], path + "-__lock__"))  # noqa: E731
+    wait_for(lambda: env.errors or state["max"] > leases
+             or (state["active"] == leases and waiting() == n - leases),
+             "%d contenders to hold a lease and the other %d to wait for one" % (
+                 leases, n - leases))
+    env.raise_errors()
+    expect(state["max"] <= leases, "%d held a lease at once (max_leases=%d)", state["max"],
+           leases)
+    expect(state["active"] == leases, "%d held a lease with %d waiting (max_leases=%d)",
+           state["active"], waiting(), leases)
+    release.set()
+    env.join(threads, "the contenders to take and return the leases in turn")
+    expect(state["max"] <= leases, "%d held a lease at once (max_leases=%d)", state["max"],
+           leases)
+    return "%d contenders, max_leases=%d: %d held while %d waited, never more" % (
+        n, leases, leases, n - leases)
 
 
 def check_election(env, args):
