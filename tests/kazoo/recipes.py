@@ -496,9 +496,11 @@ def check_semaphore(env, args):
             sem.release()
 
     threads = [env.spawn("contender %d" % i, lambda i=i: contend(i)) for i in range(n)]
-    # Every contender either holds a lease or waits in the semaphore's
-    # queue (its lock, path-__lock__), behind the holders.
-    waiting = lambda: len(children(clients[0], path + "-__lock__"))  # noqa: E731
+
+    # The others wait in the semaphore's queue (its lock, path-__lock__).
+    def waiting():
+        return len(children(clients[0], path + "-__lock__"))
+
     wait_for(lambda: env.errors or state["max"] > leases
              or (state["active"] == leases and waiting() == n - leases),
              "%d contenders to hold a lease and the other %d to wait for one" % (
@@ -625,7 +627,8 @@ def check_barrier(env, args):
     expect(not problems, "; ".join(problems))
     left = owner.get_children(dpath)
     expect(left == [], "nodes left in the double barrier: %s", left)
-    return "Barrier holds %d waiters until removed; DoubleBarrier of %d enters and leaves together" % (n, n)
+    return ("Barrier holds %d waiters until removed; DoubleBarrier of %d enters and leaves "
+            "together" % (n, n))
 
 
 def check_counter(env, args):
@@ -1010,7 +1013,8 @@ def check_sequential(env, args):
             made[i].append(clients[i].create(path + "/job-", b"", sequence=True,
                                              ephemeral=bool(i % 2)))
 
-    env.run_all([lambda i=i: create(i) for i in range(len(clients))], "concurrent sequential creates")
+    env.run_all([lambda i=i: create(i) for i in range(len(clients))],
+                "concurrent sequential creates")
     names = [n for m in made for n in m]
     expect(len(set(names)) == len(names) == 40, "%d distinct names for 40 creates",
            len(set(names)))
@@ -1028,7 +1032,8 @@ def check_sequential(env, args):
         raise CheckFailed("create(%r, sequence=True) refused with %s; ZooKeeper takes it "
                           "(the node is named by its sequence number)" % (path + "/", describe(e)))
     expect(re.match(re.escape(path) + r"/\d{10}$", bare), "create(path/, sequence) gave %r", bare)
-    return "40 concurrent creates from 4 sessions: distinct, growing 10-digit numbers; path/ + number"
+    return ("40 concurrent creates from 4 sessions: distinct, growing 10-digit numbers; "
+            "path/ + number")
 
 
 def check_reconnect(env, args):

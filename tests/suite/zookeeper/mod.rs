@@ -8,6 +8,7 @@ mod interplay;
 mod operations;
 mod sessions;
 mod watches;
+mod zkcli;
 
 use std::net::SocketAddr;
 use std::time::Duration;
