@@ -232,8 +232,9 @@ class Proxy:
     cut, and new ones refused, at will: a network fault for one client."""
 
     def __init__(self, hosts):
+        servers, slash, chroot = hosts.partition("/")
         self.upstreams = []
-        for hp in hosts.split("/", 1)[0].split(","):
+        for hp in servers.split(","):
             host, _, port = hp.strip().rpartition(":")
             self.upstreams.append((host.strip("[]") or "127.0.0.1", int(port or 2181)))
         self._next = 0
@@ -243,7 +244,7 @@ class Proxy:
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(16)
-        self.hosts = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self.hosts = "127.0.0.1:%d%s%s" % (self._listener.getsockname()[1], slash, chroot)
         threading.Thread(target=self._accept, name="proxy", daemon=True).start()
 
     def _accept(self):
@@ -303,6 +304,10 @@ class Proxy:
 
     def close(self):
         self.cut(block=True)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
         self._listener.close()
 
 
@@ -585,8 +590,10 @@ def check_barrier(env, args):
 
     threads = [env.spawn("waiter %d" % i, lambda i=i: waiter(i)) for i in range(n)]
     # Each waiter has its exists watch on the barrier node set (kazoo keeps
-    # a registered exists watch in _data_watchers once the reply arrives).
-    wait_for(lambda: env.errors or all(c._data_watchers.get(path) for c in clients),
+    # a registered exists watch in _data_watchers, by full path, once the
+    # reply arrives).
+    wait_for(lambda: env.errors or all(c._data_watchers.get((c.chroot or "") + path)
+                                       for c in clients),
              "the waiters to watch the barrier")
     env.raise_errors()
     expect(all(r is None for r in results), "a waiter passed the barrier while it stood")
@@ -1240,15 +1247,20 @@ def main():
     watchdog.daemon = True
     watchdog.start()
 
+    # The checks' root, below the connect string's chroot if it has one
+    # (which the admin client, without it, makes first).
+    servers, _, chroot = args.hosts.partition("/")
     root = "/kazoo-" + uuid.uuid4().hex[:12]
-    admin = KazooClient(hosts=args.hosts, timeout=10.0)
+    full_root = ("/" + chroot.strip("/") if chroot.strip("/") else "") + root
+    admin = KazooClient(hosts=servers, timeout=10.0)
     try:
         admin.start(timeout=15)
+        admin.create(full_root, b"kazoo recipes test", makepath=True)
     except Exception as e:  # noqa: BLE001
-        print("FAIL connect: cannot open a session with %s: %s" % (args.hosts, describe(e)),
+        print("FAIL setup: cannot create %s on %s: %s" % (full_root, servers, describe(e)),
               flush=True)
+        quietly_close(admin)
         return 1
-    admin.create(root, b"kazoo recipes test")
     print("root %s on %s" % (root, args.hosts), flush=True)
 
     counts = {"ok": 0, "FAIL": 0, "skip": 0}
@@ -1262,9 +1274,9 @@ def main():
             print("%s %s: %s (%.1f s)" % (status, name, text, time.monotonic() - t0), flush=True)
     finally:
         try:
-            admin.delete(root, recursive=True)
+            admin.delete(full_root, recursive=True)
         except Exception as e:  # noqa: BLE001
-            print("warning: could not remove %s: %s" % (root, describe(e)), flush=True)
+            print("warning: could not remove %s: %s" % (full_root, describe(e)), flush=True)
         quietly_close(admin)
     watchdog.cancel()
     print("%d ok, %d failed, %d skipped in %.1f s" % (

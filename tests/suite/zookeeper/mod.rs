@@ -6,6 +6,7 @@
 mod bad_input;
 mod interplay;
 mod operations;
+mod secure;
 mod sessions;
 mod watches;
 mod zkcli;
