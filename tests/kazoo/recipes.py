@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kazoo's own recipes, run against a server that speaks ZooKeeper's protocol.
 
-    python recipes.py HOSTS [--contenders N] [--check NAME]... [--verbose]
+    python recipes.py HOSTS [--contenders N] [--check NAME]... [--skip NAME]... [--verbose]
 
 HOSTS is a ZooKeeper connect string (127.0.0.1:2181, or several separated by
 commas). Every check prints one line, `ok NAME: what was seen`, or `FAIL NAME:
@@ -368,6 +368,11 @@ def check_lock(env, args):
     gate_client = env.client()
     gate = Lock(gate_client, path, "gate")
     expect(gate.acquire(timeout=WAIT), "the first holder did not get the free lock")
+    # kazoo finds the contenders by a suffix of exactly 10 digits
+    # (ZooKeeper's %010d); a node it cannot parse is no contender at all.
+    expect(gate._contenders_re.search(gate.node) is not None,
+           "lock node %s: kazoo's Lock does not see it as a contender (it takes a sequence "
+           "suffix of exactly 10 digits), so no contender would wait for another", gate.node)
     hold(gate_client, gate, "the first holder")
 
     clients = env.clients(n)
@@ -1025,12 +1030,25 @@ def check_sequential(env, args):
     names = [n for m in made for n in m]
     expect(len(set(names)) == len(names) == 40, "%d distinct names for 40 creates",
            len(set(names)))
+    # ZooKeeper's suffix is %010d of its counter, and clients rely on it:
+    # kazoo's Lock (and all built on it) takes exactly 10 digits.
+    for name in names:
+        expect(re.match(re.escape(path) + r"/job-\d{10}$", name),
+               "%s: the sequence suffix is not 10 digits (kazoo's Lock, Semaphore and Election "
+               "then see no contenders)", name)
     for m in made:
         seqs = [sequence_of(n) for n in m]
         expect(seqs == sorted(seqs) and len(set(seqs)) == len(seqs),
                "one client's sequence numbers do not grow: %s", seqs)
     expect(sorted(a.get_children(path)) == sorted(n.rsplit("/", 1)[1] for n in names),
            "the children are not the names the creates returned")
+    return "40 concurrent creates from 4 sessions: distinct, growing, 10-digit numbers"
+
+
+def check_sequential_slash(env, args):
+    path = env.path
+    a = env.client()
+    a.ensure_path(path)
     # ZooKeeper checks a sequential create's path with its sequence number
     # appended, so a path ending in / names the node by the number alone.
     try:
@@ -1039,8 +1057,9 @@ def check_sequential(env, args):
         raise CheckFailed("create(%r, sequence=True) refused with %s; ZooKeeper takes it "
                           "(the node is named by its sequence number)" % (path + "/", describe(e)))
     expect(re.match(re.escape(path) + r"/\d{10}$", bare), "create(path/, sequence) gave %r", bare)
-    return ("40 concurrent creates from 4 sessions: distinct, growing 10-digit numbers; "
-            "path/ + number")
+    expect(a.get_children(path) == [bare.rsplit("/", 1)[1]], "children %s after creating %s",
+           a.get_children(path), bare)
+    return "create(%s/, sequence=True) names the node by its number alone" % path.rsplit("/")[-1]
 
 
 def check_reconnect(env, args):
@@ -1176,6 +1195,7 @@ CHECKS = [
     ("tree-cache", check_tree_cache),
     ("basics", check_basics),
     ("sequential", check_sequential),
+    ("sequential-slash", check_sequential_slash),
     ("ephemeral", check_ephemeral),
     ("watches", check_watches),
     ("transaction", check_transaction),
@@ -1222,7 +1242,10 @@ def main():
     parser.add_argument("--contenders", type=int, default=60,
                         help="lock contenders, each its own session (default 60, at least 2)")
     parser.add_argument("--check", action="append", choices=[n for n, _ in CHECKS],
-                        help="run only this check (may be repeated)")
+                        metavar="NAME", help="run only this check (may be repeated; names: %s)"
+                        % ", ".join(n for n, _ in CHECKS))
+    parser.add_argument("--skip", action="append", choices=[n for n, _ in CHECKS], default=[],
+                        metavar="NAME", help="leave this check out (may be repeated)")
     parser.add_argument("--check-timeout", type=float, default=60.0,
                         help="seconds a check may take (default 60)")
     parser.add_argument("--timeout", type=float, default=110.0,
@@ -1257,8 +1280,8 @@ def main():
         admin.start(timeout=15)
         admin.create(full_root, b"kazoo recipes test", makepath=True)
     except Exception as e:  # noqa: BLE001
-        print("FAIL setup: cannot create %s on %s: %s" % (full_root, servers, describe(e)),
-              flush=True)
+        print("FAIL setup: cannot open a session and create %s on %s: %s"
+              % (full_root, servers, describe(e)), flush=True)
         quietly_close(admin)
         return 1
     print("root %s on %s" % (root, args.hosts), flush=True)
@@ -1266,7 +1289,7 @@ def main():
     counts = {"ok": 0, "FAIL": 0, "skip": 0}
     try:
         for name, fn in CHECKS:
-            if args.check and name not in args.check:
+            if (args.check and name not in args.check) or name in args.skip:
                 continue
             t0 = time.monotonic()
             status, text = run_check(name, fn, args.hosts, root, args)

@@ -150,6 +150,13 @@ fn restore(args: RestoreArgs) -> CliResult {
         RestoreError::Skip(why) => CliError::msg(format!("{why}; nothing was restored")),
     })?;
     let sm = &restored.state;
+    // ZooKeeper's clients read a sequential node's number in 10 digits.
+    if sm.revision() > 9_999_999_999 - (1 << 20) {
+        eprintln!(
+            "note: the restored state starts at revision {}: its sequence numbers need more than 10 digits, so sequential creates through a ZooKeeper port (--zk-listen) will be refused (docs/zookeeper.md); if ZooKeeper clients use this server, restore with a smaller --bump-revision",
+            sm.revision()
+        );
+    }
     let dir = &args.data_dir;
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {

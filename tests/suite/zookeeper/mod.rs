@@ -6,6 +6,7 @@
 mod bad_input;
 mod interplay;
 mod operations;
+mod python;
 mod secure;
 mod sessions;
 mod watches;
@@ -51,4 +52,80 @@ pub(crate) async fn zk_client(addrs: &str, timeout: Duration) -> zk::Client {
 /// Everyone may do everything (`world:anyone`, all permissions).
 pub(crate) fn open(mode: zk::CreateMode) -> zk::CreateOptions<'static> {
     mode.with_acls(zk::Acls::anyone_all())
+}
+
+/// A 3-member cluster in this process, each member with a ZooKeeper
+/// listener; stopped (and its directories removed) on drop.
+pub(crate) struct ZkCluster {
+    /// Each member's ZooKeeper address, in member order.
+    pub(crate) zk: Vec<SocketAddr>,
+    stops: Vec<Option<tokio::sync::oneshot::Sender<()>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _dir: baton_testkit::TempDir,
+}
+
+impl ZkCluster {
+    pub(crate) async fn start(n: u64) -> ZkCluster {
+        use baton::cluster::{ClusterMember, Member, MemberConfig};
+        let dir = baton_testkit::scratch("zk-cluster");
+        let mut listeners = Vec::new();
+        let mut initial = std::collections::BTreeMap::new();
+        for id in 1..=n {
+            let clients = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let peers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            initial.insert(
+                id,
+                Member {
+                    peer: peers.local_addr().unwrap().to_string(),
+                    client: clients.local_addr().unwrap().to_string(),
+                },
+            );
+            listeners.push((id, clients, peers));
+        }
+        let (mut zk, mut stops, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, clients, peers) in listeners {
+            let mut config = MemberConfig::new(id, dir.path().join(format!("m{id}")));
+            config.initial = Some(initial.clone());
+            config.server.min_session_timeout = Duration::from_millis(500);
+            config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
+            config.server.zk_words = vec!["*".into()];
+            let member = ClusterMember::start(config, clients, peers).await.unwrap();
+            zk.push(member.zk_addr().expect("a ZooKeeper listener"));
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            stops.push(Some(stop));
+            tasks.push(tokio::spawn(async move {
+                let _ = member
+                    .run(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            }));
+        }
+        ZkCluster {
+            zk,
+            stops,
+            tasks,
+            _dir: dir,
+        }
+    }
+
+    /// The connect string naming every member.
+    pub(crate) fn hosts(&self) -> String {
+        self.zk
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub(crate) async fn stop(mut self) {
+        for stop in &mut self.stops {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+        }
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
 }

@@ -92,3 +92,40 @@ async fn a_session_resumes_with_its_id_and_password_and_a_closed_one_is_expired(
     );
     server.stop().await;
 }
+
+/// A sequential create named by its parent and a slash (`/jobs/`), as
+/// ZooKeeper allows: the node is named by its number alone, and it is
+/// recovered from the log like any other.
+#[tokio::test]
+async fn a_sequential_node_named_by_its_number_alone_survives_a_restart() {
+    let dir = baton_testkit::scratch("zk-seq-slash");
+    let config = || baton_server::Config {
+        data_dir: Some(dir.path().to_owned()),
+        ..baton_testkit::fast_config()
+    };
+    let server = super::zk_server_with(config()).await;
+    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
+    c.create("/jobs", b"", &open(zk::CreateMode::Persistent))
+        .await
+        .unwrap();
+    let (_, seq) = c
+        .create(
+            "/jobs/",
+            b"job",
+            &open(zk::CreateMode::PersistentSequential),
+        )
+        .await
+        .unwrap();
+    let name = format!("{seq}");
+    assert_eq!(c.list_children("/jobs").await.unwrap(), vec![name.clone()]);
+    drop(c);
+    server.stop().await;
+
+    let server = super::zk_server_with(config()).await;
+    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
+    assert_eq!(
+        c.get_data(&format!("/jobs/{name}")).await.unwrap().0,
+        b"job"
+    );
+    server.stop().await;
+}

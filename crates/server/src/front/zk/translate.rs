@@ -9,6 +9,7 @@ use baton_zk::jute::{put_buffer, put_int, put_str, put_strings};
 use baton_zk::request::{Create, MultiOp};
 use baton_zk::{Acl, Request as Zk};
 use bytes::{Bytes, BytesMut};
+use tracing::warn;
 
 use super::answer::{failed_multi, multi_end, multi_error, multi_header, stat_of, Answer};
 use crate::auth::{Identity, Rights};
@@ -86,7 +87,7 @@ fn plan_inner(
     };
     match request {
         Zk::Create(c) => {
-            let (path, data, mode) = create(c)?;
+            let (path, data, mode) = create(c, core.revision(), false)?;
             native(Request::Create {
                 path,
                 data,
@@ -117,6 +118,25 @@ fn plan_inner(
             version: version(v),
             fence: None,
         }),
+        // Without a watch (the lock recipes' listing), the names are
+        // written straight from the state: no copy of each name on the way.
+        Zk::GetChildren {
+            path,
+            watch: false,
+            stat,
+        } => {
+            let path = checked(path)?;
+            may(Rights::READ, &path)?;
+            let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+            let names = node.child_names();
+            let mut b =
+                BytesMut::with_capacity(8 + names.iter().map(|n| 4 + n.len()).sum::<usize>());
+            put_strings(&mut b, names.iter());
+            if stat {
+                stat_of(&node.stat()).encode(&mut b);
+            }
+            Ok(Plan::Local(Ok(b.freeze())))
+        }
         Zk::GetChildren { path, watch, .. } => native(Request::GetChildren {
             path: checked(path)?,
             watch,
@@ -124,7 +144,7 @@ fn plan_inner(
         Zk::Sync { path } => Ok(Plan::Native(Request::Ping, Answer::Sync(checked(path)?))),
         Zk::Ping => native(Request::Ping),
         Zk::CloseSession => native(Request::CloseSession),
-        Zk::Multi { ops, read: false } => multi(ops),
+        Zk::Multi { ops, read: false } => multi(ops, core.revision()),
         Zk::Multi { ops, read: true } => Ok(Plan::Local(Ok(multi_read(core, &may, ops)))),
         Zk::GetAcl { path } => {
             let path = checked(path)?;
@@ -256,7 +276,22 @@ fn open_acl(acl: &[Acl]) -> Result<(), i32> {
 }
 
 /// A create's path, data and mode.
-fn create(c: Create) -> Result<(String, Bytes, CreateMode), i32> {
+/// The last sequence number that fits ZooKeeper's 10-digit suffix.
+const LAST_TEN_DIGIT_SEQUENCE: u64 = 9_999_999_999;
+
+/// How far below it sequential creates through this protocol stop: changes
+/// proposed and not yet applied take revisions before this one's turn.
+const SEQUENCE_MARGIN: u64 = 1 << 20;
+
+/// A create's path, data and mode. `revision` is the state's: a sequence
+/// number is the creation's revision, and ZooKeeper's clients need it in 10
+/// digits (kazoo's recipes find their nodes by exactly 10), so past that a
+/// sequential create is refused rather than given a name they misread. A
+/// sequential create may name its parent with a trailing slash
+/// (`/jobs/`: the node is named by its number alone), as ZooKeeper allows,
+/// except in a multi, whose operations are logged with paths that must
+/// follow the path rules.
+fn create(c: Create, revision: u64, in_multi: bool) -> Result<(String, Bytes, CreateMode), i32> {
     if c.op == op::CREATE_TTL {
         return Err(err::UNIMPLEMENTED);
     }
@@ -271,12 +306,29 @@ fn create(c: Create) -> Result<(String, Bytes, CreateMode), i32> {
         }
         _ => return Err(err::BAD_ARGUMENTS),
     };
-    Ok((checked(c.path)?, c.data, mode))
+    let sequential = matches!(
+        mode,
+        CreateMode::PersistentSequential | CreateMode::EphemeralSequential
+    );
+    if sequential && revision.saturating_add(SEQUENCE_MARGIN) > LAST_TEN_DIGIT_SEQUENCE {
+        warn!(
+            revision,
+            "refused a sequential create through the ZooKeeper port: its number would pass 10 digits, which ZooKeeper's clients cannot read (docs/zookeeper.md)"
+        );
+        return Err(err::SYSTEM_ERROR);
+    }
+    let path = if sequential && !in_multi && c.path.len() > 1 && c.path.ends_with('/') {
+        checked(format!("{}0", c.path))?;
+        c.path
+    } else {
+        checked(c.path)?
+    };
+    Ok((path, c.data, mode))
 }
 
 /// A multi: one native transaction, or (an operation refused on its form)
 /// the answer that it failed there.
-fn multi(ops: Vec<MultiOp>) -> Result<Plan, i32> {
+fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
     let count = ops.len();
     let mut codes = Vec::with_capacity(count);
     let mut txn = Vec::with_capacity(count);
@@ -284,7 +336,7 @@ fn multi(ops: Vec<MultiOp>) -> Result<Plan, i32> {
         let (code, converted) = match o {
             MultiOp::Create(c) => (
                 c.op,
-                create(c).map(|(path, data, mode)| TxnOp::Create {
+                create(c, revision, true).map(|(path, data, mode)| TxnOp::Create {
                     path,
                     data,
                     mode,
@@ -432,4 +484,59 @@ pub(super) fn who_am_i(ids: &[(String, String)]) -> Bytes {
         put_str(&mut b, user);
     }
     b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sequential(path: &str) -> Create {
+        Create {
+            path: path.into(),
+            data: Bytes::new(),
+            acl: vec![Acl::open()],
+            flags: mode::EPHEMERAL_SEQUENTIAL,
+            ttl: None,
+            op: op::CREATE2,
+        }
+    }
+
+    /// kazoo finds its lock nodes by a suffix of exactly 10 digits: a
+    /// sequential create whose number could need 11 is refused, never
+    /// answered with a name the client misreads (its lock would then let
+    /// everyone in).
+    #[test]
+    fn sequential_creates_stop_before_the_suffix_needs_11_digits() {
+        let last_safe = LAST_TEN_DIGIT_SEQUENCE - SEQUENCE_MARGIN;
+        assert!(create(sequential("/l/n-"), last_safe, false).is_ok());
+        assert_eq!(
+            create(sequential("/l/n-"), last_safe + 1, false).err(),
+            Some(err::SYSTEM_ERROR)
+        );
+        assert_eq!(
+            create(sequential("/l/n-"), u64::MAX, true).err(),
+            Some(err::SYSTEM_ERROR)
+        );
+        // Plain creates are not numbered: no limit.
+        let plain = Create {
+            flags: mode::PERSISTENT,
+            ..sequential("/l/x")
+        };
+        assert!(create(plain, u64::MAX, false).is_ok());
+    }
+
+    #[test]
+    fn a_sequential_create_may_name_its_parent_with_a_slash_outside_a_multi() {
+        let (path, _, _) = create(sequential("/jobs/"), 5, false).unwrap();
+        assert_eq!(path, "/jobs/");
+        assert_eq!(
+            create(sequential("/jobs/"), 5, true).err(),
+            Some(err::BAD_ARGUMENTS)
+        );
+        let plain = Create {
+            flags: mode::PERSISTENT,
+            ..sequential("/jobs/")
+        };
+        assert_eq!(create(plain, 5, false).err(), Some(err::BAD_ARGUMENTS));
+    }
 }
