@@ -610,10 +610,20 @@ async fn a_zookeeper_session_and_its_watches_survive_the_loss_of_the_leader() {
     let _ = gone.stop.map(|s| s.send(()));
     let _ = gone.task.await;
 
-    tokio::time::timeout(limit, other.set_data("/z", b"1", None))
-        .await
-        .expect("the cluster answers after the leader went")
-        .unwrap();
+    // A request on its way when the leader went fails with a connection
+    // loss, as on ZooKeeper; the application sends it again.
+    tokio::time::timeout(limit, async {
+        for _ in 0..100 {
+            match other.set_data("/z", b"1", None).await {
+                Err(zk::Error::ConnectionLoss) => continue,
+                result => return result.map(drop),
+            }
+        }
+        panic!("a hundred connection losses in a row");
+    })
+    .await
+    .expect("the cluster answers after the leader went")
+    .unwrap();
     let e = tokio::time::timeout(limit, data.changed())
         .await
         .expect("the data watch");

@@ -298,4 +298,31 @@ impl Conn {
         let received = received(&mut self.gate, &mut spare);
         self.socket.read_some(received)
     }
+
+    /// Whether the next buffered request may be handled now: always on a
+    /// single server; on a cluster member, as its [`ReadGate`] admits it.
+    /// A request's header is `header` bytes after its 4-byte length, and
+    /// `is_change` reads from it whether the request changes the state.
+    pub(crate) fn gate_open(
+        &mut self,
+        outbox: &Outbox,
+        header: usize,
+        is_change: impl FnOnce(&[u8]) -> bool,
+    ) -> bool {
+        let Some(gate) = &mut self.gate else {
+            return true;
+        };
+        let buffered = self.socket.rbuf.bytes();
+        if buffered.len() < 4 + header {
+            return true; // no whole header yet: next_frame says what to do
+        }
+        let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
+        let start = gate.received - buffered.len() as u64;
+        gate.admits(
+            start + 4 + len,
+            is_change(&buffered[4..4 + header]),
+            outbox,
+            &self.shared,
+        )
+    }
 }

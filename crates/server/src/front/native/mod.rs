@@ -71,7 +71,8 @@ impl Dialect for Native {
     ) -> bool {
         let this = conn;
         while !this.backlogged(outbox) {
-            if !gate_open(this, outbox) {
+            // The header: xid (4 bytes), then the op code.
+            if !this.gate_open(outbox, 5, |h| is_change(h[4])) {
                 return false;
             }
             let frame = match this.socket.next_frame(this.max_frame()) {
@@ -138,26 +139,6 @@ impl Dialect for Native {
         }
         false
     }
-}
-
-/// Whether the next buffered request may be handled now: always on a
-/// single server; on a cluster member, as its [`ReadGate`] admits it.
-fn gate_open(this: &mut Conn, outbox: &Outbox) -> bool {
-    let Some(gate) = &mut this.gate else {
-        return true;
-    };
-    let buffered = this.socket.rbuf.bytes();
-    if buffered.len() < 9 {
-        return true; // no whole header yet: next_frame says what to do
-    }
-    let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
-    let start = gate.received - buffered.len() as u64;
-    gate.admits(
-        start + 4 + len,
-        is_change(buffered[8]),
-        outbox,
-        &this.shared,
-    )
 }
 
 #[cfg(test)]

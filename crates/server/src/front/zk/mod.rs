@@ -293,7 +293,10 @@ impl Dialect for Zk {
         outbox: &Arc<Outbox>,
     ) -> bool {
         while !conn.backlogged(outbox) {
-            if !gate_open(conn, outbox) {
+            // The header: xid, then the op code (4 bytes each).
+            if !conn.gate_open(outbox, 8, |h| {
+                translate::is_change(i32::from_be_bytes(h[4..8].try_into().expect("4 bytes")))
+            }) {
                 return false;
             }
             let frame = match conn.socket.next_frame(conn.max_frame()) {
@@ -343,27 +346,6 @@ impl Dialect for Zk {
         }
         false
     }
-}
-
-/// Whether the next buffered request may be handled now (see
-/// [`super::gate::ReadGate`]).
-fn gate_open(conn: &mut Conn, outbox: &Outbox) -> bool {
-    let Some(gate) = &mut conn.gate else {
-        return true;
-    };
-    let buffered = conn.socket.rbuf.bytes();
-    if buffered.len() < 12 {
-        return true; // no whole header yet: next_frame says what to do
-    }
-    let len = u32::from_be_bytes(buffered[..4].try_into().expect("4 bytes")) as u64;
-    let code = i32::from_be_bytes(buffered[8..12].try_into().expect("4 bytes"));
-    let start = gate.received - buffered.len() as u64;
-    gate.admits(
-        start + 4 + len,
-        translate::is_change(code),
-        outbox,
-        &conn.shared,
-    )
 }
 
 impl Zk {
