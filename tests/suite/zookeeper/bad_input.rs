@@ -97,6 +97,16 @@ async fn bad_requests_get_zookeepers_errors_and_the_connection_goes_on() {
     assert_eq!(h.err, err::RECONFIG_DISABLED);
     let (h, _) = call(&mut s, 5, &op::SASL.to_be_bytes()).await;
     assert_eq!(h.err, err::AUTH_FAILED);
+    // addWatch's reply carries an error response of 0, as ZooKeeper's
+    // (Java's client reads it, and reconnects if it is missing).
+    let mut buf = BytesMut::new();
+    Request::AddWatch {
+        path: "/".into(),
+        mode: 1,
+    }
+    .encode(7, &mut buf);
+    let (h, body) = call(&mut s, 7, &buf[8..]).await;
+    assert_eq!((h.xid, h.err, &body[..]), (7, err::OK, &[0u8, 0, 0, 0][..]));
     // The connection still serves.
     let mut buf = BytesMut::new();
     Request::Exists {

@@ -4,6 +4,7 @@
 //! for bad input in `bad_input.rs`.
 
 mod bad_input;
+mod curator;
 mod interplay;
 mod operations;
 mod python;

@@ -155,6 +155,12 @@ fn write_reply(
                 stat_of(stat).encode(b);
             }
         }
+        // As ZooKeeper answers it: an error response of 0 (Java's client
+        // reads that body).
+        Reply::AddWatch => {
+            header(b, err::OK);
+            put_int(b, err::OK);
+        }
         _ => header(b, err::OK),
     });
 }
