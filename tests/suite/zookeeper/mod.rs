@@ -110,6 +110,35 @@ impl ZkCluster {
         }
     }
 
+    /// Stops the member that leads now (it says `Mode: leader` to `srvr`),
+    /// asking until one does; returns its index.
+    pub(crate) async fn stop_leader(&mut self) -> usize {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            for (i, addr) in self.zk.iter().enumerate() {
+                if self.stops[i].is_none() {
+                    continue;
+                }
+                let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                    continue;
+                };
+                let mut answer = String::new();
+                if s.write_all(b"srvr").await.is_ok()
+                    && s.read_to_string(&mut answer).await.is_ok()
+                    && answer.contains("Mode: leader")
+                {
+                    let _ = self.stops[i].take().expect("running").send(());
+                    let task = std::mem::replace(&mut self.tasks[i], tokio::spawn(async {}));
+                    let _ = task.await;
+                    return i;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no member leads");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The connect string naming every member.
     pub(crate) fn hosts(&self) -> String {
         self.zk
