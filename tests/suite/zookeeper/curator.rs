@@ -13,39 +13,26 @@ use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use super::{zk_addr, zk_server, ZkCluster};
+use super::{external, run_external, zk_addr, zk_server, ZkCluster};
 
 async fn run_recipes(classpath: &str, hosts: &str) {
     let source = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/curator/CuratorRecipes.java"
     );
-    let run = Command::new("java")
-        .args(["-cp", classpath, source, hosts])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .expect("Curator's recipes finished within 300 s")
-        .expect("java starts");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "Curator's recipes failed against {hosts}:\n{text}"
-    );
-    eprintln!("{text}");
+    run_external(
+        "java",
+        &["-cp", classpath, source, hosts],
+        &format!("Curator's recipes against {hosts}"),
+    )
+    .await;
 }
 
 fn curator_classpath() -> Option<String> {
-    let classpath = std::env::var("BATON_TEST_CURATOR_CLASSPATH").ok();
-    if classpath.is_none() {
-        eprintln!("BATON_TEST_CURATOR_CLASSPATH is not set (Curator's and ZooKeeper's jars): skipping Curator's recipes; .ci/run sets it up");
-    }
-    classpath
+    external(
+        "BATON_TEST_CURATOR_CLASSPATH",
+        "Curator's recipes (Curator's and ZooKeeper's jars)",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,36 @@ pub(crate) async fn zk_client(addrs: &str, timeout: Duration) -> zk::Client {
     .expect("a ZooKeeper session")
 }
 
+/// Runs `program` with `args` (another ZooKeeper client's recipes: kazoo's,
+/// Curator's) for at most 300 s; panics with its output, naming `what`, if
+/// it fails. An environment variable `var` names the program (or what it
+/// needs); without it the test skips and says so (None).
+pub(crate) fn external(var: &str, what: &str) -> Option<String> {
+    let value = std::env::var(var).ok();
+    if value.is_none() {
+        eprintln!("{var} is not set: skipping {what}; .ci/run sets it up");
+    }
+    value
+}
+
+pub(crate) async fn run_external(program: &str, args: &[&str], what: &str) {
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within 300 s"))
+        .unwrap_or_else(|e| panic!("{what}: {program} does not start: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    eprintln!("{text}");
+}
+
 /// Everyone may do everything (`world:anyone`, all permissions).
 pub(crate) fn open(mode: zk::CreateMode) -> zk::CreateOptions<'static> {
     mode.with_acls(zk::Acls::anyone_all())

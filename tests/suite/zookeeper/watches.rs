@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 use super::{open, zk_addr, zk_client, zk_server};
 
 #[tokio::test]
-async fn one_shot_watches_fire_once_with_the_change() {
+async fn one_shot_watches_fire_with_the_change() {
     let server = zk_server().await;
     let addr = zk_addr(&server).to_string();
     let c = zk_client(&addr, Duration::from_secs(10)).await;

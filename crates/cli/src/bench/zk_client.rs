@@ -32,18 +32,24 @@ pub struct Event {
 }
 
 /// One ZooKeeper session on one connection.
+///
+/// Requests are encoded whole and handed to a writer task, so that a call
+/// dropped while it waits (a run stopping) never leaves half a frame on the
+/// connection that later calls go on using.
 pub struct ZkClient {
-    writer: tokio::sync::Mutex<Writer>,
+    outgoing: Mutex<Outgoing>,
     pending: Pending,
     events: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
     reader: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
     pinger: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-struct Writer {
-    half: OwnedWriteHalf,
+/// The next xid, and where whole frames go to be written (in xid order:
+/// both are taken under one lock with the pending list).
+struct Outgoing {
     next_xid: i32,
-    buf: BytesMut,
+    frames: mpsc::UnboundedSender<Bytes>,
 }
 
 fn io(what: &str, e: impl std::fmt::Display) -> CliError {
@@ -88,15 +94,18 @@ impl ZkClient {
         let pending: Pending = Arc::default();
         let (events_tx, events) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read_loop(read, pending.clone(), events_tx));
+        // At most one request per contender and its pings wait here.
+        let (frames, to_write) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_loop(write, to_write));
         let client = Arc::new(ZkClient {
-            writer: tokio::sync::Mutex::new(Writer {
-                half: write,
+            outgoing: Mutex::new(Outgoing {
                 next_xid: 1,
-                buf: BytesMut::new(),
+                frames,
             }),
             pending,
             events: tokio::sync::Mutex::new(events),
             reader,
+            writer,
             pinger: Mutex::new(None),
         });
         // Pings keep the session alive while the client waits on a watch.
@@ -106,7 +115,7 @@ impl ZkClient {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(client) = weak.upgrade() else { return };
-                if client.send(xid::PING, &Request::Ping).await.is_err() {
+                if client.send(xid::PING, &Request::Ping).is_err() {
                     return;
                 }
             }
@@ -115,33 +124,37 @@ impl ZkClient {
         Ok(client)
     }
 
-    /// Sends a request; returns its reply once it comes.
-    async fn send(
+    /// Sends a request (whole, at once); returns where its reply comes.
+    fn send(
         &self,
         fixed_xid: i32,
         request: &Request,
     ) -> Result<oneshot::Receiver<Reply>, CliError> {
+        if self.reader.is_finished() {
+            return Err(io("send", "the connection closed"));
+        }
         let (tx, rx) = oneshot::channel();
-        let mut w = self.writer.lock().await;
+        let mut out = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
         let xid = if fixed_xid != 0 {
             fixed_xid
         } else {
-            w.next_xid += 1;
-            w.next_xid
+            out.next_xid += 1;
+            out.next_xid
         };
-        let Writer { half, buf, .. } = &mut *w;
-        buf.clear();
-        request.encode(xid, buf);
+        let mut buf = BytesMut::new();
+        request.encode(xid, &mut buf);
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push_back((xid, tx));
-        half.write_all(buf).await.map_err(|e| io("send", e))?;
+        out.frames
+            .send(buf.freeze())
+            .map_err(|_| io("send", "the connection closed"))?;
         Ok(rx)
     }
 
     async fn call(&self, request: &Request) -> Result<Reply, CliError> {
-        let rx = self.send(0, request).await?;
+        let rx = self.send(0, request)?;
         rx.await
             .map_err(|_| io(op::name(request.op()), "the connection closed"))
     }
@@ -223,13 +236,22 @@ impl ZkClient {
 
     /// Closes the session (its ephemeral nodes go with it).
     pub async fn close(&self) {
-        if let Ok(rx) = self.send(0, &Request::CloseSession).await {
+        if let Ok(rx) = self.send(0, &Request::CloseSession) {
             let _ = tokio::time::timeout(Duration::from_secs(10), rx).await;
         }
         if let Some(pinger) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
             pinger.abort();
         }
         self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+async fn write_loop(mut half: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Bytes>) {
+    while let Some(frame) = frames.recv().await {
+        if half.write_all(&frame).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -238,7 +260,18 @@ async fn read_loop(
     pending: Pending,
     events: mpsc::UnboundedSender<Event>,
 ) {
-    while let Ok(frame) = read_frame(&mut read).await {
+    answer_all(&mut read, &pending, &events).await;
+    // The connection is gone: calls waiting for replies fail rather than
+    // wait for ever.
+    pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
+async fn answer_all(
+    read: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    pending: &Pending,
+    events: &mpsc::UnboundedSender<Event>,
+) {
+    while let Ok(frame) = read_frame(read).await {
         let mut r = JuteReader::new(&frame);
         let Ok(header) = ReplyHeader::decode(&mut r) else {
             return;
