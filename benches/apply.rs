@@ -72,6 +72,7 @@ impl Rig {
                 data: Bytes::new(),
                 mode: CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             };
             rig.apply_ok(Some(rig.session), create);
         }
@@ -183,6 +184,7 @@ fn create(bencher: Bencher, waiters: usize) {
                 data: Bytes::from_static(IDENTITY),
                 mode: CreateMode::EphemeralSequential,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             };
             rig.proposal(Some(session), create)
         })

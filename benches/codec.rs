@@ -65,6 +65,7 @@ fn create_request() -> RequestFrame {
             data: Bytes::from_static(IDENTITY),
             mode: CreateMode::EphemeralSequential,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         },
     }
 }

@@ -20,6 +20,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.api.ACLProvider;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.atomic.AtomicValue;
 import org.apache.curator.framework.recipes.atomic.DistributedAtomicLong;
@@ -32,6 +33,9 @@ import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.ExponentialBackoffRetry;
 import org.apache.curator.retry.RetryNTimes;
 import org.apache.zookeeper.CreateMode;
+import org.apache.zookeeper.KeeperException;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
 import org.apache.zookeeper.data.Stat;
 
 public class CuratorRecipes {
@@ -327,6 +331,68 @@ public class CuratorRecipes {
         return "sequential ephemeral " + seq.substring(seq.lastIndexOf('/') + 1) + ", stat, children, sync";
     }
 
+    /// ACLs as Curator sets them: a client with a digest credential whose
+    /// ACL provider gives its nodes under PREFIX the creator's ACL
+    /// (CREATOR_ALL_ACL, which the server fills in with the credential).
+    static CuratorFramework owner(String credential, String prefix) throws Exception {
+        ACLProvider acls = new ACLProvider() {
+            public List<ACL> getDefaultAcl() {
+                return ZooDefs.Ids.OPEN_ACL_UNSAFE;
+            }
+
+            public List<ACL> getAclForPath(String path) {
+                return path.startsWith(prefix) ? ZooDefs.Ids.CREATOR_ALL_ACL : ZooDefs.Ids.OPEN_ACL_UNSAFE;
+            }
+        };
+        CuratorFramework c = CuratorFrameworkFactory.builder()
+            .connectString(hosts)
+            .sessionTimeoutMs(15_000)
+            .connectionTimeoutMs(10_000)
+            .retryPolicy(new ExponentialBackoffRetry(50, 10, 1_000))
+            .authorization("digest", credential.getBytes())
+            .aclProvider(acls)
+            .build();
+        c.start();
+        if (!c.blockUntilConnected(30, TimeUnit.SECONDS)) {
+            throw new IllegalStateException("no session within 30 s");
+        }
+        return c;
+    }
+
+    /// An InterProcessMutex whose nodes only its owner may touch: the
+    /// lock node's ACL names alice's digest, and a client without her
+    /// credential gets NoAuth reading it or joining the lock's queue.
+    static String acl() throws Exception {
+        String prefix = root + "/acl";
+        CuratorFramework alice = owner("alice:secret", prefix);
+        CuratorFramework other = client();
+        String lockPath = prefix + "/lock";
+        InterProcessMutex held = new InterProcessMutex(alice, lockPath);
+        require(held.acquire(30, TimeUnit.SECONDS), "alice's lock granted");
+        List<String> nodes = alice.getChildren().forPath(lockPath);
+        require(nodes.size() == 1, "one lock node: " + nodes);
+        String node = lockPath + "/" + nodes.get(0);
+        List<ACL> acl = alice.getACL().forPath(node);
+        require(acl.size() == 1 && acl.get(0).getId().getScheme().equals("digest")
+            && acl.get(0).getId().getId().startsWith("alice:") && acl.get(0).getPerms() == ZooDefs.Perms.ALL,
+            "the lock node's ACL names alice's digest: " + acl);
+        try {
+            other.getData().forPath(node);
+            throw new AssertionError("a client without alice's credential read her lock node");
+        } catch (KeeperException.NoAuthException expected) {
+        }
+        try {
+            other.create().withMode(CreateMode.EPHEMERAL_SEQUENTIAL).forPath(lockPath + "/intruder-");
+            throw new AssertionError("a client without alice's credential joined her lock");
+        } catch (KeeperException.NoAuthException expected) {
+        }
+        held.release();
+        alice.delete().deletingChildrenIfNeeded().forPath(prefix);
+        alice.close();
+        other.close();
+        return "a lock under CREATOR_ALL_ACL: its node names alice's digest; NoAuth for others";
+    }
+
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
             System.err.println("usage: java -cp CLASSPATH CuratorRecipes.java HOSTS");
@@ -340,6 +406,7 @@ public class CuratorRecipes {
         check("atomic-long", CuratorRecipes::atomicLong);
         check("semaphore", CuratorRecipes::semaphore);
         check("cache", CuratorRecipes::cache);
+        check("acl", CuratorRecipes::acl);
         System.out.println(failures == 0 ? "all checks passed" : failures + " checks failed");
         System.exit(failures == 0 ? 0 : 1);
     }

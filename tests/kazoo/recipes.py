@@ -38,6 +38,8 @@ try:
     from kazoo.exceptions import (
         BadVersionError,
         KazooException,
+        InvalidACLError,
+        NoAuthError,
         NoChildrenForEphemeralsError,
         NodeExistsError,
         NoNodeError,
@@ -54,6 +56,7 @@ try:
     from kazoo.recipe.party import Party, ShallowParty
     from kazoo.recipe.queue import LockingQueue, Queue
     from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+    from kazoo.security import make_acl, make_digest_acl
 except ImportError as e:  # pragma: no cover
     sys.stderr.write(
         "cannot import kazoo (%s): install it (bash .ci/kazoo makes a venv with it)\n" % e
@@ -1182,6 +1185,72 @@ def check_session_close(env, args):
     return "a session closed by another connection: its node goes, its client sees LOST"
 
 
+def check_acl(env, args):
+    """Digest ACLs as kazoo sets them (auth_data and default_acl): a lock
+    whose nodes only its owner may touch, refusals for everyone else, and
+    set_acls with its version."""
+    path = env.path
+    mine = [make_digest_acl("alice", "secret", all=True)]
+    alice = env.client(auth_data=[("digest", "alice:secret")], default_acl=mine)
+    alice2 = env.client(auth_data=[("digest", "alice:secret")], default_acl=mine)
+    bob = env.client(auth_data=[("digest", "bob:other")])
+    anonymous = env.client()
+    alice.create(path, b"private", makepath=True)
+    lock_path = path + "/lock"
+    held = Lock(alice, lock_path, "alice-1")
+    expect(held.acquire(timeout=WAIT), "alice's lock was not granted")
+    expect(not Lock(alice2, lock_path, "alice-2").acquire(blocking=False),
+           "a second holder of alice's lock")
+    contenders = Lock(alice, lock_path).contenders()
+    expect(contenders == ["alice-1"], "contenders %r", contenders)
+    node = children(alice, lock_path)[0]
+    acls, _ = alice.get_acls("%s/%s" % (lock_path, node))
+    expect([(a.perms, a.id.scheme, a.id.id) for a in acls]
+           == [(31, "digest", mine[0].id.id)], "the lock node's ACL %s", acls)
+    for who, c in (("bob", bob), ("anonymous", anonymous)):
+        for what, fn in [
+            ("get", lambda: c.get(path)),
+            ("set", lambda: c.set(path, b"x")),
+            ("get_children of the lock", lambda: c.get_children(lock_path)),
+            ("create", lambda: c.create(path + "/x")),
+            ("get_acls", lambda: c.get_acls(path)),
+            ("set_acls", lambda: c.set_acls(path, [make_acl("world", "anyone", all=True)])),
+            ("a Lock's acquire", lambda: Lock(c, lock_path, who).acquire(timeout=WAIT)),
+        ]:
+            try:
+                fn()
+            except NoAuthError:
+                continue
+            except KazooException as e:
+                raise CheckFailed("%s: %s raised %s, expected NoAuthError" % (who, what, describe(e)))
+            raise CheckFailed("%s: %s succeeded, expected NoAuthError" % (who, what))
+    try:
+        anonymous.create(path + "-mine", acl=[make_acl("auth", "", all=True)])
+        raise CheckFailed("an `auth` ACL without credentials was accepted")
+    except InvalidACLError:
+        pass
+    held.release()
+    # Readable by everyone from now on, by ACL version.
+    _, stat = alice.get_acls(path)
+    readable = mine + [make_acl("world", "anyone", read=True)]
+    stat2 = alice.set_acls(path, readable, version=stat.aversion)
+    expect(stat2.aversion == stat.aversion + 1, "aversion %s after %s", stat2.aversion, stat.aversion)
+    try:
+        alice.set_acls(path, mine, version=stat.aversion)
+        raise CheckFailed("set_acls with a stale ACL version succeeded")
+    except BadVersionError:
+        pass
+    expect(anonymous.get(path)[0] == b"private", "the node is not readable to everyone")
+    try:
+        anonymous.set(path, b"x")
+        raise CheckFailed("a read-only node was written")
+    except NoAuthError:
+        pass
+    alice.delete(path, recursive=True)
+    return ("a lock under alice's digest ACL: NoAuth for bob and anonymous on every "
+            "operation, set_acls by aversion")
+
+
 CHECKS = [
     ("lock", check_lock),
     ("rwlock", check_rwlock),
@@ -1199,6 +1268,7 @@ CHECKS = [
     ("ephemeral", check_ephemeral),
     ("watches", check_watches),
     ("transaction", check_transaction),
+    ("acl", check_acl),
     ("server-version", check_server_version),
     ("reconnect", check_reconnect),
     ("session-expiry", check_session_expiry),

@@ -426,6 +426,7 @@ async fn data_over_the_limit_is_rejected_with_value_too_large() {
         data: data.into(),
         mode: CreateMode::Persistent,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     };
     let set = |data: Vec<u8>| Request::SetData {
         path: "/v".into(),
@@ -570,6 +571,7 @@ async fn bad_input_leaves_other_clients_unaffected() {
         data: vec![0; 2048].into(),
         mode: CreateMode::Persistent,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     };
     assert_eq!(error_code(raw.call(big).await), ErrorCode::ValueTooLarge);
     raw.write(&((limit + 1) as u32).to_be_bytes()).await;

@@ -432,6 +432,7 @@ async fn resuming_on_a_new_connection_moves_the_session_off_the_old_one() {
             data: "".into(),
             mode: CreateMode::Ephemeral,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         })
         .await
         .unwrap();

@@ -79,6 +79,7 @@ async fn silent_connection_gets_a_session_expired_notice_and_its_ephemerals_go()
         data: "x".into(),
         mode: CreateMode::EphemeralSequential,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     })
     .await
     .unwrap();

@@ -246,6 +246,7 @@ async fn the_limits_of_a_transaction_are_refused_with_typed_errors_by_client_and
         data: Bytes::from(vec![0u8; 600]),
         mode: CreateMode::Persistent,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     };
     match raw
         .call(Request::Multi {
@@ -270,6 +271,7 @@ async fn the_limits_of_a_transaction_are_refused_with_typed_errors_by_client_and
         data: Bytes::new(),
         mode: CreateMode::Persistent,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     }
     .encode(&mut frame);
     raw.write_frame(&frame).await;

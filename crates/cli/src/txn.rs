@@ -200,6 +200,7 @@ fn parse_line(line: &str) -> Result<TxnOp, String> {
                     data,
                     mode: CreateMode::from_flags(ephemeral, sequential),
                     fence,
+                    acl: baton_proto::Acl::OPEN,
                 },
                 "set" => TxnOp::SetData {
                     path,
@@ -327,7 +328,8 @@ mod tests {
                     path: "/done/job-".into(),
                     data: Bytes::from_static(b"result: two words"),
                     mode: CreateMode::PersistentSequential,
-                    fence: Some(17)
+                    fence: Some(17),
+                    acl: baton_proto::Acl::OPEN,
                 },
                 TxnOp::SetData {
                     path: "/state".into(),

@@ -406,9 +406,13 @@ pub const MAX_MEMBER_DATA: usize = 64 << 20;
 fn proposal_bytes(p: &Proposal) -> usize {
     use baton_state::Command;
     let carried = match &p.command {
-        Command::Create { path, data, .. }
-        | Command::SetData { path, data, .. }
-        | Command::Enqueue { path, data, .. } => path.len() + data.len(),
+        Command::Create {
+            path, data, acl, ..
+        } => path.len() + data.len() + acl.wire_len(),
+        Command::SetAcl { path, acl, .. } => path.len() + acl.wire_len(),
+        Command::SetData { path, data, .. } | Command::Enqueue { path, data, .. } => {
+            path.len() + data.len()
+        }
         Command::Delete { path, .. }
         | Command::SetLockDelay { path, .. }
         | Command::DeleteTombstone { path } => path.len(),

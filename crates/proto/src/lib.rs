@@ -12,6 +12,7 @@
 //! session-end notice). A connection may instead open with a status probe
 //! ([`probe`]), which any server answers with a JSON description of itself.
 
+pub mod acl;
 pub mod error;
 pub mod frame;
 pub mod handshake;
@@ -25,6 +26,7 @@ mod stat;
 pub mod txn;
 pub mod wire;
 
+pub use acl::{Acl, AclEntry};
 pub use error::{DecodeError, ErrorCode};
 #[cfg(feature = "codec")]
 pub use frame::frame_codec;

@@ -41,6 +41,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use crate::acl::{put_create_acl, put_create_mode, split_create_mode, Acl};
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::encode_frame;
 pub use crate::mode::{CreateMode, QueueRule};
@@ -71,6 +72,7 @@ pub enum OpCode {
     AddWatch = 17,
     LockDelay = 18,
     EnqueueByRule = 19,
+    SetAcl = 20,
 }
 
 impl OpCode {
@@ -96,6 +98,7 @@ impl OpCode {
             17 => OpCode::AddWatch,
             18 => OpCode::LockDelay,
             19 => OpCode::EnqueueByRule,
+            20 => OpCode::SetAcl,
             _ => return None,
         })
     }
@@ -111,7 +114,8 @@ impl OpCode {
             | OpCode::EnqueueByRule
             | OpCode::CloseSession
             | OpCode::Multi
-            | OpCode::LockDelay => true,
+            | OpCode::LockDelay
+            | OpCode::SetAcl => true,
             OpCode::Exists
             | OpCode::GetData
             | OpCode::GetChildren
@@ -148,6 +152,7 @@ impl OpCode {
             OpCode::AddWatch => "add watch",
             OpCode::LockDelay => "lock delay",
             OpCode::EnqueueByRule => "enqueue by rule",
+            OpCode::SetAcl => "set ACL",
         }
     }
 }
@@ -162,6 +167,9 @@ pub enum Request {
         mode: CreateMode,
         /// A fencing token the parent must accept (see [`Request::SetData`]).
         fence: Option<u64>,
+        /// The node's access control list ([`Acl::OPEN`]: none; see
+        /// [`acl`](crate::acl)).
+        acl: Acl,
     },
     Delete {
         path: String,
@@ -249,6 +257,13 @@ pub enum Request {
     LockDelay {
         path: String,
         delay_ms: u32,
+    },
+    /// Replaces the access control list of the node at `path`, if its ACL
+    /// version (the number of times its list was set) is `version`.
+    SetAcl {
+        path: String,
+        acl: Acl,
+        version: Option<u32>,
     },
     /// Joins a queue by `rule`: creates an ephemeral sequential node at
     /// `path` (plus the sequence suffix) holding `data`, and sets a queue
@@ -341,6 +356,7 @@ impl Request {
             Request::Multi { .. } => OpCode::Multi,
             Request::AddWatch { .. } => OpCode::AddWatch,
             Request::LockDelay { .. } => OpCode::LockDelay,
+            Request::SetAcl { .. } => OpCode::SetAcl,
         }
     }
 
@@ -358,6 +374,7 @@ impl Request {
             | Request::RemoveWatches { path, .. }
             | Request::AddWatch { path, .. }
             | Request::LockDelay { path, .. }
+            | Request::SetAcl { path, .. }
             | Request::Enqueue { path, .. } => Some(path),
             Request::Ping
             | Request::CloseSession
@@ -419,11 +436,13 @@ impl RequestFrame {
                     data,
                     mode,
                     fence,
+                    acl,
                 } => {
                     put_str16(b, path);
-                    b.put_u8(mode.to_u8());
+                    put_create_mode(b, mode.to_u8(), acl);
                     put_bytes32(b, data);
                     put_opt_u64(b, *fence);
+                    put_create_acl(b, acl);
                 }
                 Request::Delete {
                     path,
@@ -487,6 +506,11 @@ impl RequestFrame {
                 Request::LockDelay { path, delay_ms } => {
                     put_str16(b, path);
                     b.put_u32(*delay_ms);
+                }
+                Request::SetAcl { path, acl, version } => {
+                    put_str16(b, path);
+                    acl.put(b);
+                    put_opt_u32(b, *version);
                 }
                 Request::SessionStatus { session } => b.put_u64(session.0),
                 Request::Multi { ops } => {
@@ -563,17 +587,20 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
     Ok(match op {
         OpCode::Create => {
             let path = read_path(r)?;
-            let raw_mode = r.u8("mode")?;
+            let (raw_mode, with_acl) = split_create_mode(r.u8("mode")?);
             let mode = CreateMode::from_u8(raw_mode).ok_or(DecodeError::BadValue {
                 what: "mode",
                 value: raw_mode.into(),
             })?;
             let data = r.bytes32("data")?;
+            let fence = r.opt_u64("fence")?;
+            let acl = if with_acl { Acl::read(r)? } else { Acl::OPEN };
             Request::Create {
                 path,
                 data,
                 mode,
-                fence: r.opt_u64("fence")?,
+                fence,
+                acl,
             }
         }
         OpCode::Delete => Request::Delete {
@@ -645,6 +672,11 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
         OpCode::LockDelay => Request::LockDelay {
             path: read_path(r)?,
             delay_ms: r.u32("delay")?,
+        },
+        OpCode::SetAcl => Request::SetAcl {
+            path: read_path(r)?,
+            acl: Acl::read(r)?,
+            version: r.opt_u32("version")?,
         },
         OpCode::AddWatch => {
             let path = read_path(r)?;

@@ -164,6 +164,12 @@ pub enum Reply {
     RemoveWatches,
     AddWatch,
     LockDelay,
+    /// A node's access control list was replaced: its stat, and its ACL
+    /// version (the number of times its list was set).
+    SetAcl {
+        stat: Stat,
+        aversion: u32,
+    },
     /// The node created in the queue, and the member it waits on under
     /// its queue's rule (for an exclusive queue, the node just before it),
     /// none once it heads the queue: the server's decision, which the client
@@ -234,6 +240,7 @@ impl Reply {
             Reply::RemoveWatches => OpCode::RemoveWatches,
             Reply::AddWatch => OpCode::AddWatch,
             Reply::LockDelay => OpCode::LockDelay,
+            Reply::SetAcl { .. } => OpCode::SetAcl,
             Reply::Enqueue { .. } => OpCode::Enqueue,
             Reply::SessionStatus(_) => OpCode::SessionStatus,
             Reply::Multi(_) => OpCode::Multi,
@@ -269,6 +276,10 @@ impl Reply {
                 }
             }
             Reply::SetData(stat) => stat.encode(b),
+            Reply::SetAcl { stat, aversion } => {
+                stat.encode(b);
+                b.put_u32(*aversion);
+            }
             Reply::Predecessor(node) | Reply::CheckToken(node) => put_node(b, node),
             Reply::Enqueue {
                 path,
@@ -361,6 +372,10 @@ impl Reply {
             OpCode::RemoveWatches => Reply::RemoveWatches,
             OpCode::AddWatch => Reply::AddWatch,
             OpCode::LockDelay => Reply::LockDelay,
+            OpCode::SetAcl => Reply::SetAcl {
+                stat: Stat::decode(r)?,
+                aversion: r.u32("ACL version")?,
+            },
             OpCode::SessionStatus => {
                 let raw = r.u8("liveness")?;
                 Reply::SessionStatus(SessionStatus {

@@ -5,7 +5,8 @@
 //! ```text
 //! an operation (in a multi request, and in the log):
 //!   kind u8, then by kind:
-//!   1 create      path str, mode u8, data bytes, fence opt64
+//!   1 create      path str, mode u8, data bytes, fence opt64, then an
+//!                 ACL if the mode has bit 0x80 (see [`acl`](crate::acl))
 //!   2 delete      path str, version opt32, fence opt64
 //!   3 set data    path str, data bytes, version opt32, fence opt64
 //!   4 check       path str, check u8, then by check:
@@ -28,6 +29,7 @@
 
 use bytes::{BufMut, Bytes};
 
+use crate::acl::{put_create_acl, put_create_mode, split_create_mode, Acl};
 use crate::error::{DecodeError, ErrorCode};
 use crate::mode::CreateMode;
 use crate::path;
@@ -49,6 +51,7 @@ pub enum TxnOp {
         data: Bytes,
         mode: CreateMode,
         fence: Option<u64>,
+        acl: Acl,
     },
     /// As [`Request::Delete`](crate::Request::Delete).
     Delete {
@@ -176,12 +179,14 @@ impl TxnOp {
                 data,
                 mode,
                 fence,
+                acl,
             } => {
                 b.put_u8(CREATE);
                 put_str16(b, path);
-                b.put_u8(mode.to_u8());
+                put_create_mode(b, mode.to_u8(), acl);
                 put_bytes32(b, data);
                 put_opt_u64(b, *fence);
+                put_create_acl(b, acl);
             }
             TxnOp::Delete {
                 path,
@@ -238,16 +243,20 @@ impl TxnOp {
         let path = read_path(r)?;
         Ok(match kind {
             CREATE => {
-                let raw = r.u8("mode")?;
+                let (raw, with_acl) = split_create_mode(r.u8("mode")?);
                 let mode = CreateMode::from_u8(raw).ok_or(DecodeError::BadValue {
                     what: "mode",
                     value: raw.into(),
                 })?;
+                let data = r.bytes32("data")?;
+                let fence = r.opt_u64("fence")?;
+                let acl = if with_acl { Acl::read(r)? } else { Acl::OPEN };
                 TxnOp::Create {
                     path,
                     mode,
-                    data: r.bytes32("data")?,
-                    fence: r.opt_u64("fence")?,
+                    data,
+                    fence,
+                    acl,
                 }
             }
             DELETE => TxnOp::Delete {
@@ -351,6 +360,7 @@ mod tests {
                 data: Bytes::from_static(b"x"),
                 mode: CreateMode::EphemeralSequential,
                 fence: Some(7),
+                acl: crate::Acl::OPEN,
             },
             TxnOp::Delete {
                 path: "/b".into(),

@@ -40,15 +40,31 @@ fn mode() -> impl Strategy<Value = CreateMode> {
     (any::<bool>(), any::<bool>()).prop_map(|(e, s)| CreateMode::from_flags(e, s))
 }
 
+/// Open half the time; otherwise one to four entries of any permissions.
+fn acl() -> impl Strategy<Value = Acl> {
+    let entry = (0u8..32, "[a-z]{1,8}", "[a-zA-Z0-9:+/=.]{0,40}")
+        .prop_map(|(perms, scheme, id)| AclEntry { perms, scheme, id });
+    prop_oneof![
+        Just(Acl::OPEN),
+        prop::collection::vec(entry, 1..5).prop_map(Acl::new),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (path(), data(), mode(), any::<Option<u64>>()).prop_map(|(path, data, mode, fence)| {
-            Request::Create {
+        (path(), data(), mode(), any::<Option<u64>>(), acl()).prop_map(
+            |(path, data, mode, fence, acl)| Request::Create {
                 path,
                 data,
                 mode,
                 fence,
+                acl,
             }
+        ),
+        (path(), acl(), any::<Option<u32>>()).prop_map(|(path, acl, version)| Request::SetAcl {
+            path,
+            acl,
+            version
         }),
         (path(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(|(path, version, fence)| {
             Request::Delete {
@@ -135,14 +151,15 @@ fn txn_op() -> impl Strategy<Value = TxnOp> {
         any::<u64>().prop_map(Check::Holder),
     ];
     prop_oneof![
-        (path(), data(), mode(), any::<Option<u64>>()).prop_map(|(path, data, mode, fence)| {
-            TxnOp::Create {
+        (path(), data(), mode(), any::<Option<u64>>(), acl()).prop_map(
+            |(path, data, mode, fence, acl)| TxnOp::Create {
                 path,
                 data,
                 mode,
                 fence,
+                acl,
             }
-        }),
+        ),
         (path(), any::<Option<u32>>(), any::<Option<u64>>()).prop_map(|(path, version, fence)| {
             TxnOp::Delete {
                 path,
@@ -209,6 +226,7 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         (stat(), prop::collection::vec("[a-z0-9-]{1,20}", 0..20))
             .prop_map(|(stat, children)| Reply::GetChildren { stat, children }),
         stat().prop_map(Reply::SetData),
+        (stat(), any::<u32>()).prop_map(|(stat, aversion)| Reply::SetAcl { stat, aversion }),
         Just(Reply::Ping),
         Just(Reply::CloseSession),
         Just(Reply::SetWatches),
@@ -411,7 +429,7 @@ fn other_protocol_versions_decode_to_just_their_version() {
 /// The requests that change the state are exactly the ones proposed: a
 /// front end lets them through without a read barrier, in request order.
 #[test]
-fn the_changes_are_the_writes_enqueues_close_multi_and_lock_delay() {
+fn the_changes_are_the_writes_enqueues_close_multi_lock_delay_and_set_acl() {
     let changes: Vec<&str> = (0..=255u8)
         .filter_map(OpCode::from_u8)
         .filter(|op| op.is_change())
@@ -427,7 +445,8 @@ fn the_changes_are_the_writes_enqueues_close_multi_and_lock_delay() {
             "enqueue",
             "multi",
             "lock delay",
-            "enqueue by rule"
+            "enqueue by rule",
+            "set ACL"
         ]
     );
 }

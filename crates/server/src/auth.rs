@@ -196,6 +196,7 @@ impl Identity {
             }),
             Request::Enqueue { path, .. } => self.need_in_parent(Rights::LOCK, path),
             Request::LockDelay { path, .. } => self.need(Rights::WRITE, path),
+            Request::SetAcl { path, .. } => self.need(Rights::ADMIN, path),
             Request::Exists { path, .. }
             | Request::GetData { path, .. }
             | Request::GetChildren { path, .. }
@@ -415,6 +416,7 @@ mod tests {
             data: Default::default(),
             mode: baton_proto::CreateMode::PersistentSequential,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         };
         assert!(narrow.authorize(&create, |_| false).is_err());
         // A rule for the queue's parent does.
@@ -435,6 +437,7 @@ mod tests {
             data: Default::default(),
             mode: baton_proto::CreateMode::Persistent,
             fence: Some(7),
+            acl: baton_proto::Acl::OPEN,
         };
         let e = id.authorize(&create, |_| false).unwrap_err();
         assert!(

@@ -250,6 +250,7 @@ mod tests {
                     data: Bytes::new(),
                     mode: CreateMode::Persistent,
                     fence: None,
+                    acl: baton_proto::Acl::OPEN,
                 },
                 0,
             )

@@ -25,6 +25,7 @@ fn a_snapshot() -> Vec<u8> {
                 data: bytes::Bytes::from(vec![i as u8; 10]),
                 mode: baton_proto::CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
             2,
         );

@@ -46,6 +46,7 @@ fn copying_the_state_for_a_snapshot_costs_the_same_whatever_its_size() {
         data: Bytes::from_static(b"value"),
         mode,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     };
     sm.apply(&create("/d".into(), CreateMode::Persistent), 0)
         .result

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use baton_proto::{CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat, TxnOp};
+use baton_proto::{Acl, CreateMode, ErrorReply, EventKind, SessionId, SessionSecret, Stat, TxnOp};
 use bytes::Bytes;
 
 use crate::queue::QueueRule;
@@ -19,13 +19,15 @@ pub enum Command {
     CloseSession { session: SessionId },
     /// Ends a session whose client fell silent for its whole timeout.
     ExpireSession { session: SessionId },
-    /// Creates a node. With `fence`, the parent must accept the token.
+    /// Creates a node. With `fence`, the parent must accept the token; the
+    /// node gets `acl` as its access control list.
     Create {
         session: SessionId,
         path: String,
         data: Bytes,
         mode: CreateMode,
         fence: Option<u64>,
+        acl: Acl,
     },
     /// Deletes a node. With `fence`, the node must accept the token.
     Delete {
@@ -56,6 +58,13 @@ pub enum Command {
     SetLockDelay { path: String, delay_ms: u32 },
     /// Deletes a lock-delay tombstone that is due.
     DeleteTombstone { path: String },
+    /// Replaces a node's access control list, if its ACL version is
+    /// `version` (any, if none).
+    SetAcl {
+        path: String,
+        acl: Acl,
+        version: Option<u32>,
+    },
 }
 
 /// The successful result of a command.
@@ -85,6 +94,12 @@ pub enum Outcome {
     Checked,
     /// A lock's lock-delay was set.
     LockDelaySet,
+    /// A node's access control list was set: its stat, and its ACL version
+    /// (the number of times its list was set).
+    AclSet {
+        stat: Stat,
+        aversion: u32,
+    },
     /// A transaction was applied: one outcome per operation, in order.
     Multi(Vec<Outcome>),
     /// A transaction changed nothing: the operation at `index` (from 0)

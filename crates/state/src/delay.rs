@@ -204,6 +204,7 @@ mod tests {
                 data: Bytes::new(),
                 mode: CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
             0,
         );
@@ -292,6 +293,7 @@ mod tests {
                 data: Bytes::new(),
                 mode: CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
             0,
         );

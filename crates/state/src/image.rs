@@ -1,6 +1,6 @@
 //! The state as a snapshot holds it: sessions and nodes written out.
 
-use baton_proto::{SessionId, SessionSecret};
+use baton_proto::{Acl, SessionId, SessionSecret};
 use bytes::Bytes;
 
 use crate::queue::QueueRule;
@@ -36,4 +36,8 @@ pub struct NodeImage {
     pub lock_delay_ms: u32,
     /// If the node is a lock-delay tombstone, when it is due (ms); else 0.
     pub tombstone_until: u64,
+    /// The node's access control list.
+    pub acl: Acl,
+    /// The number of times the node's list was set.
+    pub aversion: u32,
 }

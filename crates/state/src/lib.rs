@@ -28,7 +28,7 @@ mod restore;
 use std::sync::Arc;
 
 use baton_proto::path;
-use baton_proto::{CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret};
+use baton_proto::{Acl, CreateMode, ErrorCode, ErrorReply, EventKind, SessionId, SessionSecret};
 
 pub use command::{Applied, Command, Outcome, Trigger};
 pub use image::{NodeImage, SessionImage};
@@ -97,7 +97,21 @@ pub struct StateMachine {
     ruled: queue::Ruled,
     /// Lock-delays, and the tombstones they keep.
     delays: delay::Delays,
+    /// The access control lists of the nodes that have one, or whose list
+    /// was ever set (no entry: open, never set).
+    acls: Map<Arc<str>, NodeAcl>,
 }
+
+/// A node's access control list and its version (the number of times it
+/// was set), kept beside the node: few nodes have one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAcl {
+    pub acl: Acl,
+    pub aversion: u32,
+}
+
+/// The list of a node without one.
+static OPEN: Acl = Acl::OPEN;
 
 impl Default for StateMachine {
     fn default() -> Self {
@@ -121,6 +135,16 @@ impl StateMachine {
             last_now_ms: 0,
             ruled: queue::Ruled::default(),
             delays: delay::Delays::default(),
+            acls: Map::new(),
+        }
+    }
+
+    /// The access control list of the node at `path` and its ACL version
+    /// (open and 0 for a node without one, or no node).
+    pub fn acl(&self, path: &str) -> (&Acl, u32) {
+        match self.acls.get(path) {
+            Some(a) => (&a.acl, a.aversion),
+            None => (&OPEN, 0),
         }
     }
 
@@ -341,17 +365,19 @@ impl StateMachine {
             }
             Command::SetLockDelay { path, delay_ms } => self.set_lock_delay(path, *delay_ms),
             Command::DeleteTombstone { path } => self.delete_tombstone(path, triggers),
+            Command::SetAcl { path, acl, version } => self.set_acl(path, acl, *version),
             Command::Create {
                 session,
                 path,
                 data,
                 mode,
                 fence,
+                acl,
             } => self.create(
                 *session,
                 path,
                 data,
-                (*mode, queue::QueueRule::Exclusive),
+                (*mode, queue::QueueRule::Exclusive, acl),
                 *fence,
                 now_ms,
                 triggers,
@@ -391,7 +417,7 @@ impl StateMachine {
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
     ) -> Result<Outcome, ErrorReply> {
-        let mode = (CreateMode::EphemeralSequential, rule);
+        let mode = (CreateMode::EphemeralSequential, rule, &OPEN);
         let Outcome::Created {
             path,
             sequence,
@@ -457,7 +483,7 @@ impl StateMachine {
         session: SessionId,
         requested: &str,
         data: &[u8],
-        (mode, rule): (CreateMode, queue::QueueRule),
+        (mode, rule, acl): (CreateMode, queue::QueueRule, &Acl),
         fence: Option<u64>,
         now_ms: u64,
         triggers: &mut Vec<Trigger>,
@@ -549,6 +575,13 @@ impl StateMachine {
         node.fence = parent.fence;
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
+        if !acl.is_open() {
+            let acl = NodeAcl {
+                acl: acl.clone(),
+                aversion: 0,
+            };
+            self.acls.insert(full.clone(), acl);
+        }
         let parent = self
             .nodes
             .get_mut(parent_path)
@@ -647,6 +680,9 @@ impl StateMachine {
         if !self.delays.is_empty() {
             self.delays.forget(target);
         }
+        if !self.acls.is_empty() {
+            self.acls.remove(target);
+        }
         if let Some(parent) = self.nodes.get_mut(parent_path) {
             parent.remove_child(czxid);
             parent.cversion = parent.cversion.wrapping_add(1);
@@ -694,6 +730,35 @@ impl StateMachine {
             path: key,
         });
         Ok(Outcome::DataSet(node.stat()))
+    }
+
+    /// Replaces a node's access control list. It fires no watch, and changes
+    /// nothing of the node's stat: only its ACL version.
+    fn set_acl(
+        &mut self,
+        target: &str,
+        acl: &Acl,
+        version: Option<u32>,
+    ) -> Result<Outcome, ErrorReply> {
+        let Some((key, node)) = self.nodes.get_key_value(target) else {
+            return Err(err(ErrorCode::NoNode, format!("{target} does not exist")));
+        };
+        let aversion = self.acl(target).1;
+        match version {
+            Some(v) if v != aversion => {
+                return Err(err(
+                    ErrorCode::BadVersion,
+                    format!("the ACL of {target} is at version {aversion}, not the expected {v}"),
+                ))
+            }
+            _ => {}
+        }
+        let (key, stat) = (key.clone(), node.stat());
+        self.revision += 1;
+        let aversion = aversion.wrapping_add(1);
+        let acl = acl.clone();
+        self.acls.insert(key, NodeAcl { acl, aversion });
+        Ok(Outcome::AclSet { stat, aversion })
     }
 }
 

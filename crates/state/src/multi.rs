@@ -34,11 +34,12 @@ impl StateMachine {
                     data,
                     mode,
                     fence,
+                    acl,
                 } => self.create(
                     session,
                     path,
                     data,
-                    (*mode, crate::queue::QueueRule::Exclusive),
+                    (*mode, crate::queue::QueueRule::Exclusive, acl),
                     *fence,
                     now_ms,
                     &mut fired,
@@ -127,6 +128,7 @@ mod tests {
             data: Bytes::from_static(b"c"),
             mode,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         }
     }
 
@@ -317,6 +319,7 @@ mod tests {
                 data: Bytes::new(),
                 mode: CreateMode::EphemeralSequential,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
             20,
         );
@@ -542,6 +545,7 @@ mod tests {
                 data,
                 mode: CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             }),
             (path.clone(), version.clone()).prop_map(|(p, version)| TxnOp::Delete {
                 path: p.into(),

@@ -317,6 +317,7 @@ mod tests {
             data: Bytes::new(),
             mode: CreateMode::PersistentSequential,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         }
     }
 
@@ -382,6 +383,7 @@ mod tests {
             data: Bytes::new(),
             mode: CreateMode::Persistent,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         };
         let parent_made = Proposal {
             origin: Some(Origin {
@@ -442,6 +444,7 @@ mod tests {
             data: Bytes::from_static(data),
             mode,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         };
         for (path, data, mode) in [
             ("/q", &b""[..], CreateMode::Persistent),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use baton_proto::{path, SessionId};
 
 use crate::queue::{QueueRule, Ruled};
-use crate::{Kept, Map, Node, NodeImage, Session, SessionImage, StateMachine};
+use crate::{Kept, Map, Node, NodeAcl, NodeImage, Session, SessionImage, StateMachine};
 
 /// Why images do not make a state machine: the first inconsistency found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +57,8 @@ impl StateMachine {
                 rule: self.rule(path),
                 lock_delay_ms: self.lock_delay(path).unwrap_or(0),
                 tombstone_until: self.tombstone_until(path).unwrap_or(0),
+                acl: self.acl(path).0.clone(),
+                aversion: self.acl(path).1,
             })
         })
     }
@@ -81,6 +83,7 @@ impl StateMachine {
             last_now_ms,
             ruled: Ruled::default(),
             delays: Default::default(),
+            acls: Map::new(),
         };
         for SessionImage {
             id,
@@ -132,6 +135,15 @@ impl StateMachine {
             }
             sm.delays
                 .restore(&path, image.lock_delay_ms, image.tombstone_until);
+            if !image.acl.is_open() || image.aversion > 0 {
+                sm.acls.insert(
+                    path.clone(),
+                    NodeAcl {
+                        acl: image.acl,
+                        aversion: image.aversion,
+                    },
+                );
+            }
             sm.nodes.insert(path.clone(), node);
         }
         if !sm.nodes.contains_key("/") {

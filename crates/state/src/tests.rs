@@ -26,6 +26,7 @@ fn create(sm: &mut StateMachine, session: SessionId, path: &str, mode: CreateMod
             data: Bytes::from_static(b"d"),
             mode,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         },
         5,
     )
@@ -365,6 +366,7 @@ fn fenced_writes_accept_equal_and_higher_tokens_and_refuse_lower_ones() {
                 data: Bytes::new(),
                 mode: CreateMode::Persistent,
                 fence: Some(token),
+                acl: baton_proto::Acl::OPEN,
             },
             0,
         )
@@ -385,6 +387,7 @@ fn fenced_create(s: SessionId, path: &str, token: Option<u64>) -> Command {
         data: Bytes::new(),
         mode: CreateMode::Persistent,
         fence: token,
+        acl: baton_proto::Acl::OPEN,
     }
 }
 
@@ -644,6 +647,7 @@ mod determinism {
                 data: Bytes::new(),
                 mode: CreateMode::from_flags(m & 1 != 0, m & 2 != 0),
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             }),
             (path.clone(), proptest::option::of(0u64..20)).prop_map(|(p, fence)| Command::Delete {
                 path: p.into(),
@@ -736,7 +740,7 @@ mod apply_fuzz {
                     path,
                     data,
                     mode: CreateMode::from_flags(m & 1 != 0, m & 2 != 0),
-                    fence,
+                    fence, acl: baton_proto::Acl::OPEN,
                 }
             ),
             2 => (session, path(), data(), 0u32..4).prop_map(|(session, path, data, r)| {
@@ -1080,4 +1084,138 @@ mod queue_rules {
         );
         assert!(!sm.standing(&late_reader).unwrap().heads());
     }
+}
+
+fn reader_acl() -> Acl {
+    Acl::new(vec![baton_proto::AclEntry {
+        perms: baton_proto::acl::perms::READ,
+        scheme: "digest".into(),
+        id: "ann:hash".into(),
+    }])
+}
+
+fn create_with_acl(sm: &mut StateMachine, s: SessionId, path: &str, mode: CreateMode) -> Applied {
+    let command = Command::Create {
+        session: s,
+        path: path.into(),
+        data: Bytes::new(),
+        mode,
+        fence: None,
+        acl: reader_acl(),
+    };
+    sm.apply(&command, 5)
+}
+
+fn set_acl(sm: &mut StateMachine, path: &str, acl: Acl, version: Option<u32>) -> Applied {
+    let command = Command::SetAcl {
+        path: path.into(),
+        acl,
+        version,
+    };
+    sm.apply(&command, 6)
+}
+
+/// A node keeps the list it was created with, a sequential one included,
+/// and loses it with the node: a node created again at the path is open.
+#[test]
+fn a_node_keeps_its_acl_until_it_goes() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create_with_acl(&mut sm, s, "/a", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let (seq, _) = created_path(create_with_acl(
+        &mut sm,
+        s,
+        "/q-",
+        CreateMode::EphemeralSequential,
+    ));
+    let (eph, _) = created_path(create_with_acl(&mut sm, s, "/e", CreateMode::Ephemeral));
+    for path in ["/a", seq.as_str(), eph.as_str()] {
+        assert_eq!(sm.acl(path), (&reader_acl(), 0), "{path}");
+    }
+    assert_eq!(sm.acl("/"), (&Acl::OPEN, 0));
+    let deleted = Command::Delete {
+        path: "/a".into(),
+        version: None,
+        fence: None,
+    };
+    sm.apply(&deleted, 7).result.unwrap();
+    create(&mut sm, s, "/a", CreateMode::Persistent)
+        .result
+        .unwrap();
+    assert_eq!(sm.acl("/a"), (&Acl::OPEN, 0));
+    // The session's end takes its ephemerals' lists with them.
+    sm.apply(&Command::CloseSession { session: s }, 8)
+        .result
+        .unwrap();
+    assert_eq!(sm.acl(&seq), (&Acl::OPEN, 0));
+    assert_eq!(sm.acl(&eph), (&Acl::OPEN, 0));
+    assert!(sm.acls.is_empty(), "{:?}", sm.acls);
+}
+
+/// Setting a list takes a revision, counts the ACL version, checks it when
+/// asked, fires no watch, and leaves the node's stat as it was.
+#[test]
+fn setting_an_acl_counts_its_version_and_changes_nothing_else() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/a", CreateMode::Persistent)
+        .result
+        .unwrap();
+    let stat = sm.node("/a").unwrap().stat();
+    let before = sm.revision();
+    let set = set_acl(&mut sm, "/a", reader_acl(), Some(0));
+    assert_eq!(set.result, Ok(Outcome::AclSet { stat, aversion: 1 }));
+    assert!(set.triggers.is_empty());
+    assert_eq!(sm.revision(), before + 1);
+    assert_eq!(sm.node("/a").unwrap().stat(), stat);
+    assert_eq!(sm.acl("/a"), (&reader_acl(), 1));
+    // The version it was at is no longer the version it is at.
+    let stale = set_acl(&mut sm, "/a", Acl::OPEN, Some(0));
+    assert_eq!(code(stale), ErrorCode::BadVersion);
+    assert_eq!(sm.revision(), before + 1);
+    // Open again, and still counted.
+    set_acl(&mut sm, "/a", Acl::OPEN, None).result.unwrap();
+    assert_eq!(sm.acl("/a"), (&Acl::OPEN, 2));
+    assert_eq!(
+        code(set_acl(&mut sm, "/none", Acl::OPEN, None)),
+        ErrorCode::NoNode
+    );
+}
+
+/// A transaction's create gives its node its list, and one that fails
+/// leaves no list behind.
+#[test]
+fn a_transactions_create_sets_the_acl_all_or_nothing() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    let create_op = |path: &str| baton_proto::TxnOp::Create {
+        path: path.into(),
+        data: Bytes::new(),
+        mode: CreateMode::Persistent,
+        fence: None,
+        acl: reader_acl(),
+    };
+    let failed = sm.apply(
+        &Command::Multi {
+            session: s,
+            ops: vec![create_op("/x"), create_op("/missing/y")],
+        },
+        5,
+    );
+    assert!(matches!(
+        failed.result,
+        Ok(Outcome::MultiFailed { index: 1, .. })
+    ));
+    assert_eq!(sm.acl("/x"), (&Acl::OPEN, 0));
+    let applied = sm.apply(
+        &Command::Multi {
+            session: s,
+            ops: vec![create_op("/x")],
+        },
+        5,
+    );
+    assert!(matches!(applied.result, Ok(Outcome::Multi(_))));
+    assert_eq!(sm.acl("/x"), (&reader_acl(), 0));
 }

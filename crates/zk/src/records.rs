@@ -76,11 +76,6 @@ impl Acl {
         }
     }
 
-    /// Whether this entry grants everything to everyone.
-    pub fn is_open(&self) -> bool {
-        self.scheme == "world" && self.id == "anyone"
-    }
-
     pub fn decode(r: &mut JuteReader) -> Result<Acl, DecodeError> {
         Ok(Acl {
             perms: r.int("acl perms")?,

@@ -3,6 +3,7 @@
 //! sessions, multi, ACLs), kazoo's recipes in `python.rs`, and raw bytes
 //! for bad input in `bad_input.rs`.
 
+mod acls;
 mod bad_input;
 mod curator;
 mod interplay;

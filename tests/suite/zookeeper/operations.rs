@@ -167,56 +167,6 @@ async fn multi_is_all_or_nothing_and_multi_read_reads_each() {
 }
 
 #[tokio::test]
-async fn acls_are_open_and_others_are_refused_not_ignored() {
-    let server = zk_server().await;
-    let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;
-    c.create("/acl", b"", &open(zk::CreateMode::Persistent))
-        .await
-        .unwrap();
-    let (acls, stat) = c.get_acl("/acl").await.unwrap();
-    assert_eq!(acls.len(), 1);
-    assert_eq!((acls[0].scheme(), acls[0].id()), ("world", "anyone"));
-    assert_eq!(acls[0].permission(), zk::Permission::ALL);
-    assert_eq!(stat.aversion, 0);
-    c.set_acl("/acl", &zk::Acls::anyone_all(), None)
-        .await
-        .unwrap();
-
-    // An ACL Baton would not enforce is refused, never silently dropped.
-    let digest = [zk::Acl::new(
-        zk::Permission::ALL,
-        zk::AuthId::new("digest", "alice:X/NSthOgx1CRuDcE5hDpv5ABzF4="),
-    )];
-    let restricted = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&digest));
-    assert!(matches!(
-        c.create("/acl/x", b"", &restricted).await,
-        Err(zk::Error::InvalidAcl)
-    ));
-    assert!(matches!(
-        c.set_acl("/acl", &zk::Acls::new(&digest), None).await,
-        Err(zk::Error::InvalidAcl)
-    ));
-    assert!(matches!(c.get_acl("/none").await, Err(zk::Error::NoNode)));
-
-    // addAuth and whoAmI.
-    c.auth("digest", b"alice:secret").await.unwrap();
-    let users = c.list_auth_users().await.unwrap();
-    assert!(
-        users
-            .iter()
-            .any(|u| u.scheme() == "digest" && u.user() == "alice"),
-        "{users:?}"
-    );
-    assert!(
-        users
-            .iter()
-            .any(|u| u.scheme() == "ip" && u.user() == "127.0.0.1"),
-        "{users:?}"
-    );
-    server.stop().await;
-}
-
-#[tokio::test]
 async fn containers_are_created_and_ttl_nodes_are_unimplemented() {
     let server = zk_server().await;
     let c = zk_client(&zk_addr(&server).to_string(), Duration::from_secs(10)).await;

@@ -855,6 +855,7 @@ async fn idle_session(
         data: Default::default(),
         mode: CreateMode::Ephemeral,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     };
     if !keep {
         stream.write_all(&request(create)).await?;

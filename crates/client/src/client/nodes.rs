@@ -40,6 +40,7 @@ impl Client {
             data,
             mode,
             fence,
+            acl: baton_proto::Acl::OPEN,
         };
         match self.call(request, None).await?.reply {
             Reply::Create {

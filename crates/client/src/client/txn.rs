@@ -69,6 +69,7 @@ impl<'a> Txn<'a> {
             data: data.into(),
             mode,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         })
     }
 
@@ -85,6 +86,7 @@ impl<'a> Txn<'a> {
             data: data.into(),
             mode,
             fence: Some(token),
+            acl: baton_proto::Acl::OPEN,
         })
     }
 

@@ -311,6 +311,7 @@ impl Core {
             Ok(Outcome::Deleted) => Ok(Reply::Delete),
             Ok(Outcome::DataSet(stat)) => Ok(Reply::SetData(stat)),
             Ok(Outcome::LockDelaySet) => Ok(Reply::LockDelay),
+            Ok(Outcome::AclSet { stat, aversion }) => Ok(Reply::SetAcl { stat, aversion }),
             Ok(Outcome::Multi(outcomes)) => Ok(Reply::Multi(Ok(outcomes
                 .into_iter()
                 .map(txn_result)

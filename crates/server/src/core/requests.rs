@@ -63,12 +63,14 @@ impl Core {
                 data,
                 mode,
                 fence,
+                acl,
             } => self.check_size(&data).map(|()| Command::Create {
                 session,
                 path,
                 data,
                 mode,
                 fence,
+                acl,
             }),
             Request::Delete {
                 path,
@@ -107,6 +109,7 @@ impl Core {
             }
             Request::CloseSession => Ok(Command::CloseSession { session }),
             Request::LockDelay { path, delay_ms } => Ok(Command::SetLockDelay { path, delay_ms }),
+            Request::SetAcl { path, acl, version } => Ok(Command::SetAcl { path, acl, version }),
             read => {
                 let result = self.read(session, read, outbox, now);
                 self.answer(session, outbox, xid, op, result);
@@ -226,6 +229,7 @@ impl Core {
             | Request::Enqueue { .. }
             | Request::Multi { .. }
             | Request::LockDelay { .. }
+            | Request::SetAcl { .. }
             | Request::CloseSession => unreachable!("changes are proposed"),
         }
     }

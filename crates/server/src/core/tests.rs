@@ -59,6 +59,7 @@ fn changes_are_stamped_and_sessions_expire_by_the_time_the_caller_gives() {
             data: bytes::Bytes::new(),
             mode: CreateMode::Ephemeral,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         },
     };
     let flow = core.handle(session, create, &outbox, None, later(start, 10, 2_000_000));
@@ -97,6 +98,7 @@ fn the_timer_deletes_a_lock_delay_tombstone_when_it_is_due() {
             data: bytes::Bytes::new(),
             mode: CreateMode::Persistent,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         },
         Request::LockDelay {
             path: "/l".into(),

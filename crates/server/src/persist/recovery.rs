@@ -302,6 +302,7 @@ mod tests {
                 data: Bytes::from(vec![b'x'; len]),
                 mode: CreateMode::Persistent,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
         }
     }

@@ -154,6 +154,7 @@ mod tests {
                 data: bytes::Bytes::new(),
                 mode: baton_proto::CreateMode::PersistentSequential,
                 fence: None,
+                acl: baton_proto::Acl::OPEN,
             },
         };
         sm.apply_proposal(&create("/a-"));

@@ -89,6 +89,7 @@ mod tests {
                     data: Bytes::from(path.as_bytes().to_vec()),
                     mode,
                     fence: Some(5),
+                    acl: baton_proto::Acl::OPEN,
                 },
                 2,
             );

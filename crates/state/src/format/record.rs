@@ -14,7 +14,9 @@
 //!       1 open session   timeout_ms u32, secret [16]
 //!       2 close session  session u64
 //!       3 expire session session u64
-//!       4 create         session u64, path str, data bytes, mode u8, fence opt64
+//!       4 create         session u64, path str, data bytes, mode u8, fence opt64,
+//!                        then an ACL if the mode has bit 0x80 (as in
+//!                        baton_proto::acl)
 //!       5 delete         path str, version opt32, fence opt64
 //!       6 set data       path str, data bytes, version opt32, fence opt64
 //!       7 enqueue        session u64, path str, data bytes (exclusive)
@@ -24,14 +26,16 @@
 //!                        (1 shared, 2 permits), then permits u32 if 2
 //!      10 lock delay     path str, delay_ms u32
 //!      11 delete tombstone  path str
+//!      12 set ACL        path str, ACL (as in baton_proto::acl), version opt32
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
 //! The length has its own checksum so that a flipped bit in it is found out
 //! rather than taken for a record running past the end of the file.
 
+use baton_proto::acl::{put_create_acl, put_create_mode, split_create_mode};
 use baton_proto::wire::Reader;
-use baton_proto::{CreateMode, DecodeError, QueueRule, SessionId, SessionSecret, TxnOp};
+use baton_proto::{Acl, CreateMode, DecodeError, QueueRule, SessionId, SessionSecret, TxnOp};
 
 use crate::{Command, Origin, Proposal};
 
@@ -149,13 +153,16 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
             data,
             mode,
             fence,
+            acl,
         } => {
             tag(out, 4);
             put_u64(out, session.0);
             put_str(out, path);
             put_bytes(out, data);
-            out.push(mode.is_ephemeral() as u8 | (mode.is_sequential() as u8) << 1);
+            let flags = mode.is_ephemeral() as u8 | (mode.is_sequential() as u8) << 1;
+            put_create_mode(out, flags, acl);
             put_opt64(out, *fence);
+            put_create_acl(out, acl);
         }
         Command::Delete {
             path,
@@ -202,6 +209,12 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
         Command::DeleteTombstone { path } => {
             tag(out, 11);
             put_str(out, path);
+        }
+        Command::SetAcl { path, acl, version } => {
+            tag(out, 12);
+            put_str(out, path);
+            acl.put(out);
+            put_opt32(out, *version);
         }
         Command::Multi { session, ops } => {
             tag(out, 8);
@@ -294,19 +307,22 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
             let session = SessionId(r.u64("session")?);
             let path = r.str16("path")?;
             let data = r.bytes32("data")?;
-            let mode = r.u8("create mode")?;
+            let (mode, with_acl) = split_create_mode(r.u8("create mode")?);
             if mode > 3 {
                 return Err(DecodeError::BadValue {
                     what: "create mode",
                     value: mode.into(),
                 });
             }
+            let fence = r.opt_u64("fence")?;
+            let acl = if with_acl { Acl::read(r)? } else { Acl::OPEN };
             Command::Create {
                 session,
                 path,
                 data,
                 mode: CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0),
-                fence: r.opt_u64("fence")?,
+                fence,
+                acl,
             }
         }
         5 => Command::Delete {
@@ -336,6 +352,11 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
         },
         11 => Command::DeleteTombstone {
             path: r.str16("path")?,
+        },
+        12 => Command::SetAcl {
+            path: r.str16("path")?,
+            acl: Acl::read(r)?,
+            version: r.opt_u32("version")?,
         },
         8 => {
             let session = SessionId(r.u64("session")?);
@@ -399,6 +420,22 @@ mod tests {
     use super::*;
     use bytes::Bytes;
 
+    fn digest_acl() -> baton_proto::Acl {
+        use baton_proto::acl::perms;
+        baton_proto::Acl::new(vec![
+            baton_proto::AclEntry {
+                perms: perms::ALL,
+                scheme: "digest".into(),
+                id: "ann:Xdm0BV8gT1tcNfPQDHUsCGmPqaU=".into(),
+            },
+            baton_proto::AclEntry {
+                perms: perms::READ,
+                scheme: "world".into(),
+                id: "anyone".into(),
+            },
+        ])
+    }
+
     fn proposals() -> Vec<Proposal> {
         let commands = vec![
             Command::OpenSession {
@@ -417,6 +454,7 @@ mod tests {
                 data: Bytes::from_static(b"xyz"),
                 mode: CreateMode::EphemeralSequential,
                 fence: Some(7),
+                acl: baton_proto::Acl::OPEN,
             },
             Command::Delete {
                 path: "/a".into(),
@@ -453,6 +491,34 @@ mod tests {
             },
             Command::DeleteTombstone {
                 path: "/s/permit-0000000009".into(),
+            },
+            Command::Create {
+                session: SessionId(5),
+                path: "/secret".into(),
+                data: Bytes::from_static(b"s"),
+                mode: CreateMode::PersistentSequential,
+                fence: None,
+                acl: digest_acl(),
+            },
+            Command::SetAcl {
+                path: "/secret".into(),
+                acl: digest_acl(),
+                version: Some(3),
+            },
+            Command::SetAcl {
+                path: "/".into(),
+                acl: baton_proto::Acl::OPEN,
+                version: None,
+            },
+            Command::Multi {
+                session: SessionId(5),
+                ops: vec![TxnOp::Create {
+                    path: "/m".into(),
+                    data: Bytes::new(),
+                    mode: CreateMode::Ephemeral,
+                    fence: Some(4),
+                    acl: digest_acl(),
+                }],
             },
         ];
         commands

@@ -2,9 +2,9 @@
 //!
 //! # Format
 //! ```text
-//! header, 52 bytes (format 6):
+//! header, 52 bytes (format 7):
 //!   magic       [8]  "BATNSNAP"
-//!   format      u32  6
+//!   format      u32  7
 //!   revision    u64  the state's revision
 //!   last_now_ms u64  the time the latest change was stamped with
 //!   sessions    u64  number of session entries
@@ -24,15 +24,19 @@
 //!            7 multi failed: index u32, code u16, message str
 //!            8 checked (inside a multi only)
 //!            9 lock delay set
+//!           10 ACL set:  stat, aversion u32
 //! nodes, each after its parent, the root first:
 //!   path str, data bytes, czxid u64, mzxid u64, pzxid u64, ctime u64,
 //!   mtime u64, version u32, cversion u32, owner u64, fence u64,
 //!   rule: kind u8 (0 exclusive, 1 shared, 2 permits), then permits u32 if 2,
 //!   extras u8: bit 0 a lock-delay follows (delay_ms u32), bit 1 the node is
-//!   a lock-delay tombstone (due_ms u64 follows)
+//!   a lock-delay tombstone (due_ms u64 follows), bit 2 an access control
+//!   list follows (aversion u32, then the list as in baton_proto::acl)
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 5 (still read) is format 6 without the extras (no lock-delays);
+//! Format 6 (still read) is format 7 without access control lists (no
+//! extras bit 2, no tag 10); format 5 is format 6 without the extras (no
+//! lock-delays);
 //! format 4 is format 5 without the nodes' rules (every node exclusive);
 //! format 3 (still read) is format 4 without transactions (no tags 6 to
 //! 8); format 2 (still read) is format 3 whose sessions keep no refusal (no
@@ -48,12 +52,14 @@ use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 
 use baton_proto::wire::Reader;
-use baton_proto::{DecodeError, ErrorCode, ErrorReply, QueueRule, SessionId, SessionSecret, Stat};
+use baton_proto::{
+    Acl, DecodeError, ErrorCode, ErrorReply, QueueRule, SessionId, SessionSecret, Stat,
+};
 
 use crate::{LastReply, NodeImage, Outcome, SessionImage, StateMachine};
 
 const MAGIC: &[u8; 8] = b"BATNSNAP";
-const FORMAT: u32 = 6;
+const FORMAT: u32 = 7;
 const HEADER: usize = 52;
 const HEADER_V1: usize = 44;
 
@@ -107,13 +113,20 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
         body.put(&n.fence.to_be_bytes())?;
         let mut rule = Vec::with_capacity(18);
         n.rule.put(&mut rule);
-        let extras = u8::from(n.lock_delay_ms > 0) | u8::from(n.tombstone_until > 0) << 1;
+        let with_acl = !n.acl.is_open() || n.aversion > 0;
+        let extras = u8::from(n.lock_delay_ms > 0)
+            | u8::from(n.tombstone_until > 0) << 1
+            | u8::from(with_acl) << 2;
         rule.push(extras);
         if n.lock_delay_ms > 0 {
             rule.extend_from_slice(&n.lock_delay_ms.to_be_bytes());
         }
         if n.tombstone_until > 0 {
             rule.extend_from_slice(&n.tombstone_until.to_be_bytes());
+        }
+        if with_acl {
+            rule.extend_from_slice(&n.aversion.to_be_bytes());
+            n.acl.put(&mut rule);
         }
         body.put(&rule)?;
         nodes += 1;
@@ -210,6 +223,11 @@ fn put_outcome<W: Write>(w: &mut CrcWriter<W>, outcome: &Outcome) -> std::io::Re
         }
         Outcome::Checked => w.put(&[8]),
         Outcome::LockDelaySet => w.put(&[9]),
+        Outcome::AclSet { stat, aversion } => {
+            w.put(&[10])?;
+            put_stat(w, stat)?;
+            w.put(&aversion.to_be_bytes())
+        }
         // Sessions that opened or ended keep no reply: the first has no
         // request to answer, the second no session to keep it in.
         Outcome::SessionOpened(_) | Outcome::SessionEnded { .. } => w.put(&[0]),
@@ -320,6 +338,8 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                 },
                 lock_delay_ms: 0,
                 tombstone_until: 0,
+                acl: Acl::OPEN,
+                aversion: 0,
             })
             .and_then(|mut image| {
                 if format >= 6 {
@@ -329,6 +349,16 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                     }
                     if extras & 2 != 0 {
                         image.tombstone_until = r.u64("tombstone due")?;
+                    }
+                    if extras & 4 != 0 && format >= 7 {
+                        image.aversion = r.u32("ACL version")?;
+                        image.acl = Acl::read(&mut r)?;
+                    }
+                    if extras & !7 != 0 || (extras & 4 != 0 && format < 7) {
+                        return Err(DecodeError::BadValue {
+                            what: "node extras",
+                            value: extras.into(),
+                        });
                     }
                 }
                 Ok(image)
@@ -417,6 +447,10 @@ fn outcome(r: &mut Reader, tag: u8, format: u32, in_multi: bool) -> Result<Outco
         },
         8 if format >= 4 && in_multi => Outcome::Checked,
         9 if format >= 6 && !in_multi => Outcome::LockDelaySet,
+        10 if format >= 7 && !in_multi => Outcome::AclSet {
+            stat: get_stat(r)?,
+            aversion: r.u32("ACL version")?,
+        },
         tag => {
             return Err(DecodeError::BadValue {
                 what: "reply tag",
@@ -486,6 +520,7 @@ mod tests {
             data: Bytes::new(),
             mode: CreateMode::Persistent,
             fence: None,
+            acl: baton_proto::Acl::OPEN,
         };
         sm.apply_proposal(&at(1, 4, create)).result.unwrap();
         let refused = sm.apply_proposal(&at(2, 7, set(5))).result.unwrap_err();
@@ -507,5 +542,76 @@ mod tests {
         let again = back.apply_proposal(&at(2, 7, set(1)));
         assert_eq!(again.result, Err(refused));
         assert!(!again.changed);
+    }
+
+    /// Nodes' access control lists and ACL versions come back from a
+    /// snapshot, and so does the reply kept for a set-ACL request.
+    #[test]
+    fn access_control_lists_read_back() {
+        use crate::{Origin, Proposal};
+        use baton_proto::acl::perms;
+        use baton_proto::{Acl, AclEntry};
+        let acl = Acl::new(vec![AclEntry {
+            perms: perms::READ | perms::ADMIN,
+            scheme: "digest".into(),
+            id: "ann:hash".into(),
+        }]);
+        let mut sm = StateMachine::new();
+        let session = match sm
+            .apply(
+                &Command::OpenSession {
+                    timeout_ms: 3000,
+                    secret: SessionSecret([1; 16]),
+                },
+                1,
+            )
+            .result
+        {
+            Ok(Outcome::SessionOpened(id)) => id,
+            other => panic!("{other:?}"),
+        };
+        for (path, acl) in [
+            ("/kept", acl.clone()),
+            ("/open", Acl::OPEN),
+            ("/reset", acl.clone()),
+        ] {
+            let create = Command::Create {
+                session,
+                path: path.into(),
+                data: Bytes::new(),
+                mode: CreateMode::Persistent,
+                fence: None,
+                acl,
+            };
+            sm.apply(&create, 2).result.unwrap();
+        }
+        // Set twice: back to open, at ACL version 2.
+        for (xid, acl) in [(1, acl.clone()), (2, Acl::OPEN)] {
+            let set = Proposal {
+                now_ms: 3,
+                origin: Some(Origin { session, xid }),
+                command: Command::SetAcl {
+                    path: "/reset".into(),
+                    acl,
+                    version: None,
+                },
+            };
+            sm.apply_proposal(&set).result.unwrap();
+        }
+        let mut out = std::io::Cursor::new(Vec::new());
+        encode(&sm, &mut out).unwrap();
+        let back = decode(out.get_ref()).unwrap();
+        assert_eq!(back.acl("/kept"), (&acl, 0));
+        assert_eq!(back.acl("/open"), (&Acl::OPEN, 0));
+        assert_eq!(back.acl("/reset"), (&Acl::OPEN, 2));
+        let kept = back.session(session).unwrap().last_reply(session).unwrap();
+        assert_eq!(
+            kept,
+            sm.session(session).unwrap().last_reply(session).unwrap()
+        );
+        assert!(matches!(
+            kept.reply,
+            Ok(Outcome::AclSet { aversion: 2, .. })
+        ));
     }
 }

@@ -20,8 +20,9 @@ pub(super) enum Answer {
     Plain,
     /// A sync: the path it named.
     Sync(String),
-    /// A multi: the op code of each operation (each result's record).
-    Multi(Box<[i32]>),
+    /// A multi: the op code of each operation (each result's record), and
+    /// the ACL version of the node it names.
+    Multi(Box<[(i32, u32)]>),
     /// Answered from the state when it was handled: the body, or an error
     /// code. The native request that carries it in order is a ping.
     Local(Result<Bytes, i32>),
@@ -38,6 +39,9 @@ pub(super) struct Pending {
     pub(super) xid: i32,
     pub(super) op: i32,
     pub(super) answer: Answer,
+    /// The ACL version of the node the request names, when it was handled,
+    /// for the stat in its reply (the native stat has none).
+    pub(super) aversion: u32,
 }
 
 /// A connection's requests not yet answered, in request order (the core
@@ -102,6 +106,7 @@ fn write_reply(
         xid,
         op: code,
         answer,
+        aversion,
         ..
     } = pending;
     let header = |b: &mut BytesMut, err| ReplyHeader { xid, zxid, err }.encode(b);
@@ -135,24 +140,28 @@ fn write_reply(
             header(b, err::OK);
             put_str(b, path);
             if code != op::CREATE {
-                stat_of(stat).encode(b);
+                stat_of(stat, 0).encode(b);
             }
         }
         Reply::Exists(None) => header(b, err::NO_NODE),
         Reply::Exists(Some(stat)) | Reply::SetData(stat) => {
             header(b, err::OK);
-            stat_of(stat).encode(b);
+            stat_of(stat, aversion).encode(b);
+        }
+        Reply::SetAcl { stat, aversion } => {
+            header(b, err::OK);
+            stat_of(stat, *aversion).encode(b);
         }
         Reply::GetData { stat, data } => {
             header(b, err::OK);
             put_buffer(b, data);
-            stat_of(stat).encode(b);
+            stat_of(stat, aversion).encode(b);
         }
         Reply::GetChildren { stat, children } => {
             header(b, err::OK);
             put_strings(b, children.iter());
             if code == op::GET_CHILDREN2 {
-                stat_of(stat).encode(b);
+                stat_of(stat, aversion).encode(b);
             }
         }
         // As ZooKeeper answers it: an error response of 0 (Java's client
@@ -169,10 +178,14 @@ fn write_reply(
 /// then the closing header. A failed multi reports every operation as an
 /// error: those before the one that failed with 0, those after it with
 /// runtime-inconsistency, as ZooKeeper does.
-fn multi_results(b: &mut BytesMut, ops: &[i32], results: &Result<Vec<TxnResult>, TxnFailure>) {
+fn multi_results(
+    b: &mut BytesMut,
+    ops: &[(i32, u32)],
+    results: &Result<Vec<TxnResult>, TxnFailure>,
+) {
     match results {
         Ok(results) => {
-            for (&code, result) in ops.iter().zip(results) {
+            for (&(code, aversion), result) in ops.iter().zip(results) {
                 match result {
                     TxnResult::Created { path, stat, .. } => {
                         let kind = if code == op::CREATE {
@@ -183,13 +196,13 @@ fn multi_results(b: &mut BytesMut, ops: &[i32], results: &Result<Vec<TxnResult>,
                         multi_header(b, kind, err::OK);
                         put_str(b, path);
                         if kind == op::CREATE2 {
-                            stat_of(stat).encode(b);
+                            stat_of(stat, 0).encode(b);
                         }
                     }
                     TxnResult::Deleted => multi_header(b, op::DELETE, err::OK),
                     TxnResult::DataSet(stat) => {
                         multi_header(b, op::SET_DATA, err::OK);
-                        stat_of(stat).encode(b);
+                        stat_of(stat, aversion).encode(b);
                     }
                     TxnResult::Checked => multi_header(b, op::CHECK, err::OK),
                 }
@@ -237,8 +250,9 @@ pub(super) fn multi_end(b: &mut BytesMut) {
     put_int(b, -1);
 }
 
-/// A node's stat in ZooKeeper's layout (Baton keeps no ACL version: 0).
-pub(super) fn stat_of(s: &baton_proto::Stat) -> Stat {
+/// A node's stat in ZooKeeper's layout, with its ACL version (which
+/// Baton keeps beside the node, not in its stat).
+pub(super) fn stat_of(s: &baton_proto::Stat, aversion: u32) -> Stat {
     Stat {
         czxid: s.czxid as i64,
         mzxid: s.mzxid as i64,
@@ -246,7 +260,7 @@ pub(super) fn stat_of(s: &baton_proto::Stat) -> Stat {
         mtime: s.mtime as i64,
         version: s.version as i32,
         cversion: s.cversion as i32,
-        aversion: 0,
+        aversion: aversion as i32,
         ephemeral_owner: s.ephemeral_owner as i64,
         data_length: s.data_length as i32,
         num_children: s.num_children as i32,

@@ -14,6 +14,7 @@
 //! docs/zookeeper.md lists every operation and every difference from
 //! ZooKeeper's own server.
 
+mod acl;
 mod answer;
 mod translate;
 mod words;
@@ -270,8 +271,8 @@ struct State {
     answers: Answers,
     /// The native xid of the next request.
     next_xid: u32,
-    /// Who the client is, for whoAmI: its address, then what it proved
-    /// with addAuth (scheme, user).
+    /// Who the client is, for nodes' lists and whoAmI: its address, then
+    /// what it proved with addAuth (`digest` and its digest id).
     ids: Vec<(String, String)>,
 }
 
@@ -386,7 +387,11 @@ impl Zk {
             );
         }
         let mut core = conn.shared.core();
-        match translate::plan(&core, session, identity, request) {
+        let caller = acl::Caller {
+            identity,
+            ids: &self.0.ids,
+        };
+        match translate::plan(&core, session, &caller, request) {
             Plan::Native(request, answer) => self.send(
                 &mut core, session, outbox, identity, header, request, answer,
             ),
@@ -442,11 +447,13 @@ impl Zk {
     ) -> Flow {
         let native = self.0.next_xid;
         self.0.next_xid = native.wrapping_add(1);
+        let aversion = request.path().map_or(0, |p| core.sm().acl(p).1);
         self.0.answers.pending.push_back(Pending {
             native,
             xid: header.xid,
             op: header.op,
             answer,
+            aversion,
         });
         core.handle(
             session,
@@ -506,7 +513,10 @@ impl Zk {
                 _ => return refuse(&format!("no identity {user} with that token")),
             }
         }
-        self.0.ids.push(("digest".into(), user.into()));
+        let id = acl::digest_id(user, password);
+        if !self.0.ids.iter().any(|(s, i)| s == "digest" && *i == id) {
+            self.0.ids.push(("digest".into(), id));
+        }
         Ok(())
     }
 }

@@ -2,17 +2,19 @@
 //! written in ZooKeeper's form), or an answer read from the state under the
 //! core's lock (for what Baton's own protocol has no request for).
 
+use baton_proto::acl::perms;
 use baton_proto::txn::Check;
 use baton_proto::{path, CreateMode, Request, SessionId, TxnOp};
 use baton_zk::codes::{err, mode, op, watch};
 use baton_zk::jute::{put_buffer, put_int, put_str, put_strings};
 use baton_zk::request::{Create, MultiOp};
-use baton_zk::{Acl, Request as Zk};
+use baton_zk::Request as Zk;
 use bytes::{Bytes, BytesMut};
 use tracing::warn;
 
+use super::acl::{self, Caller};
 use super::answer::{failed_multi, multi_end, multi_error, multi_header, stat_of, Answer};
-use crate::auth::{Identity, Rights};
+use crate::auth::Rights;
 use crate::core::Core;
 use crate::watches::Kinds;
 
@@ -60,64 +62,65 @@ fn version(v: i32) -> Option<u32> {
 /// The plan for a request other than auth (which the connection handles
 /// itself). `core` is locked for the whole request, so an answer read from
 /// the state is the state the request sees.
-pub(super) fn plan(
-    core: &Core,
-    session: SessionId,
-    identity: Option<&Identity>,
-    request: Zk,
-) -> Plan {
-    match plan_inner(core, session, identity, request) {
+pub(super) fn plan(core: &Core, session: SessionId, caller: &Caller, request: Zk) -> Plan {
+    match plan_inner(core, session, caller, request) {
         Ok(plan) => plan,
         Err(code) => Plan::Local(Err(code)),
     }
 }
 
-fn plan_inner(
-    core: &Core,
-    session: SessionId,
-    identity: Option<&Identity>,
-    request: Zk,
-) -> Result<Plan, i32> {
+fn plan_inner(core: &Core, session: SessionId, caller: &Caller, request: Zk) -> Result<Plan, i32> {
     let native = |r| Ok(Plan::Native(r, Answer::Plain));
     // What is answered here rather than by the core is checked here: the
     // identity needs `right` on the path (native requests: in the core).
-    let may = |right: Rights, path: &str| match identity {
-        Some(id) if !id.rights_on(path).allow(right) => Err(err::NO_AUTH),
-        _ => Ok(()),
-    };
+    let may = |right: Rights, path: &str| caller.may(right, path);
+    // And every request as ZooKeeper checks it against nodes' lists.
+    let check = |path: &str, wanted: u8| caller.check(core, path, wanted);
     match request {
         Zk::Create(c) => {
-            let (path, data, mode) = create(c, core.revision(), false)?;
+            let (path, data, mode, acl) = create(c, core.revision(), false, caller)?;
+            check(parent_of(&path), perms::CREATE)?;
             native(Request::Create {
                 path,
                 data,
                 mode,
                 fence: None,
+                acl,
             })
         }
-        Zk::Delete { path, version: v } => native(Request::Delete {
-            path: checked(path)?,
-            version: version(v),
-            fence: None,
-        }),
+        Zk::Delete { path, version: v } => {
+            let path = checked(path)?;
+            check(parent_of(&path), perms::DELETE)?;
+            native(Request::Delete {
+                path,
+                version: version(v),
+                fence: None,
+            })
+        }
+        // As ZooKeeper: exists needs no permission.
         Zk::Exists { path, watch } => native(Request::Exists {
             path: checked(path)?,
             watch,
         }),
-        Zk::GetData { path, watch } => native(Request::GetData {
-            path: checked(path)?,
-            watch,
-        }),
+        Zk::GetData { path, watch } => {
+            let path = checked(path)?;
+            check(&path, perms::READ)?;
+            native(Request::GetData { path, watch })
+        }
         Zk::SetData {
             path,
             data,
             version: v,
-        } => native(Request::SetData {
-            path: checked(path)?,
-            data,
-            version: version(v),
-            fence: None,
-        }),
+        } => {
+            let path = checked(path)?;
+            check(&path, perms::WRITE)?;
+            native(Request::SetData {
+                path,
+                data,
+                version: version(v),
+                fence: None,
+            })
+        }
         // Without a watch (the lock recipes' listing), the names are
         // written straight from the state: no copy of each name on the way.
         Zk::GetChildren {
@@ -128,44 +131,51 @@ fn plan_inner(
             let path = checked(path)?;
             may(Rights::READ, &path)?;
             let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+            check(&path, perms::READ)?;
             let names = node.child_names();
             let mut b =
                 BytesMut::with_capacity(8 + names.iter().map(|n| 4 + n.len()).sum::<usize>());
             put_strings(&mut b, names.iter());
             if stat {
-                stat_of(&node.stat()).encode(&mut b);
+                stat_of(&node.stat(), core.sm().acl(&path).1).encode(&mut b);
             }
             Ok(Plan::Local(Ok(b.freeze())))
         }
-        Zk::GetChildren { path, watch, .. } => native(Request::GetChildren {
-            path: checked(path)?,
-            watch,
-        }),
+        Zk::GetChildren { path, watch, .. } => {
+            let path = checked(path)?;
+            check(&path, perms::READ)?;
+            native(Request::GetChildren { path, watch })
+        }
         Zk::Sync { path } => Ok(Plan::Native(Request::Ping, Answer::Sync(checked(path)?))),
         Zk::Ping => native(Request::Ping),
         Zk::CloseSession => native(Request::CloseSession),
-        Zk::Multi { ops, read: false } => multi(ops, core.revision()),
-        Zk::Multi { ops, read: true } => Ok(Plan::Local(Ok(multi_read(core, &may, ops)))),
+        Zk::Multi { ops, read: false } => multi(core, caller, ops),
+        Zk::Multi { ops, read: true } => Ok(Plan::Local(Ok(multi_read(core, caller, ops)))),
         Zk::GetAcl { path } => {
             let path = checked(path)?;
             may(Rights::READ, &path)?;
             let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+            // As ZooKeeper: reading a list takes read or admin.
+            check(&path, perms::READ | perms::ADMIN)?;
+            let (acl, aversion) = core.sm().acl(&path);
             let mut b = BytesMut::new();
-            Acl::encode_list(&[Acl::open()], &mut b);
-            stat_of(&node.stat()).encode(&mut b);
+            baton_zk::Acl::encode_list(&acl::to_zk(acl), &mut b);
+            stat_of(&node.stat(), aversion).encode(&mut b);
             Ok(Plan::Local(Ok(b.freeze())))
         }
-        Zk::SetAcl { path, acl, version } => {
+        Zk::SetAcl {
+            path,
+            acl,
+            version: v,
+        } => {
             let path = checked(path)?;
-            may(Rights::ADMIN, &path)?;
-            let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
-            open_acl(&acl)?;
-            if version != -1 && version != 0 {
-                return Err(err::BAD_VERSION);
-            }
-            let mut b = BytesMut::new();
-            stat_of(&node.stat()).encode(&mut b);
-            Ok(Plan::Local(Ok(b.freeze())))
+            let acl = caller.acl(acl)?;
+            check(&path, perms::ADMIN)?;
+            native(Request::SetAcl {
+                path,
+                acl,
+                version: version(v),
+            })
         }
         Zk::CheckWatches { path, kind } => {
             let path = checked(path)?;
@@ -189,8 +199,10 @@ fn plan_inner(
                 watch::MODE_PERSISTENT_RECURSIVE => true,
                 _ => return Err(err::BAD_ARGUMENTS),
             };
+            let path = checked(path)?;
+            check(&path, perms::READ)?;
             native(Request::AddWatch {
-                path: checked(path)?,
+                path,
                 recursive,
                 from: 0,
             })
@@ -250,6 +262,7 @@ fn plan_inner(
         Zk::GetAllChildrenNumber { path } => {
             let path = checked(path)?;
             may(Rights::READ, &path)?;
+            check(&path, perms::READ)?;
             let count = descendants(core, &path).ok_or(err::NO_NODE)?;
             let mut b = BytesMut::new();
             put_int(&mut b, count.min(i32::MAX as usize) as i32);
@@ -265,17 +278,15 @@ fn plan_inner(
     }
 }
 
-/// Every ACL entry must be `world:anyone`: Baton keeps no ACL per node
-/// (rights come from its identities), and refuses what it would not
-/// enforce rather than ignore it.
-fn open_acl(acl: &[Acl]) -> Result<(), i32> {
-    if acl.is_empty() || !acl.iter().all(Acl::is_open) {
-        return Err(err::INVALID_ACL);
+/// The parent of a checked path (a sequential create's `parent/` names
+/// `parent`).
+fn parent_of(p: &str) -> &str {
+    match p.strip_suffix('/') {
+        Some(parent) if !parent.is_empty() => parent,
+        _ => path::parent(p).unwrap_or("/"),
     }
-    Ok(())
 }
 
-/// A create's path, data and mode.
 /// The last sequence number that fits ZooKeeper's 10-digit suffix.
 const LAST_TEN_DIGIT_SEQUENCE: u64 = 9_999_999_999;
 
@@ -283,7 +294,8 @@ const LAST_TEN_DIGIT_SEQUENCE: u64 = 9_999_999_999;
 /// proposed and not yet applied take revisions before this one's turn.
 const SEQUENCE_MARGIN: u64 = 1 << 20;
 
-/// A create's path, data and mode. `revision` is the state's: a sequence
+/// A create's path, data, mode and list (`caller` gives `auth` entries
+/// their ids). `revision` is the state's: a sequence
 /// number is the creation's revision, and ZooKeeper's clients need it in 10
 /// digits (kazoo's recipes find their nodes by exactly 10), so past that a
 /// sequential create is refused rather than given a name they misread. A
@@ -291,11 +303,16 @@ const SEQUENCE_MARGIN: u64 = 1 << 20;
 /// (`/jobs/`: the node is named by its number alone), as ZooKeeper allows,
 /// except in a multi, whose operations are logged with paths that must
 /// follow the path rules.
-fn create(c: Create, revision: u64, in_multi: bool) -> Result<(String, Bytes, CreateMode), i32> {
+fn create(
+    c: Create,
+    revision: u64,
+    in_multi: bool,
+    caller: &Caller,
+) -> Result<(String, Bytes, CreateMode, baton_proto::Acl), i32> {
     if c.op == op::CREATE_TTL {
         return Err(err::UNIMPLEMENTED);
     }
-    open_acl(&c.acl)?;
+    let acl = caller.acl(c.acl)?;
     let mode = match c.flags {
         mode::PERSISTENT | mode::CONTAINER => CreateMode::Persistent,
         mode::EPHEMERAL => CreateMode::Ephemeral,
@@ -323,12 +340,20 @@ fn create(c: Create, revision: u64, in_multi: bool) -> Result<(String, Bytes, Cr
     } else {
         checked(c.path)?
     };
-    Ok((path, c.data, mode))
+    Ok((path, c.data, mode, acl))
 }
 
 /// A multi: one native transaction, or (an operation refused on its form)
 /// the answer that it failed there.
-fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
+///
+/// Each operation is checked against the list of the node it needs a
+/// permission on as the state is now, as ZooKeeper checks a multi's
+/// operations before any is applied (a node an earlier operation of the
+/// same multi creates is checked as absent: open).
+fn multi(core: &Core, caller: &Caller, ops: Vec<MultiOp>) -> Result<Plan, i32> {
+    let revision = core.revision();
+    let check = |path: &str, wanted: u8| caller.check(core, path, wanted);
+    let aversion = |path: &str| core.sm().acl(path).1;
     let count = ops.len();
     let mut codes = Vec::with_capacity(count);
     let mut txn = Vec::with_capacity(count);
@@ -336,19 +361,26 @@ fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
         let (code, converted) = match o {
             MultiOp::Create(c) => (
                 c.op,
-                create(c, revision, true).map(|(path, data, mode)| TxnOp::Create {
-                    path,
-                    data,
-                    mode,
-                    fence: None,
+                create(c, revision, true, caller).and_then(|(path, data, mode, acl)| {
+                    check(parent_of(&path), perms::CREATE)?;
+                    Ok(TxnOp::Create {
+                        path,
+                        data,
+                        mode,
+                        fence: None,
+                        acl,
+                    })
                 }),
             ),
             MultiOp::Delete { path, version: v } => (
                 op::DELETE,
-                checked(path).map(|path| TxnOp::Delete {
-                    path,
-                    version: version(v),
-                    fence: None,
+                checked(path).and_then(|path| {
+                    check(parent_of(&path), perms::DELETE)?;
+                    Ok(TxnOp::Delete {
+                        path,
+                        version: version(v),
+                        fence: None,
+                    })
                 }),
             ),
             MultiOp::SetData {
@@ -357,18 +389,24 @@ fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
                 version: v,
             } => (
                 op::SET_DATA,
-                checked(path).map(|path| TxnOp::SetData {
-                    path,
-                    data,
-                    version: version(v),
-                    fence: None,
+                checked(path).and_then(|path| {
+                    check(&path, perms::WRITE)?;
+                    Ok(TxnOp::SetData {
+                        path,
+                        data,
+                        version: version(v),
+                        fence: None,
+                    })
                 }),
             ),
             MultiOp::Check { path, version: v } => (
                 op::CHECK,
-                checked(path).map(|path| TxnOp::Check {
-                    path,
-                    check: version(v).map_or(Check::Exists, Check::Version),
+                checked(path).and_then(|path| {
+                    check(&path, perms::READ)?;
+                    Ok(TxnOp::Check {
+                        path,
+                        check: version(v).map_or(Check::Exists, Check::Version),
+                    })
                 }),
             ),
             // Reads belong in a multiRead.
@@ -377,7 +415,10 @@ fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
             }
         };
         match converted {
-            Ok(t) => txn.push(t),
+            Ok(t) => {
+                codes.push((code, aversion(t.path())));
+                txn.push(t);
+            }
             Err(code) => {
                 let mut b = BytesMut::new();
                 failed_multi(&mut b, count, i, code);
@@ -385,7 +426,6 @@ fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
                 return Ok(Plan::Local(Ok(b.freeze())));
             }
         }
-        codes.push(code);
     }
     if txn.is_empty() {
         let mut b = BytesMut::new();
@@ -400,29 +440,27 @@ fn multi(ops: Vec<MultiOp>, revision: u64) -> Result<Plan, i32> {
 
 /// A multiRead's results, read from the state at once: each operation's
 /// data or children, or its error.
-fn multi_read(
-    core: &Core,
-    may: &impl Fn(Rights, &str) -> Result<(), i32>,
-    ops: Vec<MultiOp>,
-) -> Bytes {
+fn multi_read(core: &Core, caller: &Caller, ops: Vec<MultiOp>) -> Bytes {
     let node = |path: String| {
         let path = checked(path)?;
-        may(Rights::READ, &path)?;
-        core.sm().node(&path).ok_or(err::NO_NODE)
+        caller.may(Rights::READ, &path)?;
+        let node = core.sm().node(&path).ok_or(err::NO_NODE)?;
+        caller.check(core, &path, perms::READ)?;
+        Ok((node, core.sm().acl(&path).1))
     };
     let mut b = BytesMut::new();
     for o in ops {
         match o {
             MultiOp::GetData { path } => match node(path) {
-                Ok(node) => {
+                Ok((node, aversion)) => {
                     multi_header(&mut b, op::GET_DATA, err::OK);
                     put_buffer(&mut b, &node.data());
-                    stat_of(&node.stat()).encode(&mut b);
+                    stat_of(&node.stat(), aversion).encode(&mut b);
                 }
                 Err(e) => multi_error(&mut b, e),
             },
             MultiOp::GetChildren { path } => match node(path) {
-                Ok(node) => {
+                Ok((node, _)) => {
                     multi_header(&mut b, op::GET_CHILDREN, err::OK);
                     put_strings(&mut b, node.child_names().iter());
                 }
@@ -479,8 +517,13 @@ fn descendants(core: &Core, path: &str) -> Option<usize> {
 pub(super) fn who_am_i(ids: &[(String, String)]) -> Bytes {
     let mut b = BytesMut::new();
     put_int(&mut b, ids.len() as i32);
-    for (scheme, user) in ids {
+    for (scheme, id) in ids {
         put_str(&mut b, scheme);
+        // A digest id names its user before the hash, as ZooKeeper shows it.
+        let user = match scheme.as_str() {
+            "digest" => id.split_once(':').map_or(id.as_str(), |(user, _)| user),
+            _ => id,
+        };
         put_str(&mut b, user);
     }
     b.freeze()
@@ -490,11 +533,16 @@ pub(super) fn who_am_i(ids: &[(String, String)]) -> Bytes {
 mod tests {
     use super::*;
 
+    const NOBODY: Caller = Caller {
+        identity: None,
+        ids: &[],
+    };
+
     fn sequential(path: &str) -> Create {
         Create {
             path: path.into(),
             data: Bytes::new(),
-            acl: vec![Acl::open()],
+            acl: vec![baton_zk::Acl::open()],
             flags: mode::EPHEMERAL_SEQUENTIAL,
             ttl: None,
             op: op::CREATE2,
@@ -508,13 +556,13 @@ mod tests {
     #[test]
     fn sequential_creates_stop_before_the_suffix_needs_11_digits() {
         let last_safe = LAST_TEN_DIGIT_SEQUENCE - SEQUENCE_MARGIN;
-        assert!(create(sequential("/l/n-"), last_safe, false).is_ok());
+        assert!(create(sequential("/l/n-"), last_safe, false, &NOBODY).is_ok());
         assert_eq!(
-            create(sequential("/l/n-"), last_safe + 1, false).err(),
+            create(sequential("/l/n-"), last_safe + 1, false, &NOBODY).err(),
             Some(err::SYSTEM_ERROR)
         );
         assert_eq!(
-            create(sequential("/l/n-"), u64::MAX, true).err(),
+            create(sequential("/l/n-"), u64::MAX, true, &NOBODY).err(),
             Some(err::SYSTEM_ERROR)
         );
         // Plain creates are not numbered: no limit.
@@ -522,21 +570,24 @@ mod tests {
             flags: mode::PERSISTENT,
             ..sequential("/l/x")
         };
-        assert!(create(plain, u64::MAX, false).is_ok());
+        assert!(create(plain, u64::MAX, false, &NOBODY).is_ok());
     }
 
     #[test]
     fn a_sequential_create_may_name_its_parent_with_a_slash_outside_a_multi() {
-        let (path, _, _) = create(sequential("/jobs/"), 5, false).unwrap();
+        let (path, _, _, _) = create(sequential("/jobs/"), 5, false, &NOBODY).unwrap();
         assert_eq!(path, "/jobs/");
         assert_eq!(
-            create(sequential("/jobs/"), 5, true).err(),
+            create(sequential("/jobs/"), 5, true, &NOBODY).err(),
             Some(err::BAD_ARGUMENTS)
         );
         let plain = Create {
             flags: mode::PERSISTENT,
             ..sequential("/jobs/")
         };
-        assert_eq!(create(plain, 5, false).err(), Some(err::BAD_ARGUMENTS));
+        assert_eq!(
+            create(plain, 5, false, &NOBODY).err(),
+            Some(err::BAD_ARGUMENTS)
+        );
     }
 }

@@ -20,6 +20,7 @@ impl Client {
                     data: Bytes::from(item.to_string()),
                     mode: CreateMode::PersistentSequential,
                     fence: None,
+                    acl: baton_proto::Acl::OPEN,
                 };
                 self.start(w, c, request, Purpose::Put { item }, now_ns);
             }
@@ -83,6 +84,7 @@ impl Client {
                         data: Bytes::new(),
                         mode: CreateMode::Ephemeral,
                         fence: None,
+                        acl: baton_proto::Acl::OPEN,
                     };
                     self.start(w, c, request, Purpose::Hold { path }, now_ns);
                 }

@@ -55,6 +55,7 @@ fn create(path: &str, data: &'static str) -> Command {
         data: Bytes::from_static(data.as_bytes()),
         mode: CreateMode::Persistent,
         fence: None,
+        acl: baton_proto::Acl::OPEN,
     }
 }
 
