@@ -193,3 +193,85 @@ async fn a_reload_gives_new_connections_the_new_certificate() {
     plain.stop().await;
     server.stop().await;
 }
+
+/// A client certificate valid for an identity's tls-client name proves
+/// that identity without a token; its rights then apply. A certificate
+/// the authority signed for another name proves nothing, and a token
+/// still names its own identity.
+#[tokio::test]
+async fn a_client_certificate_proves_the_identity_it_names() {
+    use baton::server::auth::{Identities, Identity, Rights};
+    let dir = scratch("tls-identity");
+    let (ours, other) = (make_pki(dir.path(), "ours"), make_pki(dir.path(), "other"));
+    let rights = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| Rights::parse(n).unwrap())
+            .fold(Rights::default(), Rights::union_of)
+    };
+    let token = |t: &str| baton::proto::Token(t.to_owned().into());
+    let reader = Identity::new(
+        "reader".into(),
+        token("reader-token-0123456789"),
+        vec![("/".into(), rights(&["read"]))],
+    )
+    .with_tls_name(&ours.client_name)
+    .unwrap();
+    let ops = Identity::new(
+        "ops".into(),
+        token("ops-token-0123456789"),
+        vec![("/".into(), rights(&["admin"]))],
+    );
+    let identities = Identities::new(vec![reader, ops]).unwrap();
+    // The other authority's client certificate is trusted too, but no
+    // identity names it.
+    let both_cas = dir.path().join("both-ca.pem");
+    let pem = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    std::fs::write(&both_cas, pem(&ours.ca) + &pem(&other.ca)).unwrap();
+    let config = baton::server::Config {
+        tls: Some(
+            server_config(&TlsFiles {
+                cert: ours.server_cert.clone(),
+                key: ours.server_key.clone(),
+                client_ca: Some(both_cas),
+            })
+            .unwrap(),
+        ),
+        identities: Some(Arc::new(identities)),
+        ..fast_config()
+    };
+    let server = TestServer::with_config(config).await;
+    let addr = server.addr();
+    let with_cert = |pki: &Pki| {
+        ClientTls::from_files(&ours.ca, Some((&pki.client_cert, &pki.client_key))).unwrap()
+    };
+
+    let reader = connect(&addr, with_cert(&ours)).await.unwrap();
+    reader.get_data("/").await.unwrap();
+    let refused = reader.create("/x", "", CreateMode::Persistent).await;
+    assert!(
+        matches!(refused, Err(Error::PermissionDenied(_))),
+        "{refused:?}"
+    );
+    reader.close().await;
+
+    // A certificate for a name no identity has: refused at the handshake.
+    let err = connect(&addr, with_cert(&other)).await.unwrap_err();
+    assert!(err.to_string().contains("tls-client"), "{err}");
+
+    // A token names its identity, whatever the certificate.
+    let ops = within(
+        10,
+        "a TLS connection with a token",
+        Client::builder(&addr)
+            .tls(with_cert(&ours))
+            .token("ops-token-0123456789")
+            .session_timeout(Duration::from_secs(10))
+            .connect(),
+    )
+    .await
+    .unwrap();
+    ops.create("/x", "", CreateMode::Persistent).await.unwrap();
+    ops.close().await;
+    server.stop().await;
+}

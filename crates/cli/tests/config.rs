@@ -323,6 +323,9 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
         ("[[identity]]\nname = \"x\"\ntoken = \"short\"\nrights = {}\n", "at least 16"),
         ("[[identity]]\nname = \"x\"\nrights = {}\n", "token-file"),
         ("[[identity]]\nname = \"x\"\ntoken = \"0123456789abcdefgh\"\nrights = {}\nrole = \"a\"\n", "unknown field `role`"),
+        // Client certificates that nothing would check; a name that is none.
+        ("[[identity]]\nname = \"x\"\ntoken = \"0123456789abcdefgh\"\nrights = {}\ntls-client = \"x.example\"\n", "tls-ca"),
+        ("[[identity]]\nname = \"x\"\ntoken = \"0123456789abcdefgh\"\nrights = {}\ntls-client = \"not a name\"\n", "neither a DNS name"),
     ] {
         let bad = write(&dir, "bad.toml", text);
         let err = refused(&["--config", bad.to_str().unwrap()], &[]);

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use baton_proto::{CreateMode, ErrorCode, ErrorReply, Request, Token, TxnOp};
+use rustls_pki_types::{CertificateDer, ServerName};
 
 /// A set of rights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,18 +66,41 @@ impl Rights {
     }
 }
 
-/// An identity: its name, its token and its rules.
+/// An identity: its name, its token and its rules, and the name a client
+/// certificate may prove it by.
 #[derive(Debug)]
 pub struct Identity {
     pub name: String,
     token: Token,
     rules: Vec<(String, Rights)>,
+    tls_name: Option<ServerName<'static>>,
 }
 
 impl Identity {
     /// An identity with `token` and `rules` (prefix, rights).
     pub fn new(name: String, token: Token, rules: Vec<(String, Rights)>) -> Identity {
-        Identity { name, token, rules }
+        Identity {
+            name,
+            token,
+            rules,
+            tls_name: None,
+        }
+    }
+
+    /// The same identity, which a client also proves by a certificate
+    /// valid for `tls_name` (a DNS name or an address among its subject
+    /// alternative names), signed by the server's client authority.
+    ///
+    /// # Errors
+    /// `tls_name` is neither a DNS name nor an address.
+    pub fn with_tls_name(mut self, tls_name: &str) -> Result<Identity, IdentityError> {
+        let parsed =
+            ServerName::try_from(tls_name.to_owned()).map_err(|_| IdentityError::TlsName {
+                name: self.name.clone(),
+                tls_name: tls_name.to_owned(),
+            })?;
+        self.tls_name = Some(parsed);
+        Ok(self)
     }
 
     /// The rights this identity has on `path`.
@@ -270,6 +294,10 @@ pub enum IdentityError {
         prefix: String,
         source: baton_proto::path::PathError,
     },
+    #[error("identity {name}: tls-client {tls_name:?} is neither a DNS name nor an IP address")]
+    TlsName { name: String, tls_name: String },
+    #[error("identities {first} and {second} have the same tls-client name")]
+    SameTlsName { first: String, second: String },
 }
 
 #[derive(Debug)]
@@ -297,6 +325,12 @@ impl Identities {
                         second: a.name.clone(),
                     });
                 }
+                if a.tls_name.is_some() && a.tls_name == b.tls_name {
+                    return Err(IdentityError::SameTlsName {
+                        first: b.name.clone(),
+                        second: a.name.clone(),
+                    });
+                }
             }
             for (prefix, _) in &a.rules {
                 baton_proto::path::validate(prefix).map_err(|source| IdentityError::Rule {
@@ -309,6 +343,22 @@ impl Identities {
         Ok(Identities {
             list: list.into_iter().map(Arc::new).collect(),
         })
+    }
+
+    /// The identity a client certificate proves, if any: the first whose
+    /// `tls-client` name the certificate is valid for. The certificate must
+    /// already be verified (the TLS handshake did, against the server's
+    /// client authority): this reads only its names.
+    pub fn find_by_certificate(&self, cert: &CertificateDer<'_>) -> Option<Arc<Identity>> {
+        let cert = webpki::EndEntityCert::try_from(cert).ok()?;
+        self.list
+            .iter()
+            .find(|i| {
+                i.tls_name
+                    .as_ref()
+                    .is_some_and(|n| cert.verify_is_valid_for_subject_name(n).is_ok())
+            })
+            .cloned()
     }
 
     /// The identity `token` names, if any. Every token is compared, each in

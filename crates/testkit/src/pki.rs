@@ -16,6 +16,9 @@ pub struct Pki {
     pub server_key: PathBuf,
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
+    /// The DNS name the client certificate is valid for
+    /// (`client.NAME.test`), what an identity's tls-client names.
+    pub client_name: String,
 }
 
 /// Makes an authority named `name` and its certificates in `dir`.
@@ -54,12 +57,17 @@ pub fn make_pki(dir: &Path, name: &str) -> Pki {
             ExtendedKeyUsagePurpose::ClientAuth,
         ],
     );
-    let (client_cert, client_key) = leaf(vec![], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+    let client_name = format!("client.{name}.test");
+    let (client_cert, client_key) = leaf(
+        vec![client_name.clone()],
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    );
     Pki {
         ca: write("ca.pem", ca.pem()),
         server_cert: write("server.pem", server_cert),
         server_key: write("server.key", server_key),
         client_cert: write("client.pem", client_cert),
         client_key: write("client.key", client_key),
+        client_name,
     }
 }

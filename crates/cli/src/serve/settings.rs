@@ -279,6 +279,10 @@ pub struct IdentityConfig {
     token_file: Option<PathBuf>,
     /// Rights by path prefix: `"/locks/payments" = ["read", "lock", "fence"]`.
     rights: std::collections::BTreeMap<String, Vec<String>>,
+    /// A DNS name (or address) of the client certificates that prove this
+    /// identity without a token: one signed by tls-ca and valid for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_client: Option<String>,
 }
 
 impl IdentityConfig {
@@ -327,11 +331,15 @@ impl IdentityConfig {
             }
             rules.push((prefix.clone(), rights));
         }
-        Ok(Identity::new(
+        let identity = Identity::new(
             name.clone(),
             baton_proto::Token(token.into_bytes().into()),
             rules,
-        ))
+        );
+        match &self.tls_client {
+            None => Ok(identity),
+            Some(tls_name) => identity.with_tls_name(tls_name).map_err(|e| e.to_string()),
+        }
     }
 }
 
@@ -559,9 +567,15 @@ impl Settings {
                     .map(IdentityConfig::build)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| bad("identity", e))?;
-                Some(std::sync::Arc::new(
-                    Identities::new(built).map_err(|e| bad_because("identity", &e))?,
-                ))
+                let identities = Identities::new(built).map_err(|e| bad_because("identity", &e))?;
+                let by_certificate = list.iter().find(|i| i.tls_client.is_some());
+                if let (Some(i), None) = (by_certificate, &s.tls_ca) {
+                    return Err(bad(
+                        "identity",
+                        format!("identity {}: tls-client names client certificates, which only a server with tls-ca (--tls-ca: the authority that signs them) checks", i.name),
+                    ));
+                }
+                Some(std::sync::Arc::new(identities))
             }
         };
         // Shown without the tokens themselves.

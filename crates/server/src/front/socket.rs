@@ -95,6 +95,17 @@ impl Socket {
         self.secure.as_ref().and_then(|s| s.identity.as_deref())
     }
 
+    /// The certificate the client presented in the TLS handshake, which
+    /// verified it against the server's client authority (none without
+    /// TLS, or without a client authority).
+    pub(crate) fn peer_certificate(&self) -> Option<&rustls_pki_types::CertificateDer<'static>> {
+        self.secure
+            .as_ref()
+            .and_then(|s| s.tls.as_ref())
+            .and_then(|t| t.peer_certificates())
+            .and_then(|certs| certs.first())
+    }
+
     pub(crate) fn set_identity(&mut self, identity: Arc<crate::auth::Identity>) {
         self.secure.get_or_insert_with(Default::default).identity = Some(identity);
     }

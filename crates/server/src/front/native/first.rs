@@ -137,10 +137,20 @@ impl Conn {
         // A handshake of another version is refused for its version, below.
         let checked = request.version == baton_proto::PROTOCOL_VERSION;
         if let Some(identities) = self.shared.config.identities.as_ref().filter(|_| checked) {
-            let found = request.token.as_ref().and_then(|t| identities.find(&t.0));
+            // A token names the identity; without one, a client
+            // certificate may (an identity's tls-client name).
+            let found = match &request.token {
+                Some(t) => identities.find(&t.0),
+                None => self
+                    .socket
+                    .peer_certificate()
+                    .and_then(|c| identities.find_by_certificate(c)),
+            };
             let Some(identity) = found else {
                 let message = if request.token.is_some() {
                     "the token names no identity of this server".to_string()
+                } else if self.socket.peer_certificate().is_some() {
+                    "this server checks identities: the client certificate is valid for no identity's tls-client name; connect with a token (baton --token-file FILE or BATON_TOKEN, or ClientBuilder::token)".to_string()
                 } else {
                     "this server checks identities: connect with a token (baton --token-file FILE or BATON_TOKEN, or ClientBuilder::token)".to_string()
                 };

@@ -31,8 +31,9 @@ pub(super) fn digest_id(user: &str, password: &str) -> String {
 }
 
 /// Who sends a request: its Baton identity (rights on path prefixes), and
-/// what it proved for nodes' lists: `ip` and its address, then one
-/// `digest` and its digest id per credential it added.
+/// what it proved for nodes' lists: `ip` and its address, `x509` and the
+/// identity its certificate proved, then one `digest` and its digest id
+/// per credential it added.
 pub(super) struct Caller<'a> {
     pub identity: Option<&'a Identity>,
     pub ids: &'a [(String, String)],
@@ -79,10 +80,12 @@ impl Caller<'_> {
     }
 
     /// The list a create or set-ACL asks for, as the state keeps it:
-    /// `world:anyone`, `digest:user:hash`, `ip:address[/bits]`, and `auth`,
-    /// which names every digest credential the client added (and is
-    /// refused if it added none), as ZooKeeper takes them; anything else,
-    /// an empty list, or unknown permission bits: `INVALIDACL`.
+    /// `world:anyone`, `digest:user:hash`, `ip:address[/bits]`,
+    /// `x509:IDENTITY` (a client whose certificate proved that Baton
+    /// identity), and `auth`, which names every credential the client
+    /// proved, digest or certificate (and is refused if it proved none), as
+    /// ZooKeeper takes them; anything else, an empty list, or unknown
+    /// permission bits: `INVALIDACL`.
     pub fn acl(&self, asked: Vec<baton_zk::Acl>) -> Result<Acl, i32> {
         if asked.is_empty() || asked.len() > baton_proto::acl::MAX_ENTRIES {
             return Err(err::INVALID_ACL);
@@ -105,9 +108,11 @@ impl Caller<'_> {
                         .is_some_and(|(u, h)| !u.is_empty() && !h.is_empty())
                 }
                 "ip" => ip_entry(&a.id).is_some(),
+                "x509" => !a.id.is_empty(),
                 "auth" => {
                     let mut any = false;
-                    for (scheme, id) in self.ids.iter().filter(|(s, _)| s == "digest") {
+                    let proved = |s: &str| s == "digest" || s == "x509";
+                    for (scheme, id) in self.ids.iter().filter(|(s, _)| proved(s)) {
                         any = true;
                         entries.push(AclEntry {
                             perms,

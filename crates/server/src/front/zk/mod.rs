@@ -245,12 +245,30 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
         .stream
         .peer_addr()
         .map_or_else(|_| String::new(), |a| a.ip().to_string());
+    let mut ids = vec![("ip".into(), peer_ip)];
+    // A client certificate an identity's tls-client name is valid for
+    // proves that identity, as ZooKeeper's x509 authentication does: no
+    // addAuth needed, and ACL entries `x509:NAME` name it.
+    let by_certificate = conn
+        .shared
+        .config
+        .identities
+        .as_ref()
+        .and_then(|identities| {
+            let cert = conn.socket.peer_certificate()?;
+            identities.find_by_certificate(cert)
+        });
+    if let Some(identity) = by_certificate {
+        debug!(peer = %conn.socket.peer(), identity = %identity.name, "ZooKeeper client proved an identity by its certificate");
+        ids.push(("x509".into(), identity.name.clone()));
+        conn.socket.set_identity(identity);
+    }
     Some((
         session,
         Zk(Box::new(State {
             answers: Answers::default(),
             next_xid: last_xid.wrapping_add(XID_GAP),
-            ids: vec![("ip".into(), peer_ip)],
+            ids,
         })),
     ))
 }
