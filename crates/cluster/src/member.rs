@@ -415,7 +415,8 @@ fn proposal_bytes(p: &Proposal) -> usize {
         }
         Command::Delete { path, .. }
         | Command::SetLockDelay { path, .. }
-        | Command::DeleteTombstone { path } => path.len(),
+        | Command::DeleteTombstone { path }
+        | Command::DeleteContainer { path } => path.len(),
         Command::Multi { ops, .. } => ops
             .iter()
             .map(|op| op.path().len() + op.data().map_or(0, |d| d.len()) + 16)

@@ -1,7 +1,9 @@
 //! How a node is created.
 
 /// How a node is created: whether it lives only as long as its session, and
-/// whether the server appends a sequence number to its name.
+/// whether the server appends a sequence number to its name; or a
+/// container, a persistent node the server deletes once the last of its
+/// children is gone (ZooKeeper's container nodes, for recipes' parents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum CreateMode {
     #[default]
@@ -9,6 +11,7 @@ pub enum CreateMode {
     Ephemeral,
     PersistentSequential,
     EphemeralSequential,
+    Container,
 }
 
 impl CreateMode {
@@ -35,12 +38,25 @@ impl CreateMode {
         )
     }
 
-    pub(crate) fn to_u8(self) -> u8 {
-        (self.is_ephemeral() as u8) | ((self.is_sequential() as u8) << 1)
+    pub fn is_container(self) -> bool {
+        self == CreateMode::Container
     }
 
-    pub(crate) fn from_u8(mode: u8) -> Option<Self> {
-        (mode < 4).then(|| CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0))
+    /// The mode's number: bit 0 ephemeral, bit 1 sequential; 4 a container.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            CreateMode::Container => 4,
+            _ => (self.is_ephemeral() as u8) | ((self.is_sequential() as u8) << 1),
+        }
+    }
+
+    /// The mode numbered `mode`, if there is one.
+    pub fn from_u8(mode: u8) -> Option<Self> {
+        match mode {
+            0..=3 => Some(CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0)),
+            4 => Some(CreateMode::Container),
+            _ => None,
+        }
     }
 }
 

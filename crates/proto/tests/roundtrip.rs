@@ -37,7 +37,10 @@ fn data() -> impl Strategy<Value = Bytes> {
 }
 
 fn mode() -> impl Strategy<Value = CreateMode> {
-    (any::<bool>(), any::<bool>()).prop_map(|(e, s)| CreateMode::from_flags(e, s))
+    prop_oneof![
+        (any::<bool>(), any::<bool>()).prop_map(|(e, s)| CreateMode::from_flags(e, s)),
+        Just(CreateMode::Container),
+    ]
 }
 
 /// Open half the time; otherwise one to four entries of any permissions.

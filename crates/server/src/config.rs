@@ -63,6 +63,10 @@ pub struct Config {
     /// `4lw.commands.whitelist`; `*` for all). Default: `ruok`, `srvr`,
     /// `mntr`, `isro`.
     pub zk_words: Vec<String>,
+    /// How long a container stands with no children (having had some)
+    /// before the leader deletes it (default 60 s, ZooKeeper's
+    /// `znode.container.checkIntervalMs`).
+    pub container_grace: Duration,
 }
 
 /// The four-letter words answered by default: status a health check or a
@@ -92,6 +96,7 @@ impl Default for Config {
             identities: None,
             zk_listen: None,
             zk_words: DEFAULT_ZK_WORDS.iter().map(|w| w.to_string()).collect(),
+            container_grace: Duration::from_secs(60),
         }
     }
 }

@@ -58,6 +58,9 @@ pub enum Command {
     SetLockDelay { path: String, delay_ms: u32 },
     /// Deletes a lock-delay tombstone that is due.
     DeleteTombstone { path: String },
+    /// Deletes a container that has had children and has none left (the
+    /// leader proposes it once the container has stood empty a while).
+    DeleteContainer { path: String },
     /// Replaces a node's access control list, if its ACL version is
     /// `version` (any, if none).
     SetAcl {

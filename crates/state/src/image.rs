@@ -40,4 +40,6 @@ pub struct NodeImage {
     pub acl: Acl,
     /// The number of times the node's list was set.
     pub aversion: u32,
+    /// Whether the node is a container.
+    pub container: bool,
 }

@@ -100,6 +100,8 @@ pub struct StateMachine {
     /// The access control lists of the nodes that have one, or whose list
     /// was ever set (no entry: open, never set).
     acls: Map<Arc<str>, NodeAcl>,
+    /// The nodes created as containers.
+    containers: Map<Arc<str>, ()>,
 }
 
 /// A node's access control list and its version (the number of times it
@@ -136,6 +138,7 @@ impl StateMachine {
             ruled: queue::Ruled::default(),
             delays: delay::Delays::default(),
             acls: Map::new(),
+            containers: Map::new(),
         }
     }
 
@@ -146,6 +149,30 @@ impl StateMachine {
             Some(a) => (&a.acl, a.aversion),
             None => (&OPEN, 0),
         }
+    }
+
+    /// Whether the node at `path` is a container.
+    pub fn is_container(&self, path: &str) -> bool {
+        !self.containers.is_empty() && self.containers.contains_key(path)
+    }
+
+    /// Whether the node at `path` is a container whose children have all
+    /// gone (it had some): what the leader deletes once it has stood so a
+    /// while.
+    pub fn is_empty_container(&self, path: &str) -> bool {
+        self.is_container(path)
+            && self
+                .nodes
+                .get(path)
+                .is_some_and(|n| n.child_count() == 0 && n.cversion > 0)
+    }
+
+    /// The containers whose children have all gone.
+    pub fn empty_containers(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.containers
+            .iter()
+            .map(|(path, ())| path)
+            .filter(|path| self.is_empty_container(path))
     }
 
     /// The revision of the last successful change.
@@ -366,6 +393,7 @@ impl StateMachine {
             Command::SetLockDelay { path, delay_ms } => self.set_lock_delay(path, *delay_ms),
             Command::DeleteTombstone { path } => self.delete_tombstone(path, triggers),
             Command::SetAcl { path, acl, version } => self.set_acl(path, acl, *version),
+            Command::DeleteContainer { path } => self.delete_container(path, triggers),
             Command::Create {
                 session,
                 path,
@@ -582,6 +610,9 @@ impl StateMachine {
             };
             self.acls.insert(full.clone(), acl);
         }
+        if mode.is_container() {
+            self.containers.insert(full.clone(), ());
+        }
         let parent = self
             .nodes
             .get_mut(parent_path)
@@ -683,6 +714,9 @@ impl StateMachine {
         if !self.acls.is_empty() {
             self.acls.remove(target);
         }
+        if !self.containers.is_empty() {
+            self.containers.remove(target);
+        }
         if let Some(parent) = self.nodes.get_mut(parent_path) {
             parent.remove_child(czxid);
             parent.cversion = parent.cversion.wrapping_add(1);
@@ -730,6 +764,42 @@ impl StateMachine {
             path: key,
         });
         Ok(Outcome::DataSet(node.stat()))
+    }
+
+    /// Deletes a container that had children and has none left, as a
+    /// delete would. Refused (and nothing changes) if the node is gone, is
+    /// no container, has children again, or never had any: the leader
+    /// proposed it from a state that has moved on.
+    fn delete_container(
+        &mut self,
+        target: &str,
+        triggers: &mut Vec<Trigger>,
+    ) -> Result<Outcome, ErrorReply> {
+        let Some((key, node)) = self.nodes.get_key_value(target) else {
+            return Err(err(ErrorCode::NoNode, format!("{target} does not exist")));
+        };
+        if !self.is_container(target) {
+            return Err(err(
+                ErrorCode::BadArguments,
+                format!("{target} is not a container"),
+            ));
+        }
+        if node.child_count() > 0 {
+            return Err(err(
+                ErrorCode::NotEmpty,
+                format!("container {target} has children again"),
+            ));
+        }
+        if node.cversion == 0 {
+            return Err(err(
+                ErrorCode::BadArguments,
+                format!("container {target} never had children"),
+            ));
+        }
+        let key = key.clone();
+        self.revision += 1;
+        self.unlink(&key, triggers);
+        Ok(Outcome::Deleted)
     }
 
     /// Replaces a node's access control list. It fires no watch, and changes

@@ -59,6 +59,7 @@ impl StateMachine {
                 tombstone_until: self.tombstone_until(path).unwrap_or(0),
                 acl: self.acl(path).0.clone(),
                 aversion: self.acl(path).1,
+                container: self.is_container(path),
             })
         })
     }
@@ -84,6 +85,7 @@ impl StateMachine {
             ruled: Ruled::default(),
             delays: Default::default(),
             acls: Map::new(),
+            containers: Map::new(),
         };
         for SessionImage {
             id,
@@ -135,6 +137,9 @@ impl StateMachine {
             }
             sm.delays
                 .restore(&path, image.lock_delay_ms, image.tombstone_until);
+            if image.container {
+                sm.containers.insert(path.clone(), ());
+            }
             if !image.acl.is_open() || image.aversion > 0 {
                 sm.acls.insert(
                     path.clone(),

@@ -1219,3 +1219,51 @@ fn a_transactions_create_sets_the_acl_all_or_nothing() {
     assert!(matches!(applied.result, Ok(Outcome::Multi(_))));
     assert_eq!(sm.acl("/x"), (&reader_acl(), 0));
 }
+
+/// A container is deleted by its own command only once it has had
+/// children and has none left; it is a container across a snapshot.
+#[test]
+fn a_container_is_deleted_only_once_emptied() {
+    let mut sm = StateMachine::new();
+    let s = open(&mut sm);
+    create(&mut sm, s, "/c", CreateMode::Container)
+        .result
+        .unwrap();
+    let reap = |sm: &mut StateMachine| sm.apply(&Command::DeleteContainer { path: "/c".into() }, 9);
+    assert!(sm.is_container("/c"));
+    assert!(!sm.is_empty_container("/c"));
+    assert_eq!(
+        code(reap(&mut sm)),
+        ErrorCode::BadArguments,
+        "never had a child"
+    );
+    create(&mut sm, s, "/c/x", CreateMode::Ephemeral)
+        .result
+        .unwrap();
+    assert_eq!(code(reap(&mut sm)), ErrorCode::NotEmpty);
+    // Its child goes with its session: now it stands empty.
+    sm.apply(&Command::CloseSession { session: s }, 8)
+        .result
+        .unwrap();
+    assert_eq!(
+        sm.empty_containers().map(|p| &**p).collect::<Vec<_>>(),
+        ["/c"]
+    );
+    let mut out = std::io::Cursor::new(Vec::new());
+    crate::format::snapshot::encode(&sm, &mut out).unwrap();
+    let mut back = crate::format::snapshot::decode(out.get_ref()).unwrap();
+    assert!(back.is_empty_container("/c"));
+    let applied = reap(&mut back);
+    assert_eq!(applied.result, Ok(Outcome::Deleted));
+    assert!(applied
+        .triggers
+        .iter()
+        .any(|t| t.kind == EventKind::Deleted));
+    assert!(back.node("/c").is_none() && !back.is_container("/c"));
+    // A plain node is no container.
+    let s = open(&mut back);
+    create(&mut back, s, "/c", CreateMode::Persistent)
+        .result
+        .unwrap();
+    assert_eq!(code(reap(&mut back)), ErrorCode::BadArguments);
+}

@@ -229,6 +229,17 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) watch_history: Option<usize>,
 
+    /// How long a container node (ZooKeeper's createContainer) stands with
+    /// no children, having had some, before the server deletes it. A
+    /// duration; a bare number is milliseconds. [default: 60s]
+    #[arg(long, value_name = "DURATION", env = "BATON_CONTAINER_GRACE", value_parser = crate::duration::millis)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt_millis"
+    )]
+    pub(crate) container_grace: Option<u64>,
+
     /// TLS: the server's certificate chain (PEM). Given, clients must
     /// connect with TLS. Set with the global --tls-cert, or
     /// BATON_SERVE_TLS_CERT.
@@ -376,6 +387,7 @@ pub struct Settings {
     pub(crate) max_connections: usize,
     pub(crate) max_watch_bytes: usize,
     pub(crate) watch_history: usize,
+    pub(crate) container_grace: u64,
     pub(crate) threads: Option<u16>,
     /// Where the TLS material is, if clients must use TLS.
     pub(crate) tls_files: Option<TlsFiles>,
@@ -404,6 +416,7 @@ impl ServeArgs {
             max_connections: Some(200_000),
             max_watch_bytes: Some(8 << 20),
             watch_history: Some(baton_server::config::DEFAULT_WATCH_HISTORY),
+            container_grace: Some(60_000),
             ..ServeArgs::default()
         }
     }
@@ -651,6 +664,7 @@ impl Settings {
             max_connections: s.max_connections.unwrap_or_default(),
             max_watch_bytes: s.max_watch_bytes.unwrap_or_default(),
             watch_history: s.watch_history.unwrap_or_default(),
+            container_grace: set(s.container_grace),
             threads: s.threads,
             tls_files,
             tls,
@@ -704,6 +718,7 @@ impl Settings {
             identities: self.identities.clone(),
             zk_listen: self.zk_listen,
             zk_words: self.zk_words.clone(),
+            container_grace: Duration::from_millis(self.container_grace),
             ..Config::default()
         };
         // Room for the largest reply twice over, whatever the data limit.

@@ -130,6 +130,13 @@ pub(crate) struct Core {
     expiring: HashMap<SessionId, u32>,
     /// Lock-delay tombstones whose deletion is proposed and not yet applied.
     releasing: HashSet<Arc<str>>,
+    /// On the leader: containers standing empty (having had children),
+    /// since when; and the same in that order, for the timer (an entry
+    /// whose time is no longer the map's is stale).
+    /// A deletion proposed from a state that moves on meanwhile is refused
+    /// by the state machine, and one proposed twice deletes once.
+    emptied: HashMap<Arc<str>, Instant>,
+    emptied_order: std::collections::VecDeque<(Instant, Arc<str>)>,
     /// Wakes the expiry timer when a session's deadline becomes the earliest.
     expiry_wake: Arc<Notify>,
     /// The time of the call in hand, as its caller gave it: what the core
@@ -185,6 +192,8 @@ impl Core {
             opening: HashMap::new(),
             expiring: HashMap::new(),
             releasing: HashSet::new(),
+            emptied: HashMap::new(),
+            emptied_order: Default::default(),
             expiry_wake,
             now,
         };

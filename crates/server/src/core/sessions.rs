@@ -64,9 +64,53 @@ impl Core {
                 let wait = due_ms.saturating_sub(self.now.wall_ms);
                 self.now.at + Duration::from_millis(wait)
             });
-        match (session, tombstone) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let container = self
+            .emptied_order
+            .front()
+            .map(|(since, _)| *since + self.config.container_grace);
+        [session, tombstone, container].into_iter().flatten().min()
+    }
+
+    /// On the leader, after a change to `path`'s children (or its
+    /// deletion): notes when a container starts to stand empty, or that it
+    /// no longer does.
+    pub(super) fn container_changed(&mut self, path: &Arc<str>) {
+        if self.role != Role::Leader || !self.sm.is_empty_container(path) {
+            if !self.emptied.is_empty() {
+                self.emptied.remove(path);
+            }
+        } else if !self.emptied.contains_key(path) {
+            let now = self.now.at;
+            self.emptied.insert(path.clone(), now);
+            self.emptied_order.push_back((now, path.clone()));
+            self.expiry_wake.notify_one();
+        }
+    }
+
+    /// On the leader: proposes the deletion of the containers that have
+    /// stood empty for the container grace (each once).
+    fn reap_empty_containers(&mut self) {
+        if self.role != Role::Leader {
+            return;
+        }
+        let grace = self.config.container_grace;
+        while let Some((since, path)) = self.emptied_order.front().cloned() {
+            if since + grace > self.now.at {
+                break;
+            }
+            self.emptied_order.pop_front();
+            if self.emptied.get(&path) != Some(&since) {
+                continue; // stale: it had children again, or went
+            }
+            self.emptied.remove(&path);
+            tracing::info!(%path, "deleting a container whose children are all gone");
+            self.propose(Proposal {
+                now_ms: self.now.wall_ms,
+                origin: None,
+                command: Command::DeleteContainer {
+                    path: path.to_string(),
+                },
+            });
         }
     }
 
@@ -377,6 +421,7 @@ impl Core {
             count += 1;
         }
         self.release_due_tombstones();
+        self.reap_empty_containers();
         count
     }
 
@@ -450,6 +495,13 @@ impl Core {
             // Lock-delays under way: the timer deletes their tombstones.
             self.expiry_wake.notify_one();
         }
+        // Containers standing empty: their grace starts now.
+        self.emptied.clear();
+        self.emptied_order.clear();
+        let empty: Vec<Arc<str>> = self.sm.empty_containers().cloned().collect();
+        for path in empty {
+            self.container_changed(&path);
+        }
     }
 
     /// This server no longer leads: every client is sent to `leader` (its
@@ -466,6 +518,8 @@ impl Core {
         self.deadlines.clear();
         self.expiring.clear();
         self.releasing.clear();
+        self.emptied.clear();
+        self.emptied_order.clear();
         self.opening.clear();
         self.watches = Default::default();
         self.queues = Default::default();

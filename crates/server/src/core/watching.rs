@@ -227,6 +227,9 @@ impl Core {
         let revision = self.sm.revision();
         for trigger in triggers {
             self.history.record(revision, trigger.kind, &trigger.path);
+            if trigger.kind == EventKind::ChildrenChanged || trigger.kind == EventKind::Deleted {
+                self.container_changed(&trigger.path);
+            }
             if trigger.kind == EventKind::Deleted {
                 self.locks.deleted(&trigger.path, self.now.at);
                 self.queues

@@ -14,7 +14,8 @@
 //!       1 open session   timeout_ms u32, secret [16]
 //!       2 close session  session u64
 //!       3 expire session session u64
-//!       4 create         session u64, path str, data bytes, mode u8, fence opt64,
+//!       4 create         session u64, path str, data bytes, mode u8 (bit 0
+//!                        ephemeral, bit 1 sequential; 4 a container), fence opt64,
 //!                        then an ACL if the mode has bit 0x80 (as in
 //!                        baton_proto::acl)
 //!       5 delete         path str, version opt32, fence opt64
@@ -27,6 +28,7 @@
 //!      10 lock delay     path str, delay_ms u32
 //!      11 delete tombstone  path str
 //!      12 set ACL        path str, ACL (as in baton_proto::acl), version opt32
+//!      13 delete container  path str
 //! str = u16 length + UTF-8; bytes = u32 length + bytes;
 //! opt32/opt64 = u8 0 | u8 1 + value; all integers big-endian
 //! ```
@@ -159,8 +161,7 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
             put_u64(out, session.0);
             put_str(out, path);
             put_bytes(out, data);
-            let flags = mode.is_ephemeral() as u8 | (mode.is_sequential() as u8) << 1;
-            put_create_mode(out, flags, acl);
+            put_create_mode(out, mode.to_u8(), acl);
             put_opt64(out, *fence);
             put_create_acl(out, acl);
         }
@@ -208,6 +209,10 @@ pub fn encode_proposal(out: &mut Vec<u8>, proposal: &Proposal) {
         }
         Command::DeleteTombstone { path } => {
             tag(out, 11);
+            put_str(out, path);
+        }
+        Command::DeleteContainer { path } => {
+            tag(out, 13);
             put_str(out, path);
         }
         Command::SetAcl { path, acl, version } => {
@@ -307,20 +312,18 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
             let session = SessionId(r.u64("session")?);
             let path = r.str16("path")?;
             let data = r.bytes32("data")?;
-            let (mode, with_acl) = split_create_mode(r.u8("create mode")?);
-            if mode > 3 {
-                return Err(DecodeError::BadValue {
-                    what: "create mode",
-                    value: mode.into(),
-                });
-            }
+            let (raw, with_acl) = split_create_mode(r.u8("create mode")?);
+            let mode = CreateMode::from_u8(raw).ok_or(DecodeError::BadValue {
+                what: "create mode",
+                value: raw.into(),
+            })?;
             let fence = r.opt_u64("fence")?;
             let acl = if with_acl { Acl::read(r)? } else { Acl::OPEN };
             Command::Create {
                 session,
                 path,
                 data,
-                mode: CreateMode::from_flags(mode & 1 != 0, mode & 2 != 0),
+                mode,
                 fence,
                 acl,
             }
@@ -351,6 +354,9 @@ fn read_proposal(r: &mut Reader) -> Result<Proposal, DecodeError> {
             delay_ms: r.u32("delay")?,
         },
         11 => Command::DeleteTombstone {
+            path: r.str16("path")?,
+        },
+        13 => Command::DeleteContainer {
             path: r.str16("path")?,
         },
         12 => Command::SetAcl {
@@ -510,6 +516,15 @@ mod tests {
                 acl: baton_proto::Acl::OPEN,
                 version: None,
             },
+            Command::Create {
+                session: SessionId(5),
+                path: "/c".into(),
+                data: Bytes::new(),
+                mode: CreateMode::Container,
+                fence: None,
+                acl: digest_acl(),
+            },
+            Command::DeleteContainer { path: "/c".into() },
             Command::Multi {
                 session: SessionId(5),
                 ops: vec![TxnOp::Create {

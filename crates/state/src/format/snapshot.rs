@@ -31,11 +31,12 @@
 //!   rule: kind u8 (0 exclusive, 1 shared, 2 permits), then permits u32 if 2,
 //!   extras u8: bit 0 a lock-delay follows (delay_ms u32), bit 1 the node is
 //!   a lock-delay tombstone (due_ms u64 follows), bit 2 an access control
-//!   list follows (aversion u32, then the list as in baton_proto::acl)
+//!   list follows (aversion u32, then the list as in baton_proto::acl), bit 3
+//!   the node is a container
 //! stat: 64 bytes, as on the wire
 //! ```
-//! Format 6 (still read) is format 7 without access control lists (no
-//! extras bit 2, no tag 10); format 5 is format 6 without the extras (no
+//! Format 6 (still read) is format 7 without access control lists and
+//! containers (no extras bits 2 and 3, no tag 10); format 5 is format 6 without the extras (no
 //! lock-delays);
 //! format 4 is format 5 without the nodes' rules (every node exclusive);
 //! format 3 (still read) is format 4 without transactions (no tags 6 to
@@ -116,7 +117,8 @@ pub fn encode<W: Write + Seek>(sm: &StateMachine, out: &mut W) -> std::io::Resul
         let with_acl = !n.acl.is_open() || n.aversion > 0;
         let extras = u8::from(n.lock_delay_ms > 0)
             | u8::from(n.tombstone_until > 0) << 1
-            | u8::from(with_acl) << 2;
+            | u8::from(with_acl) << 2
+            | u8::from(n.container) << 3;
         rule.push(extras);
         if n.lock_delay_ms > 0 {
             rule.extend_from_slice(&n.lock_delay_ms.to_be_bytes());
@@ -340,6 +342,7 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                 tombstone_until: 0,
                 acl: Acl::OPEN,
                 aversion: 0,
+                container: false,
             })
             .and_then(|mut image| {
                 if format >= 6 {
@@ -354,7 +357,8 @@ pub fn decode(bytes: &[u8]) -> Result<StateMachine, Corrupt> {
                         image.aversion = r.u32("ACL version")?;
                         image.acl = Acl::read(&mut r)?;
                     }
-                    if extras & !7 != 0 || (extras & 4 != 0 && format < 7) {
+                    image.container = extras & 8 != 0;
+                    if extras & !15 != 0 || (extras & 12 != 0 && format < 7) {
                         return Err(DecodeError::BadValue {
                             what: "node extras",
                             value: extras.into(),

@@ -314,7 +314,8 @@ fn create(
     }
     let acl = caller.acl(c.acl)?;
     let mode = match c.flags {
-        mode::PERSISTENT | mode::CONTAINER => CreateMode::Persistent,
+        mode::PERSISTENT => CreateMode::Persistent,
+        mode::CONTAINER => CreateMode::Container,
         mode::EPHEMERAL => CreateMode::Ephemeral,
         mode::PERSISTENT_SEQUENTIAL => CreateMode::PersistentSequential,
         mode::EPHEMERAL_SEQUENTIAL => CreateMode::EphemeralSequential,
