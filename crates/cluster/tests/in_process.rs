@@ -570,11 +570,13 @@ async fn a_lock_delay_under_way_is_finished_by_the_next_leader() {
 /// A ZooKeeper client whose connect string names every member: it finds
 /// the leader (the others close its connection), and its session, its
 /// ephemeral node and its watches survive the leader's loss, with the
-/// change made meanwhile reported. (This client sets persistent watches
+/// change made meanwhile reported; a digest ACL set before the loss still
+/// binds on the new leader, and the credential the client sends again
+/// there still opens it. (This client sets persistent watches
 /// again with setWatches, not setWatches2, so they are not tried here: the
 /// ZooKeeper suite's raw-bytes test covers setWatches2.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zookeeper_session_and_its_watches_survive_the_loss_of_the_leader() {
+async fn a_zookeeper_session_its_watches_and_acls_survive_the_loss_of_the_leader() {
     use zookeeper_client as zk;
     let (mut members, root) = cluster(3, "zookeeper").await;
     let hosts: Vec<String> = members.iter().map(|m| m.zk.to_string()).collect();
@@ -600,6 +602,10 @@ async fn a_zookeeper_session_and_its_watches_survive_the_loss_of_the_leader() {
     c.create("/z/mine", b"", &open(zk::CreateMode::Ephemeral))
         .await
         .unwrap();
+    // A node only its creator's credential may read.
+    c.auth("digest", b"alice:secret").await.unwrap();
+    let private = zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all());
+    c.create("/private", b"p", &private).await.unwrap();
     let id = c.session_id();
     let (_, _, data) = c.get_and_watch_data("/z").await.unwrap();
     let (_, kids) = c.list_and_watch_children("/z").await.unwrap();
@@ -642,6 +648,13 @@ async fn a_zookeeper_session_and_its_watches_survive_the_loss_of_the_leader() {
         "the same session, its node kept"
     );
     assert_eq!(c.session_id(), id);
+    // The new leader keeps the node's ACL, and the session's credential
+    // (which its client sends again on the new connection).
+    assert!(matches!(
+        other.get_data("/private").await,
+        Err(zk::Error::NoAuth)
+    ));
+    assert_eq!(c.get_data("/private").await.unwrap().0, b"p");
     other
         .create("/z/after", b"", &open(zk::CreateMode::Persistent))
         .await
