@@ -2,7 +2,8 @@
 
 use baton_proto::{Check, ErrorCode, ErrorReply, SessionId, TxnOp};
 
-use crate::{check_fence, check_version, err, Outcome, StateMachine, Trigger};
+use crate::change::{check_fence, check_version};
+use crate::{err, Outcome, StateMachine, Trigger};
 
 impl StateMachine {
     /// Applies `ops` in order as one change: one record in the log, one

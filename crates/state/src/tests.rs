@@ -1,5 +1,5 @@
 use super::*;
-use baton_proto::Stat;
+use baton_proto::{EventKind, Stat};
 use bytes::Bytes;
 
 fn open(sm: &mut StateMachine) -> SessionId {
