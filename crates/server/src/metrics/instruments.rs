@@ -110,10 +110,10 @@ impl Histogram {
 }
 
 /// Operations by wire number (0 for one the server does not know).
-pub(crate) const OPS: usize = 20;
+pub(crate) const OPS: usize = 21;
 /// Results: 0 for success, then the error codes by wire number, then one
 /// for any other code.
-pub(crate) const RESULTS: usize = 27;
+pub(crate) const RESULTS: usize = 28;
 
 /// What the server measures beyond its plain counters.
 #[derive(Debug)]
@@ -181,6 +181,23 @@ mod tests {
         for op in 0..=u8::MAX {
             if baton_proto::OpCode::from_u8(op).is_some() {
                 assert!((op as usize) < OPS, "operation {op} is past OPS = {OPS}");
+            }
+        }
+    }
+
+    /// Every error code the protocol knows is counted under its own
+    /// number, not with the codes it does not know.
+    #[test]
+    fn every_known_error_code_has_its_own_counters() {
+        for code in 1..=u16::MAX {
+            if !matches!(
+                baton_proto::ErrorCode::from_u16(code),
+                baton_proto::ErrorCode::Unknown(_)
+            ) {
+                assert!(
+                    (code as usize) < RESULTS - 1,
+                    "error code {code} is counted as another (RESULTS = {RESULTS})"
+                );
             }
         }
     }
