@@ -45,6 +45,9 @@ pub struct LocalArgs {
     /// connect string to give them is printed (docs/zookeeper.md).
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2181")]
     pub(crate) zk: Option<u16>,
+    /// Followers serve clients too (`baton serve --followers-serve true`).
+    #[arg(long)]
+    pub(crate) followers_serve: bool,
 }
 
 /// One member process of a local cluster.
@@ -486,10 +489,13 @@ impl LocalCluster {
 }
 
 pub async fn run(args: LocalArgs) -> CliResult {
-    let extra = vec![
+    let mut extra = vec![
         "--election-timeout".to_string(),
         args.election_timeout.to_string(),
     ];
+    if args.followers_serve {
+        extra.extend(["--followers-serve".to_string(), "true".to_string()]);
+    }
     let mut cluster = match args.zk {
         Some(base) => {
             if u64::from(base) + args.members - 1 > u64::from(u16::MAX) {

@@ -119,6 +119,36 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Followers serve the clients (reads confirmed with the leader, changes
+/// forwarded to it, watches and lock queues kept where the client is),
+/// while members are paused, killed and cut off from each other and from
+/// their clients: every promise kept, linearizable registers included.
+#[test]
+fn a_short_run_with_followers_serving_keeps_every_promise() {
+    let dir_kept = scratch("chaos-serving");
+    let dir = dir_kept.path().to_path_buf();
+    let summary = chaos(
+        &dir,
+        &[
+            "--members",
+            "3",
+            "--seconds",
+            "10",
+            "--seed",
+            "7",
+            "--followers-serve",
+            "--workloads",
+            "register,fenced,ephemeral,queue",
+            "--nemesis",
+            "pause,kill,partition,one-way,cut-clients,client-pause",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert!(ops(&summary, "read") > 0, "{summary}");
+    assert!(ops(&summary, "fenced-write") > 0, "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Links cut between members (a deposed leader still reached by its
 /// clients) and between the clients and a member: every promise kept.
 #[test]

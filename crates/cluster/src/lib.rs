@@ -11,11 +11,14 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admin;
+mod barriers;
 mod campaign;
+mod for_followers;
 pub mod joining;
 pub mod log_store;
 pub mod member;
 pub mod network;
+mod serving;
 #[cfg(test)]
 mod sim;
 pub mod state_machine;

@@ -5,7 +5,8 @@
 //! proven it (`Leadership`): on becoming leader it first confirms it with a
 //! quorum and applies everything committed, then gives every session a full
 //! fresh timeout. A member that stops leading sends its clients to the new
-//! leader. Proposals go to openraft in the order they are made (one proposer
+//! leader, unless followers serve clients (`serving`): then a follower of a
+//! known leader serves them itself. Proposals go to openraft in the order they are made (one proposer
 //! task); reads wait for a batched read barrier (one quorum confirmation for
 //! every read that arrived before it began).
 
@@ -24,10 +25,11 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use openraft::ServerState;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::admin::Status;
+use crate::barriers::Barriers;
 use crate::joining::{Joining, JoiningError};
 use crate::log_store::{LogStore, StoreError};
 use crate::network::{self, Network};
@@ -65,6 +67,10 @@ pub struct MemberConfig {
     pub server: Config,
     /// Mutual TLS with the other members; `None`: plain TCP.
     pub peer_tls: Option<crate::network::PeerTls>,
+    /// Whether a follower serves clients itself (reads and watches from
+    /// its own state, changes forwarded to the leader), or sends them to
+    /// the leader.
+    pub followers_serve: bool,
 }
 
 impl MemberConfig {
@@ -82,6 +88,7 @@ impl MemberConfig {
             routes: BTreeMap::new(),
             server: Config::default(),
             peer_tls: None,
+            followers_serve: false,
         }
     }
 }
@@ -186,6 +193,20 @@ impl ClusterMember {
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
         let (went_back, gone_back) = watch::channel(None);
+        let status = Status::new(raft.clone(), config.id, config.peer_tls.clone());
+        let dialing = config.followers_serve.then(|| crate::serving::Dialing {
+            from: config.id,
+            routes: config.routes.clone(),
+            tls: config.peer_tls.clone(),
+        });
+        let leader_side = serve_through(
+            raft.clone(),
+            applier,
+            status.clone(),
+            config.id,
+            dialing,
+            stopped.clone(),
+        );
         let answering = network::Answering {
             raft: raft.clone(),
             tls: config.peer_tls.clone(),
@@ -193,6 +214,7 @@ impl ClusterMember {
             joining,
             went_back: Arc::new(went_back),
             held,
+            leader_side: Some(leader_side),
         };
         tokio::spawn(network::serve(peers, answering.clone(), stopped.clone()));
         let (removal, removed) = watch::channel(None);
@@ -203,13 +225,7 @@ impl ClusterMember {
             removal,
             stopped.clone(),
         ));
-        let status = Status::new(raft.clone(), config.id, config.peer_tls.clone());
-        tokio::spawn(
-            status
-                .clone()
-                .refresh(config.routes.clone(), stopped.clone()),
-        );
-        serve_through(raft.clone(), applier, status, config.id, stopped);
+        tokio::spawn(status.refresh(config.routes.clone(), stopped.clone()));
         if let Some(initial) = config.initial {
             if !raft
                 .is_initialized()
@@ -318,22 +334,42 @@ impl ClusterMember {
 }
 
 /// Makes the member's server propose through `raft` (one proposer, batched
-/// read barriers) and serve clients only while it leads and has proven it.
+/// read barriers) and serve clients while it leads and has proven it, and,
+/// given how to reach the leader (`dialing`), while it follows a known
+/// leader (see `serving`). Returns what the member does, while it leads,
+/// for the followers that serve clients.
 pub(crate) fn serve_through(
     raft: Raft,
     applier: Applier,
     status: Status,
     id: NodeId,
+    dialing: Option<crate::serving::Dialing>,
     stopped: watch::Receiver<bool>,
-) {
+) -> crate::for_followers::LeaderSide {
     let barriers = Barriers::start(raft.clone(), stopped.clone());
     let proposals = start_proposer(raft.clone(), stopped.clone());
+    let to_leader = dialing.map(|dialing| {
+        crate::serving::ToLeader::start(raft.clone(), applier.clone(), dialing, stopped.clone())
+    });
     applier.set_log(Arc::new(ClusterLog {
         proposals: proposals.clone(),
-        barriers,
+        barriers: barriers.clone(),
+        to_leader: to_leader.clone(),
         status,
     }));
-    tokio::spawn(Leadership::watch(raft, applier, proposals, id, stopped));
+    tokio::spawn(Leadership::watch(
+        raft.clone(),
+        applier.clone(),
+        proposals,
+        to_leader,
+        id,
+        stopped,
+    ));
+    crate::for_followers::LeaderSide {
+        raft,
+        applier,
+        barriers,
+    }
 }
 
 /// The text `watched` is set to, once it is (never, if its sender goes
@@ -353,6 +389,8 @@ async fn set(mut watched: watch::Receiver<Option<String>>) -> String {
 struct ClusterLog {
     proposals: mpsc::UnboundedSender<ToProposer>,
     barriers: Arc<Barriers>,
+    /// A follower's way to its leader, if followers serve clients.
+    to_leader: Option<crate::serving::ToLeader>,
     status: Status,
 }
 
@@ -370,6 +408,20 @@ impl Replicator for ClusterLog {
 
     fn read_barrier(&self) -> Barrier {
         self.barriers.wait()
+    }
+
+    fn forward(&self, proposal: &Proposal) -> Proposed {
+        match &self.to_leader {
+            Some(to) if to.propose(proposal) => Proposed::Later,
+            _ => Proposed::NotLeader,
+        }
+    }
+
+    fn follower_barrier(&self, heard: Option<baton_proto::SessionId>) -> Barrier {
+        match &self.to_leader {
+            Some(to) => to.barrier(heard),
+            None => Box::pin(async { Err(NotLeading) }),
+        }
     }
 
     fn status(&self) -> Option<ClusterStatus> {
@@ -492,78 +544,6 @@ fn start_proposer(
     tx
 }
 
-/// Read barriers, batched: each round confirms leadership with a quorum once
-/// (and waits until everything committed is applied) for every read that
-/// was waiting when the round began.
-struct Barriers {
-    waiting: Mutex<Vec<oneshot::Sender<Result<(), NotLeading>>>>,
-    wake: Notify,
-}
-
-impl Barriers {
-    fn start(raft: Raft, mut stop: watch::Receiver<bool>) -> Arc<Barriers> {
-        let barriers = Arc::new(Barriers {
-            waiting: Mutex::new(Vec::new()),
-            wake: Notify::new(),
-        });
-        let this = barriers.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = this.wake.notified() => {}
-                    _ = stop.changed() => return,
-                }
-                loop {
-                    let round = std::mem::take(
-                        &mut *this.waiting.lock().unwrap_or_else(|e| e.into_inner()),
-                    );
-                    if round.is_empty() {
-                        break;
-                    }
-                    let result = prove(&raft).await;
-                    for waiter in round {
-                        let _ = waiter.send(result.clone());
-                    }
-                }
-            }
-        });
-        barriers
-    }
-
-    fn wait(&self) -> Barrier {
-        let (tx, rx) = oneshot::channel();
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tx);
-        self.wake.notify_one();
-        Box::pin(async move { rx.await.unwrap_or(Err(NotLeading)) })
-    }
-}
-
-/// How many times a round of read barriers asks a quorum to confirm this
-/// member still leads when the answers did not come in time, as long as
-/// no other member is known to lead.
-const PROOF_TRIES: usize = 3;
-
-/// Proves this member still leads (a quorum answers its heartbeat) and
-/// waits until everything committed is applied. A quorum that did not
-/// answer within a heartbeat (a busy machine) is asked again, a few times,
-/// while this member still leads as far as it knows; told of a higher term
-/// or another leader, it gives up at once.
-async fn prove(raft: &Raft) -> Result<(), NotLeading> {
-    for _ in 0..PROOF_TRIES {
-        match raft.ensure_linearizable().await {
-            Ok(_) => return Ok(()),
-            Err(openraft::error::RaftError::APIError(
-                openraft::error::CheckIsLeaderError::QuorumNotEnough(_),
-            )) if raft.metrics().borrow().state == ServerState::Leader => continue,
-            Err(_) => return Err(NotLeading),
-        }
-    }
-    Err(NotLeading)
-}
-
 /// Tells the member's server when it leads, and whom clients should go to
 /// when it does not.
 struct Leadership;
@@ -573,9 +553,11 @@ impl Leadership {
         raft: Raft,
         applier: Applier,
         proposer: mpsc::UnboundedSender<ToProposer>,
+        to_leader: Option<crate::serving::ToLeader>,
         id: NodeId,
         mut stop: watch::Receiver<bool>,
     ) {
+        let serving = to_leader.is_some();
         let mut metrics = raft.metrics();
         // What the server was last told: Some(vote) while it leads, else the
         // leader it sends clients to.
@@ -596,7 +578,7 @@ impl Leadership {
                         term = m.current_term,
                         "leading in a new term: sending clients away until it is proven"
                     );
-                    applier.follow(None);
+                    applier.follow(None, false);
                     let _ = proposer.send(ToProposer::Drop);
                     leading = None;
                     following = Some(None);
@@ -629,6 +611,9 @@ impl Leadership {
                     match raft.ensure_linearizable().await {
                         Ok(_) => {
                             info!(term = m.current_term, "leading: serving clients");
+                            if let Some(to) = &to_leader {
+                                to.set_leader(None);
+                            }
                             applier.lead();
                             leading = Some(m.vote);
                             following = None;
@@ -651,7 +636,10 @@ impl Leadership {
                         None => info!(term = m.current_term, "no member is known to lead"),
                     }
                 }
-                applier.follow(address);
+                if let Some(to) = &to_leader {
+                    to.set_leader(m.current_leader.filter(|l| *l != id));
+                }
+                applier.follow(address, serving);
                 let _ = proposer.send(ToProposer::Drop);
                 leading = None;
                 following = Some(m.current_leader);

@@ -31,6 +31,15 @@ async fn cluster(n: u64, name: &str) -> (Vec<Running>, std::path::PathBuf) {
 }
 
 async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std::path::PathBuf) {
+    cluster_opts(n, name, tls, false).await
+}
+
+async fn cluster_opts(
+    n: u64,
+    name: &str,
+    tls: Option<PeerTls>,
+    followers_serve: bool,
+) -> (Cluster, std::path::PathBuf) {
     let root = std::env::temp_dir().join(format!("baton-inproc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let (listeners, initial) = common::bind_members(n).await;
@@ -41,6 +50,7 @@ async fn cluster_with(n: u64, name: &str, tls: Option<PeerTls>) -> (Cluster, std
         config.initial = Some(initial.clone());
         config.server.min_session_timeout = Duration::from_millis(500);
         config.peer_tls = tls.clone();
+        config.followers_serve = followers_serve;
         config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
         let member = ClusterMember::start(config, clients, peers).await.unwrap();
         let client = member.client_addr().unwrap().to_string();
@@ -85,6 +95,182 @@ async fn leader_of(members: &[Running]) -> usize {
         assert!(tokio::time::Instant::now() < deadline, "no member leads");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The index of the member whose status says it leads, asked until one
+/// does.
+async fn leader_by_status(members: &[Running]) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        for (i, m) in members.iter().enumerate() {
+            if let Ok(answer) = baton_client::probe(&m.client, Duration::from_secs(1), None).await {
+                let status: serde_json::Value = serde_json::from_str(&answer).unwrap();
+                if status["role"] == "leader" {
+                    return i;
+                }
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no member leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client of member `m` alone.
+async fn client_on(m: &Running) -> Client {
+    Client::builder(&m.client)
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("a session on the member")
+}
+
+/// Followers serve clients: a follower's client writes (forwarded to the
+/// leader) and reads its own writes at once, is told of a change made on
+/// the leader by a watch set on the follower, waits in a lock's queue there
+/// and is granted the lock when the leader's client releases it, with a
+/// greater token; its ephemeral node goes when it closes; and once the
+/// leader is gone, its session resumes on a member that is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_serve_reads_watches_and_locks_and_forward_changes() {
+    let (cluster, root) = cluster_opts(3, "serving", None, true).await;
+    let mut members = cluster.members;
+    let leader = leader_by_status(&members).await;
+    let follower = (leader + 1) % members.len();
+    let status_of = |m: &Running| {
+        let addr = m.client.clone();
+        async move {
+            let answer = baton_client::probe(&addr, Duration::from_secs(5), None)
+                .await
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(&answer).unwrap()
+        }
+    };
+    // Once the follower has heard from the leader, it serves.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = status_of(&members[follower]).await;
+        assert_eq!(status["role"], "follower", "{status}");
+        if status["serves_clients"] == true {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower does not serve: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let on_leader = client_on(&members[leader]).await;
+    let on_follower = client_on(&members[follower]).await;
+    // The follower's client is the follower's own (not sent to the leader).
+    let status = status_of(&members[follower]).await;
+    assert_eq!(status["sessions_here"], 1, "{status}");
+
+    // Its own writes, read back at once through the follower.
+    on_follower
+        .create("/f", "one", CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert_eq!(&on_follower.get_data("/f").await.unwrap().0[..], b"one");
+    on_follower.set_data("/f", "two", Some(0)).await.unwrap();
+    assert_eq!(&on_follower.get_data("/f").await.unwrap().0[..], b"two");
+    // A write on the leader is seen by the follower's next read
+    // (linearizable reads), and fires the watch set there.
+    let (_, _, watch) = on_follower.get_data_watch("/f").await.unwrap();
+    on_leader.set_data("/f", "three", None).await.unwrap();
+    assert_eq!(&on_follower.get_data("/f").await.unwrap().0[..], b"three");
+    tokio::time::timeout(Duration::from_secs(10), watch)
+        .await
+        .expect("the follower's watch fires")
+        .unwrap();
+
+    // A lock held on the leader, waited for on the follower.
+    let held = Lock::new(&on_leader, "/locks/s").acquire().await.unwrap();
+    let first = held.token();
+    let waiting = {
+        let c = on_follower.detached();
+        tokio::spawn(async move { Lock::new(&c, "/locks/s").acquire().await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while on_leader.get_children("/locks/s").await.unwrap().0.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower's client did not queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the follower's client gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(granted.token() > first, "{} after {first}", granted.token());
+    granted.release().await.unwrap();
+
+    // A ZooKeeper client of the follower alone is served there too, and
+    // sees what the leader's client wrote.
+    {
+        use zookeeper_client as zk;
+        let zk = tokio::time::timeout(
+            Duration::from_secs(20),
+            zk::Client::connector()
+                .with_session_timeout(Duration::from_secs(10))
+                .connect(&members[follower].zk.to_string()),
+        )
+        .await
+        .expect("a ZooKeeper session on the follower")
+        .unwrap();
+        assert_eq!(zk.get_data("/f").await.unwrap().0, b"three");
+        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        zk.create("/from-zk", b"z", &open).await.unwrap();
+        assert_eq!(&on_leader.get_data("/from-zk").await.unwrap().0[..], b"z");
+        drop(zk);
+    }
+
+    // An ephemeral node of the follower's session goes when it closes.
+    on_follower
+        .create("/e", "", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    assert!(on_leader.exists("/e").await.unwrap().is_some());
+    on_follower.close().await;
+    assert!(on_leader.exists("/e").await.unwrap().is_none());
+
+    // A session on a follower outlives the leader.
+    let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let rotated: Vec<String> = addrs[follower..]
+        .iter()
+        .chain(&addrs[..follower])
+        .cloned()
+        .collect();
+    let survivor = common::client_of(&rotated).await;
+    survivor
+        .create("/s", "", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let id = survivor.session_id();
+    on_leader.close().await;
+    let gone = members.remove(leader);
+    let _ = gone.stop.map(|s| s.send(()));
+    let _ = gone.task.await;
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(Some(stat)) = survivor.exists("/s").await {
+                return stat;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the survivor's session answers after the leader went");
+    assert_eq!(seen.ephemeral_owner, id.0);
+    assert_eq!(survivor.session_id(), id);
+    survivor.close().await;
+    for m in members {
+        let _ = m.stop.map(|s| s.send(()));
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// Members that use mutual TLS between them elect a leader and replicate,

@@ -13,6 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use baton_proto::SessionId;
+
 use crate::persist::Wal;
 use crate::state::{Proposal, StateMachine};
 
@@ -22,9 +24,15 @@ pub enum Role {
     /// This server serves clients: a single server, or the proven leader of
     /// a cluster.
     Leader,
-    /// Another member leads, at this client address if it is known: clients
-    /// are sent there.
-    Follower { leader: Option<String> },
+    /// Another member leads, at this client address if it is known. If
+    /// `serving`, this member serves clients itself: reads and watches from
+    /// its own state, changes forwarded to the leader
+    /// ([`Replicator::forward`], [`Replicator::follower_barrier`]); else
+    /// clients are sent to the leader.
+    Follower {
+        leader: Option<String>,
+        serving: bool,
+    },
 }
 
 /// What became of a proposal.
@@ -70,6 +78,21 @@ pub trait Replicator: Send + Sync + 'static {
     /// and this server has proven, after the call, that it still leads.
     fn read_barrier(&self) -> Barrier {
         Box::pin(async { Ok(()) })
+    }
+
+    /// A follower's proposal: sent on to the leader, which proposes it; it
+    /// comes back through [`Applier::apply`](crate::Applier::apply) like
+    /// any other. [`Proposed::NotLeader`] if it cannot be sent.
+    fn forward(&self, _proposal: &Proposal) -> Proposed {
+        Proposed::NotLeader
+    }
+
+    /// A follower's read barrier: completes once this member has applied
+    /// everything the leader had applied when, after the call, it proved it
+    /// still leads; on the way the leader hears from `heard` (a session
+    /// this member serves), as if it had sent the leader a request.
+    fn follower_barrier(&self, _heard: Option<SessionId>) -> Barrier {
+        Box::pin(async { Err(NotLeading) })
     }
 
     /// Stops whatever the log runs (after writing what is queued).

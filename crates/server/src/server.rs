@@ -298,7 +298,10 @@ impl Parts {
             Arc::new(Stats::default()),
             Arc::new(NoLogYet),
             Arc::new(DurableMark::new(u64::MAX)),
-            Role::Follower { leader: None },
+            Role::Follower {
+                leader: None,
+                serving: false,
+            },
             None,
             log_failed,
             Some(failed_tx),

@@ -5,13 +5,14 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use baton_proto::SessionId;
 use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::clock::Now;
 use crate::config::Config;
 use crate::core::{Core, With};
 use crate::persist::DurableMark;
-use crate::replicate::{Replicator, Role};
+use crate::replicate::{NotLeading, Replicator, Role};
 use crate::state::{Proposal, StateMachine};
 use crate::stats::{Stats, StatsSnapshot};
 
@@ -135,10 +136,44 @@ impl Applier {
         self.shared.expiry_wake.notify_one();
     }
 
-    /// This member does not lead: clients are sent to `leader` (a client
-    /// address), and those connected now are told so and closed.
-    pub fn follow(&self, leader: Option<String>) {
-        self.shared.core().follow(leader);
+    /// This member does not lead, or the leader changed: the clients
+    /// connected now are told so and closed. If `serving` and the leader
+    /// (its client address) is known, this member serves clients itself,
+    /// forwarding their changes to the leader; else they are sent to the
+    /// leader.
+    pub fn follow(&self, leader: Option<String>, serving: bool) {
+        self.shared.core().follow(leader, serving);
+    }
+
+    /// A follower's changes of these sessions could not reach the leader:
+    /// their connections are closed, and their clients, once resumed,
+    /// send them again.
+    pub fn lost(&self, sessions: &[SessionId]) {
+        self.shared.core().lost(sessions);
+    }
+
+    /// On the leader: a follower heard from these sessions.
+    pub fn heard_elsewhere(&self, sessions: &[SessionId]) {
+        self.shared.core().heard_elsewhere(sessions, Now::real());
+    }
+
+    /// On the leader: proposes changes a follower forwarded, in order.
+    /// Returns the sessions whose changes were refused (see
+    /// `Core::forwarded`): the follower closes their connections.
+    ///
+    /// # Errors
+    /// [`NotLeading`] if this member does not lead (none is proposed).
+    pub fn forwarded(&self, proposals: Vec<Proposal>) -> Result<Vec<SessionId>, NotLeading> {
+        let mut core = self.shared.core();
+        let now = Now::real();
+        let mut refused = Vec::new();
+        for proposal in proposals {
+            let session = proposal.origin.map(|o| o.session);
+            if !core.forwarded(proposal, now)? {
+                refused.extend(session);
+            }
+        }
+        Ok(refused)
     }
 
     /// Sets how this member proposes changes.

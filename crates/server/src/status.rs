@@ -24,7 +24,7 @@ pub(crate) enum Viewer {
 /// The status of the server behind `shared`, as a JSON object, as
 /// `viewer` may see it.
 pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
-    let (stats, role, cluster, locks) = {
+    let (stats, role, cluster, locks, serving, attached) = {
         let core = shared.core();
         let locks = match viewer {
             Viewer::Anyone => core.busiest_locks(BUSIEST_LOCKS),
@@ -41,12 +41,14 @@ pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
             core.role(),
             core.log().status(),
             locks,
+            core.serves_clients(),
+            core.attached_sessions(),
         )
     };
     let (role, leader) = match (role, shared.replicated) {
         (Role::Leader, false) => ("single", None),
         (Role::Leader, true) => ("leader", None),
-        (Role::Follower { leader }, _) => ("follower", leader),
+        (Role::Follower { leader, .. }, _) => ("follower", leader),
     };
     let cluster: Value = cluster
         .and_then(|c| serde_json::to_value(c).ok())
@@ -56,6 +58,8 @@ pub(crate) fn json(shared: &Shared, viewer: &Viewer) -> String {
         "version": env!("CARGO_PKG_VERSION"),
         "role": role,
         "leader": leader,
+        "serves_clients": serving,
+        "sessions_here": attached,
         "uptime_ms": shared.started.elapsed().as_millis() as u64,
         "revision": stats.revision,
         "sessions": stats.sessions,

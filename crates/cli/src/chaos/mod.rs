@@ -73,6 +73,11 @@ pub struct ChaosArgs {
     #[arg(long)]
     json: bool,
 
+    /// Followers serve clients (`baton serve --followers-serve true`): the
+    /// workloads' clients spread over every member (a cluster only).
+    #[arg(long)]
+    followers_serve: bool,
+
     /// The members' election timeout (a cluster only).
     #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
     election_timeout: u64,
@@ -86,7 +91,7 @@ pub struct ChaosArgs {
     /// Check the history an earlier run wrote (its history.jsonl) instead
     /// of running: the same checkers, summary and exit status; the
     /// timeline is written again beside the history.
-    #[arg(long, value_name = "HISTORY", conflicts_with_all = ["members", "seconds", "workloads", "nemesis", "no_faults", "seed", "dir", "election_timeout", "server_binary"])]
+    #[arg(long, value_name = "HISTORY", conflicts_with_all = ["members", "seconds", "workloads", "nemesis", "no_faults", "seed", "dir", "election_timeout", "server_binary", "followers_serve"])]
     check: Option<PathBuf>,
 }
 
@@ -324,7 +329,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
     // often, so that they are taken, sent to members behind and read back
     // under the faults too.
     let extra: Vec<String> = if args.members > 1 {
-        vec![
+        let mut extra: Vec<String> = vec![
             "--min-session-timeout".into(),
             // A session outlives a failover: four election timeouts.
             (4 * args.election_timeout + 500).max(1000).to_string(),
@@ -332,7 +337,11 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
             args.election_timeout.to_string(),
             "--snapshot-entries".into(),
             SNAPSHOT_ENTRIES.to_string(),
-        ]
+        ];
+        if args.followers_serve {
+            extra.extend(["--followers-serve".into(), "true".into()]);
+        }
+        extra
     } else {
         vec![
             "--min-session-timeout".into(),

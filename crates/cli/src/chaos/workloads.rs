@@ -117,7 +117,13 @@ async fn connect(
     session: Duration,
     limit: Duration,
 ) -> baton_client::Result<Client> {
-    Client::builder(servers)
+    // Each session starts from the next member in turn: where followers
+    // serve clients, the sessions spread over every member.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let list: Vec<&str> = servers.split(',').collect();
+    let start = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % list.len();
+    let rotated = [&list[start..], &list[..start]].concat().join(",");
+    Client::builder(&rotated)
         .session_timeout(session)
         .connect_timeout(limit)
         .connect()

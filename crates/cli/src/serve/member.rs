@@ -158,6 +158,7 @@ pub async fn serve_member(
     config.election_timeout = election;
     config.heartbeat = (election / 3).max(Duration::from_millis(10));
     config.snapshot_every = args.snapshot_entries.max(1);
+    config.followers_serve = args.followers_serve;
     config.routes = args
         .route
         .as_deref()

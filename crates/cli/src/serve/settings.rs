@@ -129,6 +129,15 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) snapshot_entries: Option<u64>,
 
+    /// Whether a follower serves clients itself: it answers reads and keeps
+    /// watches from its own state (each read confirmed with the leader, so
+    /// reads stay linearizable) and forwards changes to the leader, so that
+    /// clients spread over every member. Without it, followers send clients
+    /// to the leader. [default: false]
+    #[arg(long, value_name = "BOOL", env = "BATON_FOLLOWERS_SERVE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) followers_serve: Option<bool>,
+
     /// Mutual TLS between cluster members: each presents its tls-cert (which
     /// must name the host of its peer address and allow both server and
     /// client authentication) and takes only certificates that chain to the
@@ -374,6 +383,7 @@ pub struct Settings {
     pub(crate) peer_listen: Option<String>,
     pub(crate) election_timeout: u64,
     pub(crate) snapshot_entries: u64,
+    pub(crate) followers_serve: bool,
     pub(crate) route: Option<String>,
     pub(crate) listen_fd: Option<i32>,
     pub(crate) peer_listen_fd: Option<i32>,
@@ -508,6 +518,7 @@ impl Settings {
                 ("peer-listen", s.peer_listen.is_some()),
                 ("election-timeout", asked.election_timeout.is_some()),
                 ("snapshot-entries", asked.snapshot_entries.is_some()),
+                ("followers-serve", asked.followers_serve.is_some()),
                 ("route", s.route.is_some()),
                 ("peer-tls-ca", s.peer_tls_ca.is_some()),
             ];
@@ -651,6 +662,7 @@ impl Settings {
             peer_listen: s.peer_listen.clone(),
             election_timeout: s.election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT_MS),
             snapshot_entries: s.snapshot_entries.unwrap_or(DEFAULT_SNAPSHOT_ENTRIES),
+            followers_serve: s.followers_serve.unwrap_or(false),
             route: s.route.clone(),
             listen_fd: s.listen_fd,
             peer_listen_fd: s.peer_listen_fd,

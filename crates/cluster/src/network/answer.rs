@@ -138,6 +138,14 @@ pub(super) async fn answer(
                     .await
                     .map_err(|e| e.to_string()),
             ),
+            Request::Serve {
+                change,
+                heard,
+                confirm,
+            } => Response::Served(match &answering.leader_side {
+                Some(side) => side.serve(change, heard, confirm).await,
+                None => Err("this member does not serve followers".into()),
+            }),
             Request::WentBack { held } => {
                 Response::WentBack(went_back(&answering, held).map_err(|e| e.to_string()))
             }

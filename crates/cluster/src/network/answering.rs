@@ -24,4 +24,7 @@ pub struct Answering {
     pub went_back: Arc<watch::Sender<Option<String>>>,
     /// How far each member said it holds the log, while this one leads.
     pub held: Held,
+    /// What this member does, while it leads, for the followers that
+    /// serve clients.
+    pub(crate) leader_side: Option<crate::for_followers::LeaderSide>,
 }

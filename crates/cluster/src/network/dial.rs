@@ -619,6 +619,72 @@ impl StatusLink {
     }
 }
 
+/// A follower's connection to its leader, for the clients the follower
+/// serves: one call at a time, so the changes it forwards reach the
+/// leader in the order they were made.
+pub struct LeaderLink {
+    peer: Peer,
+}
+
+impl LeaderLink {
+    /// A link from member `from` to member `target`, reached at `addr` (its
+    /// peer address, or a route to `advertised`); nothing is dialed yet.
+    pub fn new(
+        from: NodeId,
+        target: NodeId,
+        addr: &str,
+        advertised: &str,
+        tls: Option<&PeerTls>,
+    ) -> LeaderLink {
+        LeaderLink {
+            peer: Peer {
+                from,
+                target,
+                addr: addr.to_owned(),
+                name: advertised.to_owned(),
+                conn: None,
+                idle: None,
+                failures: Some(0),
+                tls: tls.cloned(),
+                held: None,
+            },
+        }
+    }
+
+    /// The member this link reaches.
+    pub fn target(&self) -> NodeId {
+        self.peer.target
+    }
+
+    /// Hands the leader `change` to propose and the sessions `heard` from,
+    /// and, if `confirm`, has it prove it leads: the log index it had
+    /// applied then, and the sessions whose changes it refused. `Ok(Err)`
+    /// is the leader's refusal of the whole call.
+    ///
+    /// # Errors
+    /// The leader could not be reached or did not answer within `limit`.
+    ///
+    /// # Cancellation safety
+    /// Safe: a call given up on takes its connection with it.
+    pub async fn serve(
+        &mut self,
+        change: crate::types::Change,
+        heard: Vec<u64>,
+        confirm: bool,
+        limit: Duration,
+    ) -> Result<Result<Served, String>, Failed> {
+        let request = Request::Serve {
+            change,
+            heard,
+            confirm,
+        };
+        match self.peer.call(&request, limit).await? {
+            Response::Served(r) => Ok(r),
+            _ => unreachable!("exchange_on checks the kind"),
+        }
+    }
+}
+
 /// Asks the member at `addr` (a peer address; the leader) to change the
 /// membership.
 ///

@@ -4,7 +4,7 @@
 //! # Format
 //! ```text
 //! every frame: length u32 (big-endian), then that many bytes of bincode
-//! a connection opens with Hello { magic "BATNPEER", version 4, from: id }
+//! a connection opens with Hello { magic "BATNPEER", version 5, from: id }
 //! then the dialing member sends requests and the other answers each, in
 //! order, on the same connection; after the Hello every frame is
 //!   call id u64 (big-endian), then the bincode of a request or an answer
@@ -21,6 +21,11 @@
 //!   WentBack { held }              -> WentBack(Result<(), error>)
 //!                                     (the leader to a member whose log lost
 //!                                     entries it had acknowledged)
+//!   Serve { change, heard, confirm }
+//!                                  -> Served(Result<{ applied index?,
+//!                                     sessions refused }, error>)
+//!                                     (a follower that serves clients to
+//!                                     its leader: see `serving`)
 //! ```
 //! A member dials another when it first needs to and again after any
 //! failure; connections of short-lived clients are kept for the next ones.
@@ -64,10 +69,11 @@ mod wire;
 pub use answer::serve;
 pub use answering::Answering;
 pub use dial::{
-    ask_change, status_of, tell_added, CallError, Failed, Held, Network, Peer, StatusLink,
+    ask_change, status_of, tell_added, CallError, Failed, Held, LeaderLink, Network, Peer,
+    StatusLink,
 };
 pub use tls::PeerTls;
-pub use wire::{Change, MemberStatus};
+pub use wire::{Change, MemberStatus, Served};
 
 #[cfg(test)]
 mod tests;

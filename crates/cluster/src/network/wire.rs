@@ -15,7 +15,7 @@ use tokio_util::codec::LengthDelimitedCodec;
 use crate::types::{LogId, Member, NodeId, Raft, TypeConfig};
 
 pub(super) const MAGIC: [u8; 8] = *b"BATNPEER";
-pub(super) const VERSION: u16 = 4;
+pub(super) const VERSION: u16 = 5;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 pub(super) const MAX_FRAME: usize = 256 << 20;
@@ -61,6 +61,14 @@ pub(super) enum Request {
     WentBack {
         held: LogId,
     },
+    /// From a follower that serves clients to its leader: propose these
+    /// changes (in order), the follower heard from these sessions, and, if
+    /// `confirm`, prove leadership and say how far the leader has applied.
+    Serve {
+        change: crate::types::Change,
+        heard: Vec<u64>,
+        confirm: bool,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -72,6 +80,9 @@ pub(super) enum Response {
     Changed(Result<String, String>),
     Added(Result<(), String>),
     WentBack(Result<(), String>),
+    /// What the leader made of it, or why it refused all of it (it does
+    /// not lead).
+    Served(Result<Served, String>),
 }
 
 /// Which request a call makes, and so which answer it takes.
@@ -84,6 +95,7 @@ pub(super) enum Kind {
     Change,
     Added,
     WentBack,
+    Serve,
 }
 
 impl Request {
@@ -96,6 +108,7 @@ impl Request {
             Request::Change(_) => Kind::Change,
             Request::Added { .. } => Kind::Added,
             Request::WentBack { .. } => Kind::WentBack,
+            Request::Serve { .. } => Kind::Serve,
         }
     }
 }
@@ -110,6 +123,7 @@ impl Response {
             Response::Changed(_) => Kind::Change,
             Response::Added(_) => Kind::Added,
             Response::WentBack(_) => Kind::WentBack,
+            Response::Served(_) => Kind::Serve,
         }
     }
 }
@@ -127,6 +141,17 @@ pub(super) fn encode_call<T: Serialize>(message: &T) -> bincode::Result<bytes::B
 pub(super) fn split_call(frame: &[u8]) -> Option<(u64, &[u8])> {
     let (id, rest) = frame.split_first_chunk::<CALL_ID>()?;
     Some((u64::from_be_bytes(*id), rest))
+}
+
+/// A leader's answer to a follower that serves clients.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Served {
+    /// The log index the leader had applied when it proved it leads, if a
+    /// confirmation was asked for.
+    pub applied: Option<u64>,
+    /// Sessions whose changes it refused (not proposed): ended, expiring,
+    /// or not yet opened as far as the leader has applied.
+    pub refused: Vec<u64>,
 }
 
 /// What a member says of itself, for `baton cluster status`.

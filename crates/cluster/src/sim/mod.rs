@@ -337,7 +337,9 @@ impl World {
             .expect("openraft starts");
         let (stop, stopped) = watch::channel(false);
         let status = Status::new(raft.clone(), id, None);
-        crate::member::serve_through(raft.clone(), applier.clone(), status, id, stopped);
+        // Followers send clients to the leader here: the simulated network
+        // carries the replicated log's traffic only.
+        crate::member::serve_through(raft.clone(), applier.clone(), status, id, None, stopped);
         let (server_stop, mut server_stopped) = watch::channel(false);
         let server = tokio::spawn(async move {
             let _ = server

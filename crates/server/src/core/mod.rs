@@ -188,7 +188,10 @@ impl Core {
             shutting_down: false,
             log,
             mark,
-            role: Role::Follower { leader: None },
+            role: Role::Follower {
+                leader: None,
+                serving: false,
+            },
             opening: HashMap::new(),
             expiring: HashMap::new(),
             releasing: HashSet::new(),
@@ -220,11 +223,27 @@ impl Core {
         self.role.clone()
     }
 
+    /// A read barrier (see [`Replicator::read_barrier`]) for a request of
+    /// `session` (or a handshake resuming it): the leader's own, or, on a
+    /// follower that serves clients, one confirmed with the leader, which
+    /// hears from `session` on the way.
+    pub(crate) fn read_barrier(&self, session: Option<SessionId>) -> crate::replicate::Barrier {
+        match self.role {
+            Role::Follower { serving: true, .. } => self.log.follower_barrier(session),
+            _ => self.log.read_barrier(),
+        }
+    }
+
     /// Proposes a change a request (or this server) asks for. `Some` is the
     /// answer to give now (a single server applied it at once, or it was
     /// refused); `None` means the answer comes when the change is applied.
     fn propose(&mut self, proposal: Proposal) -> Option<Result<Reply, ErrorReply>> {
-        match self.log.propose(&proposal) {
+        let proposed = match self.role {
+            Role::Leader => self.log.propose(&proposal),
+            Role::Follower { serving: true, .. } => self.log.forward(&proposal),
+            Role::Follower { serving: false, .. } => crate::replicate::Proposed::NotLeader,
+        };
+        match proposed {
             crate::replicate::Proposed::ApplyNow => {
                 let applied = self.sm.apply_proposal(&proposal);
                 if applied.changed {

@@ -151,7 +151,7 @@ impl Core {
                 ),
             ));
         }
-        if self.role != Role::Leader {
+        if !self.serves_clients() {
             return Err(self.not_leader_notice());
         }
         match req.resume {
@@ -221,7 +221,9 @@ impl Core {
             return;
         };
         self.live.insert(id, Live::new(Some(outbox), now));
-        self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+        if self.role == Role::Leader {
+            self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
+        }
         let _ = done.send(Ok(Connected {
             grant: SessionGrant {
                 timeout_ms,
@@ -252,6 +254,12 @@ impl Core {
             return Err(expired(id));
         }
         let timeout_ms = session.timeout_ms;
+        if self.role != Role::Leader && !self.live.contains_key(&id) {
+            // A follower tracks only the sessions it serves: the leader
+            // keeps the session alive, and has just heard of it (the
+            // handshake's barrier told it).
+            self.live.insert(id, Live::new(None, now));
+        }
         let live = self.live.get_mut(&id).ok_or_else(|| expired(id))?;
         live.last_heard = now;
         // Replies owed to the old connection go with it: the client sends
@@ -477,6 +485,12 @@ impl Core {
     pub(crate) fn lead(&mut self, now: Now) {
         self.now = now;
         let now = now.at;
+        // Clients it served as a follower resume: what it kept for them was
+        // a follower's (no deadlines, replies owed by another leader).
+        self.close_all(&(
+            ErrorCode::NotLeader,
+            "this member now leads the cluster; resume the session".into(),
+        ));
         self.role = Role::Leader;
         self.live.clear();
         self.deadlines.clear();
@@ -504,16 +518,29 @@ impl Core {
         }
     }
 
-    /// This server no longer leads: every client is sent to `leader` (its
-    /// client address, if known), and what only a leader keeps goes.
-    pub(crate) fn follow(&mut self, leader: Option<String>) {
-        self.role = Role::Follower { leader };
-        let notice = self.not_leader_notice();
-        for live in self.live.values() {
-            if let Some(conn) = &live.conn {
-                conn.close(Some(notice.clone()), 0);
-            }
-        }
+    /// This server does not lead (any more), or the leader changed: every
+    /// client connected now is sent to `leader` (its client address, if
+    /// known), or, if `serving` (this member serves clients), told to
+    /// resume, here or elsewhere; and what only a leader keeps goes.
+    ///
+    /// A change of leader ends the connections a follower serves too: the
+    /// changes they forwarded to the old leader may never be applied, and
+    /// their clients send them again once resumed.
+    pub(crate) fn follow(&mut self, leader: Option<String>, serving: bool) {
+        let serving = serving && leader.is_some();
+        self.role = Role::Follower {
+            leader: leader.clone(),
+            serving,
+        };
+        let notice = if serving {
+            (
+                ErrorCode::NotLeader,
+                String::new(), // no leader named: the client tries its list
+            )
+        } else {
+            self.not_leader_notice()
+        };
+        self.close_all(&notice);
         self.live.clear();
         self.deadlines.clear();
         self.expiring.clear();
@@ -525,11 +552,101 @@ impl Core {
         self.queues = Default::default();
     }
 
+    /// Closes the connections of `sessions`, whose changes were lost on
+    /// their way to the leader: their clients resume and send them again.
+    pub(crate) fn lost(&mut self, sessions: &[SessionId]) {
+        for id in sessions {
+            if let Some(conn) = self.live.get(id).and_then(|l| l.conn.as_ref()) {
+                conn.close(
+                    Some((
+                        ErrorCode::NotLeader,
+                        String::new(), // no leader named: the client tries its list
+                    )),
+                    0,
+                );
+            }
+        }
+    }
+
+    /// Closes every client connection with `notice`.
+    fn close_all(&self, notice: &(ErrorCode, String)) {
+        for live in self.live.values() {
+            if let Some(conn) = &live.conn {
+                conn.close(Some(notice.clone()), 0);
+            }
+        }
+    }
+
+    /// Sessions attached to a connection of this server.
+    pub(crate) fn attached_sessions(&self) -> usize {
+        self.live.values().filter(|l| l.conn.is_some()).count()
+    }
+
+    /// Whether this server takes client sessions: it leads, or it is a
+    /// follower that serves clients.
+    pub(crate) fn serves_clients(&self) -> bool {
+        matches!(
+            self.role,
+            Role::Leader | Role::Follower { serving: true, .. }
+        )
+    }
+
+    /// On the leader: a follower heard from these sessions (it serves
+    /// them), so they are as alive as if they had sent a request here. A
+    /// session whose expiry is proposed stays expiring.
+    pub(crate) fn heard_elsewhere(&mut self, sessions: &[SessionId], now: Now) {
+        self.now = now;
+        if self.role != Role::Leader {
+            return;
+        }
+        for id in sessions {
+            if self.expiring.contains_key(id) {
+                continue;
+            }
+            if let Some(live) = self.live.get_mut(id) {
+                live.last_heard = now.at;
+            }
+        }
+    }
+
+    /// On the leader: proposes a change a follower forwarded for a client
+    /// it serves, stamped with this server's clock; the follower answers it
+    /// once applied. `Ok(false)`: refused, not proposed, because its session
+    /// is not one this leader keeps alive: it ended, its expiry is proposed,
+    /// or it was opened by a change this leader has not applied yet. The
+    /// follower then closes the session's connection; its client resumes
+    /// (or learns that the session is gone) and sends the change again.
+    /// Fails if this server does not lead.
+    pub(crate) fn forwarded(
+        &mut self,
+        mut proposal: Proposal,
+        now: Now,
+    ) -> Result<bool, crate::replicate::NotLeading> {
+        self.now = now;
+        if self.role != Role::Leader {
+            return Err(crate::replicate::NotLeading);
+        }
+        if let Some(origin) = proposal.origin {
+            if self.expiring.contains_key(&origin.session) {
+                return Ok(false);
+            }
+            let Some(live) = self.live.get_mut(&origin.session) else {
+                return Ok(false);
+            };
+            live.last_heard = now.at;
+        }
+        proposal.now_ms = now.wall_ms;
+        match self.propose(proposal) {
+            Some(Err(_)) => Err(crate::replicate::NotLeading),
+            _ => Ok(true),
+        }
+    }
+
     /// What a client of a server that does not lead is told: `not-leader`,
     /// with the leader's client address as the message (empty if unknown).
     pub(crate) fn not_leader_notice(&self) -> (ErrorCode, String) {
         let leader = match &self.role {
-            Role::Follower { leader } => leader.clone().unwrap_or_default(),
+            Role::Follower { leader, .. } => leader.clone().unwrap_or_default(),
             Role::Leader => String::new(),
         };
         (ErrorCode::NotLeader, leader)

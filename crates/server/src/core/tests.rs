@@ -142,3 +142,86 @@ fn the_timer_deletes_a_lock_delay_tombstone_when_it_is_due() {
     assert!(core.state().node(&node).is_none());
     assert_eq!(core.next_deadline(), None);
 }
+
+/// A leader hears from the sessions a follower serves through what the
+/// follower sends it: their forwarded changes and the sessions it heard
+/// from keep them alive past their timeout, stamped with the leader's
+/// clock; a change of a session the leader does not keep alive (unknown,
+/// or expiring) is refused, not proposed; and a server that does not lead
+/// proposes nothing forwarded.
+#[test]
+fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 1_000_000,
+    };
+    let mut core = core_at(start);
+    // Sessions opened on a follower: the leader applies them with no
+    // connection of its own.
+    let opened = |core: &mut Core, secret: u8| {
+        let applied = core.sm.apply(
+            &Command::OpenSession {
+                timeout_ms: 1_000,
+                secret: baton_proto::SessionSecret([secret; 16]),
+            },
+            1_000_000,
+        );
+        let Ok(crate::state::Outcome::SessionOpened(id)) = applied.result else {
+            panic!("a session opens");
+        };
+        core.opened(
+            id,
+            baton_proto::SessionSecret([secret; 16]),
+            1_000,
+            applied.revision,
+        );
+        id
+    };
+    let kept = opened(&mut core, 1);
+    let heard = opened(&mut core, 2);
+    let silent = opened(&mut core, 3);
+    let create = |session: SessionId, path: &str, xid: u32| Proposal {
+        now_ms: 5, // the follower's clock: the leader stamps its own
+        origin: Some(Origin { session, xid }),
+        command: Command::Create {
+            session,
+            path: path.into(),
+            data: bytes::Bytes::new(),
+            mode: CreateMode::Persistent,
+            fence: None,
+            acl: baton_proto::Acl::OPEN,
+        },
+    };
+    let at_900 = later(start, 900, 2_000_000);
+    assert_eq!(core.forwarded(create(kept, "/kept", 1), at_900), Ok(true));
+    assert_eq!(
+        core.state().node("/kept").expect("created").stat().ctime,
+        2_000_000
+    );
+    core.heard_elsewhere(&[heard], at_900);
+    // At +1000 ms only the silent session is due.
+    assert_eq!(core.expire_due(later(start, 1_000, 2_000_100)), 1);
+    let state = core.state();
+    assert!(state.session(silent).is_none());
+    assert!(state.session(kept).is_some() && state.session(heard).is_some());
+    // Its change, arriving late, is refused; so is one of a session never
+    // heard of.
+    let at_1100 = later(start, 1_100, 2_000_200);
+    assert_eq!(
+        core.forwarded(create(silent, "/late", 1), at_1100),
+        Ok(false)
+    );
+    assert_eq!(
+        core.forwarded(create(SessionId(999), "/stranger", 1), at_1100),
+        Ok(false)
+    );
+    assert!(core.state().node("/late").is_none());
+    assert!(core.state().node("/stranger").is_none());
+    // A follower proposes nothing forwarded to it.
+    core.follow(Some("127.0.0.1:1".into()), true);
+    assert_eq!(
+        core.forwarded(create(kept, "/follower", 2), at_1100),
+        Err(crate::replicate::NotLeading)
+    );
+    assert!(core.state().node("/follower").is_none());
+}

@@ -102,6 +102,9 @@ impl Conn {
         session: SessionId,
         outbox: &Arc<Outbox>,
     ) -> io::Result<()> {
+        if let Some(gate) = &mut self.gate {
+            gate.session = Some(session);
+        }
         let mut stopping = false; // no more requests will be read
                                   // Armed while output waits on a socket that takes nothing.
         let mut stall: Option<Pin<Box<Sleep>>> = None;

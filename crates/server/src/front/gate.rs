@@ -11,6 +11,7 @@
 
 use std::task::{Context, Poll};
 
+use baton_proto::SessionId;
 use sync_wrapper::SyncWrapper;
 
 use crate::outbox::Outbox;
@@ -30,6 +31,9 @@ pub(crate) struct ReadGate {
     barrier: Option<(SyncWrapper<Barrier>, u64)>,
     /// The last barrier found that this server does not lead.
     not_leading: bool,
+    /// The connection's session, once it has one: a follower's barrier
+    /// tells the leader it was heard from.
+    pub(crate) session: Option<SessionId>,
 }
 
 /// Where a connection counts the bytes it receives: in its read gate, or,
@@ -64,7 +68,7 @@ impl ReadGate {
             return true;
         }
         if self.barrier.is_none() && !self.not_leading {
-            let barrier = shared.core().log().read_barrier();
+            let barrier = shared.core().read_barrier(self.session);
             self.barrier = Some((SyncWrapper::new(barrier), self.received));
         }
         false

@@ -47,7 +47,7 @@ pub async fn serve(
     };
     let limit = shared.config.handshake_timeout;
     // Proven to lead after the handshake arrived, or refused.
-    let barrier = shared.core().log().read_barrier();
+    let barrier = shared.core().read_barrier(request.resume.map(|(id, _)| id));
     if !matches!(timeout(limit, barrier).await, Ok(Ok(()))) {
         let notice = shared.core().not_leader_notice();
         down(Down::Connected(Err(notice)));
@@ -200,7 +200,7 @@ impl Conn {
                 }
                 if *place > self.covered && self.barriers {
                     if self.barrier.is_none() && !self.not_leading {
-                        let barrier = self.shared.core().log().read_barrier();
+                        let barrier = self.shared.core().read_barrier(Some(self.session));
                         self.barrier = Some((barrier, self.received));
                     }
                     return;

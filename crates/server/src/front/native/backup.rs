@@ -36,7 +36,7 @@ impl Conn {
         // the majority, or one whose cluster never formed, would hand out
         // its own view).
         if self.shared.replicated {
-            let barrier = self.shared.core().log().read_barrier();
+            let barrier = self.shared.core().read_barrier(None);
             let limit = BACKUP_DURABLE_WAIT;
             if !matches!(timeout(limit, barrier).await, Ok(Ok(()))) {
                 let (_, leader) = self.shared.core().not_leader_notice();

@@ -169,7 +169,8 @@ impl Conn {
         // out its whole connect timeout, where `not-leader` sends it on to
         // the other members at once.
         if self.shared.replicated {
-            let barrier = self.shared.core().log().read_barrier();
+            let resuming = request.resume.map(|(id, _)| id);
+            let barrier = self.shared.core().read_barrier(resuming);
             let proven = tokio::select! {
                 r = timeout(limit, barrier) => matches!(r, Ok(Ok(()))),
                 _ = shutdown.changed() => return None,

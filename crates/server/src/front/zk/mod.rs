@@ -151,11 +151,13 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
             return None;
         }
     };
-    // A cluster member serves only while it leads, and proves it first (as
-    // for Baton's own handshake); one that does not closes the connection,
-    // and the client tries the next server of its connect string.
+    // A cluster member serves only while it leads or serves as a follower,
+    // and confirms it first (as for Baton's own handshake); one that does
+    // not closes the connection, and the client tries the next server of
+    // its connect string.
     if conn.shared.replicated {
-        let barrier = conn.shared.core().log().read_barrier();
+        let resuming = (request.session_id != 0).then_some(SessionId(request.session_id as u64));
+        let barrier = conn.shared.core().read_barrier(resuming);
         let proven = tokio::select! {
             r = timeout(limit, barrier) => matches!(r, Ok(Ok(()))),
             _ = shutdown.changed() => return None,

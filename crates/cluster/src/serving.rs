@@ -1,0 +1,299 @@
+//! Followers that serve clients.
+//!
+//! A follower with a known leader takes client sessions itself. It answers
+//! reads and keeps watches from its own applied state, and sends what only
+//! the leader may do to the leader, over one peer connection
+//! ([`LeaderLink`]), one call at a time so that a session's changes reach
+//! the leader in the order they were made:
+//!
+//! - changes: the leader proposes them (stamped with its clock); they come
+//!   back through the replicated log, and the follower answers its client
+//!   once it has applied them, so a client reads its own writes;
+//! - liveness: the sessions the follower heard from since its last call,
+//!   which the leader counts as heard from (the leader alone expires
+//!   sessions);
+//! - read barriers: the leader proves it still leads (a quorum heartbeat)
+//!   and says how far it has applied; the follower waits until it has
+//!   applied as far, then lets the reads go. A read served after such a
+//!   barrier sees every change committed before the read arrived, as on
+//!   the leader.
+//!
+//! Pings go through the barrier too, and a barrier carries the session it
+//! is for: a follower answers a ping only once the leader has heard of the
+//! session after the ping was sent, so a client's own deadline never runs
+//! past the leader's (invariant 6 of docs/design.md). A follower cut off
+//! from its leader answers nothing; its clients move on.
+//!
+//! A change of leader closes the follower's client connections (their
+//! changes on their way to the old leader may be lost): the clients resume
+//! and send their unanswered requests again, which the replicated state
+//! answers at most once.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use baton_proto::SessionId;
+use baton_server::replicate::{Barrier, NotLeading};
+use baton_server::Applier;
+use baton_state::Proposal;
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info};
+
+use crate::network::{LeaderLink, PeerTls, Served};
+use crate::types::{Change, NodeId, Raft};
+
+/// How long a follower waits for its leader's answer, and then to apply
+/// as far as the leader had, before it gives up a call (its clients are
+/// sent on: a member that far behind should not serve them).
+const CALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Proposals a follower sends its leader in one call, at most.
+const CALL_PROPOSALS: usize = 1024;
+
+/// What a follower's server asks of the link to the leader.
+enum Up {
+    Propose(Proposal),
+    Barrier {
+        heard: Option<SessionId>,
+        done: oneshot::Sender<Result<(), NotLeading>>,
+    },
+    /// The member now follows this leader (`None`: none known, or it leads).
+    Leader(Option<NodeId>),
+}
+
+/// A follower's way to its leader (see the module's documentation).
+#[derive(Clone)]
+pub(crate) struct ToLeader {
+    up: mpsc::UnboundedSender<Up>,
+}
+
+/// How a member reaches the others' peer listeners.
+#[derive(Clone)]
+pub(crate) struct Dialing {
+    pub(crate) from: NodeId,
+    pub(crate) routes: BTreeMap<NodeId, String>,
+    pub(crate) tls: Option<PeerTls>,
+}
+
+impl ToLeader {
+    /// Starts the link's task for member `dialing.from`.
+    pub(crate) fn start(
+        raft: Raft,
+        applier: Applier,
+        dialing: Dialing,
+        stop: watch::Receiver<bool>,
+    ) -> ToLeader {
+        let (up, rx) = mpsc::unbounded_channel();
+        tokio::spawn(link(raft, applier, dialing, rx, stop));
+        ToLeader { up }
+    }
+
+    /// Sends a client's change on to the leader; `false` if the link is
+    /// gone.
+    pub(crate) fn propose(&self, proposal: &Proposal) -> bool {
+        self.up.send(Up::Propose(proposal.clone())).is_ok()
+    }
+
+    /// A barrier confirmed with the leader, which hears from `heard` on the
+    /// way.
+    pub(crate) fn barrier(&self, heard: Option<SessionId>) -> Barrier {
+        let (done, rx) = oneshot::channel();
+        let sent = self.up.send(Up::Barrier { heard, done }).is_ok();
+        Box::pin(async move {
+            if !sent {
+                return Err(NotLeading);
+            }
+            rx.await.unwrap_or(Err(NotLeading))
+        })
+    }
+
+    /// The member now follows `leader` (`None`: it leads, or none is
+    /// known): what was on its way to another is dropped.
+    pub(crate) fn set_leader(&self, leader: Option<NodeId>) {
+        let _ = self.up.send(Up::Leader(leader));
+    }
+}
+
+/// What waits for the next call to the leader.
+#[derive(Default)]
+struct Pending {
+    proposals: Vec<Proposal>,
+    heard: HashSet<SessionId>,
+    barriers: Vec<oneshot::Sender<Result<(), NotLeading>>>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.proposals.is_empty() && self.heard.is_empty() && self.barriers.is_empty()
+    }
+
+    /// Fails what was waiting, and forgets the sessions whose changes are
+    /// lost: their connections are closed, so that their clients resume
+    /// and send them again.
+    fn fail(&mut self, applier: &Applier) {
+        for b in self.barriers.drain(..) {
+            let _ = b.send(Err(NotLeading));
+        }
+        let lost: Vec<SessionId> = self
+            .proposals
+            .drain(..)
+            .filter_map(|p| p.origin.map(|o| o.session))
+            .collect();
+        if !lost.is_empty() {
+            applier.lost(&lost);
+        }
+        self.heard.clear();
+    }
+}
+
+/// The link's task: one call to the leader at a time, carrying everything
+/// that arrived while the one before was under way.
+async fn link(
+    raft: Raft,
+    applier: Applier,
+    dialing: Dialing,
+    mut rx: mpsc::UnboundedReceiver<Up>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut leader: Option<NodeId> = None;
+    let mut peer: Option<LeaderLink> = None;
+    let mut pending = Pending::default();
+    loop {
+        // Take in everything there is, waiting only if there is nothing to
+        // send.
+        loop {
+            let up = if pending.is_empty() || leader.is_none() {
+                tokio::select! {
+                    up = rx.recv() => up,
+                    _ = stop.changed() => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(up) => Some(up),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            };
+            match up {
+                None => return,
+                Some(Up::Propose(p)) => pending.proposals.push(p),
+                Some(Up::Barrier { heard, done }) => {
+                    pending.heard.extend(heard);
+                    pending.barriers.push(done);
+                }
+                Some(Up::Leader(l)) => {
+                    if l != leader {
+                        pending.fail(&applier);
+                        leader = l;
+                        peer = None;
+                    }
+                }
+            }
+            if leader.is_none() && !pending.is_empty() {
+                pending.fail(&applier);
+            }
+        }
+        let Some(target) = leader else { continue };
+        if peer.as_ref().is_none_or(|p| p.target() != target) {
+            match dial(&raft, &dialing, target) {
+                Some(p) => peer = Some(p),
+                None => {
+                    pending.fail(&applier);
+                    continue;
+                }
+            }
+        }
+        let link = peer.as_mut().expect("set above");
+        let take = pending.proposals.len().min(CALL_PROPOSALS);
+        let proposals: Vec<Proposal> = pending.proposals.drain(..take).collect();
+        let heard: Vec<u64> = pending.heard.drain().map(|s| s.0).collect();
+        let barriers = if pending.proposals.is_empty() {
+            std::mem::take(&mut pending.barriers)
+        } else {
+            Vec::new() // after the rest of the proposals
+        };
+        let confirm = !barriers.is_empty();
+        let sessions: Vec<SessionId> = proposals
+            .iter()
+            .filter_map(|p| p.origin.map(|o| o.session))
+            .collect();
+        let answer = link
+            .serve(Change(proposals), heard, confirm, CALL_LIMIT)
+            .await;
+        let applied = match answer {
+            Ok(Ok(Served { applied, refused })) => {
+                if !refused.is_empty() {
+                    let refused: Vec<SessionId> = refused.into_iter().map(SessionId).collect();
+                    applier.lost(&refused);
+                }
+                applied
+            }
+            Ok(Err(refused)) => {
+                debug!(leader = target, "the leader refused: {refused}");
+                fail_call(&applier, &sessions, barriers);
+                continue;
+            }
+            Err(e) => {
+                info!(
+                    leader = target,
+                    "cannot reach the leader for the clients served here: {e}"
+                );
+                peer = None;
+                fail_call(&applier, &sessions, barriers);
+                continue;
+            }
+        };
+        if confirm {
+            // The reads may go once this member has applied as far as the
+            // leader had (nothing: at once).
+            let index = applied.unwrap_or(0);
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                let caught_up = raft
+                    .wait(Some(CALL_LIMIT))
+                    .applied_index_at_least(Some(index), "a follower's read barrier")
+                    .map(|r| r.is_ok())
+                    .await;
+                let result = if caught_up { Ok(()) } else { Err(NotLeading) };
+                for b in barriers {
+                    let _ = b.send(result.clone());
+                }
+            });
+        }
+    }
+}
+
+/// A call failed: its barriers fail, and the sessions whose changes it
+/// carried are closed (they send them again once resumed).
+fn fail_call(
+    applier: &Applier,
+    sessions: &[SessionId],
+    barriers: Vec<oneshot::Sender<Result<(), NotLeading>>>,
+) {
+    for b in barriers {
+        let _ = b.send(Err(NotLeading));
+    }
+    if !sessions.is_empty() {
+        applier.lost(sessions);
+    }
+}
+
+/// A link to member `target`, at the peer address the membership gives it
+/// (or its route).
+fn dial(raft: &Raft, dialing: &Dialing, target: NodeId) -> Option<LeaderLink> {
+    let metrics = raft.metrics().borrow().clone();
+    let member = metrics
+        .membership_config
+        .membership()
+        .get_node(&target)?
+        .clone();
+    let addr = dialing.routes.get(&target).unwrap_or(&member.peer);
+    Some(LeaderLink::new(
+        dialing.from,
+        target,
+        addr,
+        &member.peer,
+        dialing.tls.as_ref(),
+    ))
+}
