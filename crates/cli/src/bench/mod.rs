@@ -11,6 +11,7 @@ mod durability;
 mod herd;
 mod herd_run;
 mod ops;
+mod reads;
 mod server;
 mod zk_client;
 mod zookeeper;
@@ -26,6 +27,7 @@ pub enum BenchCommand {
     Herd(herd::HerdArgs),
     Cluster(cluster::ClusterArgs),
     Zookeeper(zookeeper::ZkBenchArgs),
+    Reads(reads::ReadsArgs),
 }
 
 /// Runs a benchmark against `server` if one was named (--server or
@@ -37,6 +39,7 @@ pub async fn run(server: Option<String>, cmd: BenchCommand) -> CliResult {
         BenchCommand::Herd(args) => herd::run(server, args).await,
         BenchCommand::Cluster(args) => cluster::run(args).await,
         BenchCommand::Zookeeper(args) => zookeeper::run(args).await,
+        BenchCommand::Reads(args) => reads::run(args).await,
     }
     .map(|()| ExitCode::SUCCESS)
 }

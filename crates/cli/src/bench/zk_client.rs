@@ -1,6 +1,6 @@
-//! A small ZooKeeper client for `baton bench zookeeper`: what the lock
-//! recipes need (connect, create, get children, exists with a watch,
-//! delete, ping), over `baton-zk`'s records, so that one client drives
+//! A small ZooKeeper client for `baton bench zookeeper` and `baton bench
+//! reads`: what the lock recipes and the reads need (connect, create, get
+//! children, exists and get data with a watch, set data, delete, ping), over `baton-zk`'s records, so that one client drives
 //! Baton's ZooKeeper listener and a ZooKeeper server alike.
 
 use std::collections::VecDeque;
@@ -215,6 +215,34 @@ impl ZkClient {
             (0, _) => Ok(true),
             (err::NO_NODE, _) => Ok(false),
             (code, _) => Err(io("exists", format!("error {code}"))),
+        }
+    }
+
+    /// Reads `path`'s data (its length), leaving a watch on it if `watch`.
+    pub async fn get_data(&self, path: &str, watch: bool) -> Result<usize, CliError> {
+        let request = Request::GetData {
+            path: path.into(),
+            watch,
+        };
+        match self.call(&request).await? {
+            (0, body) => JuteReader::new(&body)
+                .buffer("data")
+                .map(|d| d.len())
+                .map_err(|e| io("get data", e)),
+            (code, _) => Err(io("get data", format!("error {code}"))),
+        }
+    }
+
+    /// Sets `path`'s data, whatever its version.
+    pub async fn set_data(&self, path: &str, data: Bytes) -> Result<(), CliError> {
+        let request = Request::SetData {
+            path: path.into(),
+            data,
+            version: -1,
+        };
+        match self.call(&request).await? {
+            (0, _) => Ok(()),
+            (code, _) => Err(io("set data", format!("error {code}"))),
         }
     }
 

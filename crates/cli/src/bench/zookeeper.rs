@@ -202,14 +202,7 @@ async fn native(addr: &str, waiters: usize, args: &ZkBenchArgs) -> ZkRun {
 
 /// CPU time (user + system) of process `pid`, in µs.
 fn cpu_us(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces) start after ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf reads a constant of the system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some(ticks * 1_000_000 / hz)
+    crate::sys::cpu_time(pid).map(|t| t.as_micros() as u64)
 }
 
 /// What a run's contenders share.
