@@ -507,12 +507,19 @@ async fn fanout_run(
     let fan = Arc::new(Fan::default());
     let base = Instant::now();
     let rounds = args.fanouts;
+    // Watches are set again for round R only once round R-1 is over, so
+    // that setting them does not compete with telling the others.
+    let (open, opened) = tokio::sync::watch::channel(0usize);
     let tasks: Vec<_> = watchers
         .iter()
         .map(|session| {
             let (session, fan, path) = (session.clone(), fan.clone(), path.clone());
+            let mut opened = opened.clone();
             tokio::spawn(async move {
-                for _ in 0..rounds {
+                for round in 1..=rounds {
+                    if opened.wait_for(|r| *r >= round).await.is_err() {
+                        return Ok(());
+                    }
                     let watch = session.read_watched(&path).await?;
                     fan.ready.fetch_add(1, Ordering::SeqCst);
                     session.changed(watch).await?;
@@ -529,6 +536,7 @@ async fn fanout_run(
     let mut writes = Vec::new();
     let result = async {
         for round in 1..=rounds {
+            open.send_replace(round);
             until(
                 || fan.ready.load(Ordering::SeqCst) >= n * round,
                 || {
