@@ -285,10 +285,13 @@ impl StateMachine {
     /// The rule by which the node at `path` joined its queue: exclusive
     /// unless an enqueue said otherwise.
     pub fn rule(&self, path: &str) -> queue::QueueRule {
+        // Asked on every grant: with no queue ruled otherwise (the common
+        // case) the node is not looked up.
+        if self.ruled.is_empty() {
+            return queue::QueueRule::Exclusive;
+        }
         match (self.nodes.get(path), path::parent(path)) {
-            (Some(node), Some(queue)) if !self.ruled.is_empty() => {
-                self.ruled.rule(queue, node.czxid)
-            }
+            (Some(node), Some(queue)) => self.ruled.rule(queue, node.czxid),
             _ => queue::QueueRule::Exclusive,
         }
     }

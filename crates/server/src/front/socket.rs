@@ -57,6 +57,10 @@ struct Secure {
 pub(crate) struct LazyBuf(Option<Box<BytesMut>>);
 
 impl LazyBuf {
+    /// Bytes a buffer starts with: a request or a reply with its event and
+    /// a few more (a handover's frames are 60-200 bytes each).
+    pub(crate) const START: usize = 1024;
+
     pub(crate) fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |b| b.len())
     }
@@ -69,9 +73,13 @@ impl LazyBuf {
         self.0.as_deref().map_or(&[], |b| &b[..])
     }
 
-    /// The buffer, allocated if needed.
+    /// The buffer, allocated if needed with room for a few ordinary frames
+    /// ([`LazyBuf::START`]): a buffer grown from nothing a few bytes at a
+    /// time, as frames are encoded piece by piece, would be reallocated and
+    /// copied several times for every frame a woken connection handles.
     pub(crate) fn get(&mut self) -> &mut BytesMut {
-        self.0.get_or_insert_with(Default::default)
+        self.0
+            .get_or_insert_with(|| Box::new(BytesMut::with_capacity(Self::START)))
     }
 
     /// Frees the buffer (frames split off it keep their part alive).
@@ -383,5 +391,26 @@ impl Socket {
             self.rbuf.release();
         }
         Ok(Some(frame.freeze()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LazyBuf;
+
+    /// A buffer is allocated once with room for a few frames, and an empty
+    /// one is let go: an idle connection holds none.
+    #[test]
+    fn a_lazy_buffer_starts_with_room_and_is_let_go_when_released() {
+        let mut buf = LazyBuf::default();
+        assert!(buf.0.is_none());
+        buf.get().extend_from_slice(&[1; 200]);
+        assert!(buf.get().capacity() >= LazyBuf::START);
+        let before = buf.get().as_ptr();
+        buf.get().extend_from_slice(&[2; 600]);
+        assert_eq!(buf.get().as_ptr(), before, "no reallocation for 800 bytes");
+        assert_eq!(buf.len(), 800);
+        buf.release();
+        assert!(buf.0.is_none() && buf.is_empty());
     }
 }

@@ -35,7 +35,7 @@ impl Flusher {
         let Some(shared) = self.0.upgrade() else {
             return;
         };
-        let _committing = lock(&shared.committing);
+        let mut spare = lock(&shared.committing);
         if shared.broken.load(Ordering::Acquire) {
             return;
         }
@@ -50,7 +50,7 @@ impl Flusher {
                 return;
             }
             (
-                std::mem::take(&mut q.bytes),
+                std::mem::replace(&mut q.bytes, std::mem::take(&mut *spare)),
                 q.last_revision,
                 q.first_at.take(),
             )
@@ -68,8 +68,17 @@ impl Flusher {
             Ok(_) => shared.mark.advance(last_revision),
             Err(e) => fail(&shared, e),
         }
+        // The next flush appends into this buffer rather than grow a new one
+        // from nothing; a buffer grown large by a burst is let go.
+        if bytes.capacity() <= SPARE_MAX {
+            bytes.clear();
+            *spare = bytes;
+        }
     }
 }
+
+/// Largest write buffer a flush keeps for the next one.
+const SPARE_MAX: usize = 64 * 1024;
 
 /// Appending side of the log, owned by the core.
 pub(crate) struct Wal {
@@ -85,7 +94,9 @@ struct WalShared {
     /// Held while a batch is taken from the queue and written (and synced),
     /// by the committer or, under `--fsync never`, by a connection writing
     /// its own changes ([`Flusher`]): batches reach the file in queue order.
-    committing: Mutex<()>,
+    /// It holds the flushers' spare buffer (a written batch's, cleared) for
+    /// the queue to fill next.
+    committing: Mutex<Vec<u8>>,
     mark: Arc<DurableMark>,
     stats: Arc<Stats>,
     /// Set (with the reason) when the log can no longer be written.
@@ -151,7 +162,7 @@ impl Wal {
             fsync,
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
-            committing: Mutex::new(()),
+            committing: Mutex::new(Vec::new()),
             mark,
             stats,
             failed,
