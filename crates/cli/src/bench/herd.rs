@@ -195,6 +195,9 @@ impl Run {
             server_bytes_per_handover: 0.0,
             server_cpu_us_per_handover: 0.0,
             server_cpu_us_per_join: 0.0,
+            join_seconds: 0.0,
+            open_seconds: 0.0,
+            server_cpu_us_per_open: 0.0,
             split: Split::default(),
             fifo_fraction: 0.0,
             violations: 0,
@@ -255,17 +258,20 @@ async fn one_run(
     args: &HerdArgs,
 ) -> Result<Run, CliError> {
     let label = format!("{} waiters, {}", waiters, recipe.name());
+    let control = Client::builder(addr)
+        .session_timeout(Duration::from_secs(120))
+        .connect()
+        .await?;
     progress(format!("{label}: opening {waiters} sessions"));
+    let opening = counters(&control).await?;
+    let open_started = Instant::now();
     let clients = open_sessions(
         addr,
         waiters,
         Duration::from_millis(args.session_timeout_ms),
     )
     .await?;
-    let control = Client::builder(addr)
-        .session_timeout(Duration::from_secs(120))
-        .connect()
-        .await?;
+    let open_seconds = open_started.elapsed().as_secs_f64();
     let path = format!("/herd/{}-{waiters}-{}", recipe.name(), std::process::id());
     ensure_path(&control, &path).await?;
 
@@ -295,13 +301,23 @@ async fn one_run(
         started: Instant::now(),
     });
     let joining = counters(&control).await?;
+    let join_started = Instant::now();
     let tasks: Vec<_> = clients
         .iter()
         .enumerate()
         .map(|(i, c)| tokio::spawn(contend(c.clone(), i, shared.clone())))
         .collect();
 
-    let measured = measure(&control, &shared, recipe, waiters, args, &label).await;
+    let measured = measure(
+        &control,
+        &shared,
+        recipe,
+        waiters,
+        args,
+        &label,
+        join_started,
+    )
+    .await;
     // Whatever happened, stop the contenders and close their sessions, so
     // that the next run starts on a quiet server.
     shared.stopping.store(true, Ordering::Release);
@@ -316,6 +332,7 @@ async fn one_run(
         after,
         grants,
         seconds,
+        join_seconds,
     } = measured?;
 
     let handovers = grants.max(1);
@@ -331,6 +348,7 @@ async fn one_run(
         m.get("cpu_user_us").copied().unwrap_or(0) + m.get("cpu_system_us").copied().unwrap_or(0)
     };
     let join_cpu = cpu_of(&before).saturating_sub(cpu_of(&joining)) as f64;
+    let open_cpu = cpu_of(&joining).saturating_sub(cpu_of(&opening)) as f64;
     let mut waits = std::mem::take(&mut *shared.waits.lock().unwrap_or_else(|e| e.into_inner()));
     let wait = Summary::of(&mut waits);
     let run = Run {
@@ -346,6 +364,9 @@ async fn one_run(
         server_bytes_per_handover: delta("bytes_out") / handovers as f64,
         server_cpu_us_per_handover: cpu / handovers as f64,
         server_cpu_us_per_join: join_cpu / waiters.max(1) as f64,
+        join_seconds,
+        open_seconds,
+        server_cpu_us_per_open: open_cpu / waiters.max(1) as f64,
         split: {
             let batches = delta("log_batches").max(1.0);
             Split {
@@ -395,6 +416,8 @@ struct Measured {
     after: std::collections::BTreeMap<String, u64>,
     grants: u64,
     seconds: f64,
+    /// From `join_started` until the queue had formed.
+    join_seconds: f64,
 }
 
 async fn measure(
@@ -404,6 +427,7 @@ async fn measure(
     waiters: usize,
     args: &HerdArgs,
     label: &str,
+    join_started: Instant,
 ) -> Result<Measured, CliError> {
     // Warm up: measure the steady state, once every contender has joined the
     // queue (each waiter then holds one watch), not the joining itself.
@@ -422,6 +446,7 @@ async fn measure(
         }
     }
     let before = counters(control).await?;
+    let join_seconds = join_started.elapsed().as_secs_f64();
     let grants_before = shared.grants.load(Ordering::Acquire);
     shared
         .target
@@ -453,6 +478,7 @@ async fn measure(
         after,
         grants: shared.grants.load(Ordering::Acquire) - grants_before,
         seconds: started.elapsed().as_secs_f64(),
+        join_seconds,
     })
 }
 
@@ -718,6 +744,23 @@ fn print_table(runs: &[Run], rtt: &Summary, fdatasync: &Summary) {
                 (None, true) => "  (time limit)",
                 (None, false) => "",
             }
+        );
+    }
+    println!("forming the queue, apart from the handovers above: opening the sessions, then every waiter joining; and the handovers against the floor (handovers/s x round trip)");
+    println!(
+        "{:>8} {:<12} {:>8} {:>12} {:>8} {:>12} {:>9}",
+        "waiters", "recipe", "open s", "cpu us/open", "join s", "cpu us/join", "of 1/rtt"
+    );
+    for r in runs.iter().filter(|r| r.failed.is_none()) {
+        println!(
+            "{:>8} {:<12} {:>8.2} {:>12.1} {:>8.2} {:>12.1} {:>9.2}",
+            r.waiters,
+            r.recipe.name(),
+            r.open_seconds,
+            r.server_cpu_us_per_open,
+            r.join_seconds,
+            r.server_cpu_us_per_join,
+            r.handovers_per_s * rtt.p50_us / 1e6
         );
     }
     if runs.iter().any(|r| r.split.log_batches_per_handover > 0.0) {

@@ -71,6 +71,13 @@ pub struct Run {
     /// joining in its handovers pays about this times waiters / handovers
     /// more per handover.
     pub server_cpu_us_per_join: f64,
+    /// Seconds from the first contender's start until every waiter had
+    /// joined the queue (the queue's formation; not in the handovers).
+    pub join_seconds: f64,
+    /// Opening the waiters' sessions, before any joined: seconds, and the
+    /// server's CPU time per session.
+    pub open_seconds: f64,
+    pub server_cpu_us_per_open: f64,
     /// Where a handover's time goes on the server (see [`Split`]).
     pub split: Split,
     pub fifo_fraction: f64,
