@@ -485,12 +485,11 @@ impl Core {
     pub(crate) fn lead(&mut self, now: Now) {
         self.now = now;
         let now = now.at;
-        // Clients it served as a follower resume: what it kept for them was
-        // a follower's (no deadlines, replies owed by another leader).
-        self.close_all(&(
-            ErrorCode::NotLeader,
-            "this member now leads the cluster; resume the session".into(),
-        ));
+        // Clients it served as a follower resume (here, or at the first
+        // member of their list that answers: the notice names no leader):
+        // what it kept for them was a follower's (no deadlines, replies
+        // owed by another leader).
+        self.close_all(&(ErrorCode::NotLeader, String::new()));
         self.role = Role::Leader;
         self.live.clear();
         self.deadlines.clear();
