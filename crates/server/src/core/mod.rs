@@ -540,8 +540,16 @@ impl Core {
         self.history.reset(self.sm.revision());
         // The holders it knew of may be gone: count afresh.
         self.locks = Default::default();
-        if self.role == Role::Leader {
-            self.lead(now);
+        match self.role {
+            Role::Leader => self.lead(now),
+            Role::Follower { serving: true, .. } => {
+                // The changes the snapshot passed over fired no watch here:
+                // the clients this follower serves resume, and set their
+                // watches again from the last revision they saw (a change
+                // they missed fires at once).
+                self.close_all(&(ErrorCode::NotLeader, String::new()));
+            }
+            Role::Follower { serving: false, .. } => {}
         }
     }
 }

@@ -568,7 +568,7 @@ impl Core {
     }
 
     /// Closes every client connection with `notice`.
-    fn close_all(&self, notice: &(ErrorCode, String)) {
+    pub(super) fn close_all(&self, notice: &(ErrorCode, String)) {
         for live in self.live.values() {
             if let Some(conn) = &live.conn {
                 conn.close(Some(notice.clone()), 0);

@@ -225,3 +225,44 @@ fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
     );
     assert!(core.state().node("/follower").is_none());
 }
+
+/// A follower that serves clients and installs a snapshot closes their
+/// connections: the changes the snapshot passed over fired no watch there,
+/// and the clients resume and set their watches again. A follower that
+/// becomes leader closes them too.
+#[test]
+fn a_serving_follower_sends_its_clients_to_resume_after_a_snapshot_or_when_it_leads() {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 1_000_000,
+    };
+    let mut core = core_at(start);
+    let first = Outbox::new();
+    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &first, start)
+    else {
+        panic!("a session opens");
+    };
+    let grant = connected.grant;
+    core.follow(Some("127.0.0.1:1".into()), true);
+    assert_eq!(first.status(), crate::outbox::Status::Closing);
+    let resume = |core: &mut Core, outbox: &Arc<Outbox>| {
+        let mut request = ConnectRequest::new(1_000);
+        request.resume = Some((grant.session_id, grant.secret));
+        assert!(matches!(
+            core.connect(&request, outbox, start),
+            Ok(Connecting::Done(_))
+        ));
+        assert_eq!(outbox.status(), crate::outbox::Status::Open);
+    };
+    let second = Outbox::new();
+    resume(&mut core, &second);
+    assert_eq!(core.attached_sessions(), 1);
+    core.install(core.state(), start);
+    assert_eq!(second.status(), crate::outbox::Status::Closing);
+
+    let third = Outbox::new();
+    resume(&mut core, &third);
+    core.lead(start);
+    assert_eq!(third.status(), crate::outbox::Status::Closing);
+    assert_eq!(core.attached_sessions(), 0);
+}
