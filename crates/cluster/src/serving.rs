@@ -38,7 +38,7 @@ use baton_server::Applier;
 use baton_state::Proposal;
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{debug, info};
+use tracing::debug;
 
 use crate::network::{LeaderLink, PeerTls, Served};
 use crate::types::{Change, NodeId, Raft};
@@ -235,7 +235,8 @@ async fn link(
                 continue;
             }
             Err(e) => {
-                info!(
+                // The link logs the first failure in a row and the recovery.
+                debug!(
                     leader = target,
                     "cannot reach the leader for the clients served here: {e}"
                 );
