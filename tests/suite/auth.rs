@@ -21,7 +21,9 @@ fn rights(names: &[&str]) -> Rights {
         .fold(Rights::default(), Rights::union_of)
 }
 
-fn identity(name: &str, token: &str, rules: &[(&str, &[&str])]) -> Identity {
+/// An identity named `name`, with `token`, and the rights each rule gives
+/// on its path prefix.
+pub(crate) fn identity(name: &str, token: &str, rules: &[(&str, &[&str])]) -> Identity {
     let rules = rules
         .iter()
         .map(|(prefix, names)| (prefix.to_string(), rights(names)))

@@ -200,28 +200,14 @@ async fn a_reload_gives_new_connections_the_new_certificate() {
 /// still names its own identity.
 #[tokio::test]
 async fn a_client_certificate_proves_the_identity_it_names() {
-    use baton::server::auth::{Identities, Identity, Rights};
+    use crate::auth::identity;
+    use baton::server::auth::Identities;
     let dir = scratch("tls-identity");
     let (ours, other) = (make_pki(dir.path(), "ours"), make_pki(dir.path(), "other"));
-    let rights = |names: &[&str]| {
-        names
-            .iter()
-            .map(|n| Rights::parse(n).unwrap())
-            .fold(Rights::default(), Rights::union_of)
-    };
-    let token = |t: &str| baton::proto::Token(t.to_owned().into());
-    let reader = Identity::new(
-        "reader".into(),
-        token("reader-token-0123456789"),
-        vec![("/".into(), rights(&["read"]))],
-    )
-    .with_tls_name(&ours.client_name)
-    .unwrap();
-    let ops = Identity::new(
-        "ops".into(),
-        token("ops-token-0123456789"),
-        vec![("/".into(), rights(&["admin"]))],
-    );
+    let reader = identity("reader", "reader-token-0123456789", &[("/", &["read"])])
+        .with_tls_name(&ours.client_name)
+        .unwrap();
+    let ops = identity("ops", "ops-token-0123456789", &[("/", &["admin"])]);
     let identities = Identities::new(vec![reader, ops]).unwrap();
     // The other authority's client certificate is trusted too, but no
     // identity names it.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::server::auth::{Identities, Identity, Rights};
+use baton::server::auth::{Identities, Identity};
 use baton::server::tls::{server_config, TlsFiles};
 use baton_testkit::pki::make_pki;
 use baton_testkit::{fast_config, scratch, within};
@@ -19,15 +19,7 @@ use zookeeper_client as zk;
 use super::{open, zk_addr, zk_server_with};
 
 fn identity(name: &str, token: &str, prefix: &str, rights: &[&str]) -> Identity {
-    let rights = rights
-        .iter()
-        .map(|n| Rights::parse(n).unwrap())
-        .fold(Rights::default(), Rights::union_of);
-    Identity::new(
-        name.into(),
-        baton::proto::Token(token.to_owned().into()),
-        vec![(prefix.into(), rights)],
-    )
+    crate::auth::identity(name, token, &[(prefix, rights)])
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use baton_client::{recipes, Client, CreateMode, Error, Lock};
 use baton_server::persist::FsyncPolicy;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::durability::fdatasync_floor;
 use super::herd_run::{Recipe, Run, Split};
@@ -484,41 +484,21 @@ async fn measure(
 
 /// Opens `n` sessions, a few hundred handshakes at a time.
 async fn open_sessions(addr: &str, n: usize, timeout: Duration) -> Result<Vec<Client>, CliError> {
-    let gate = Arc::new(Semaphore::new(256));
-    let opening: Vec<_> = (0..n)
-        .map(|_| {
-            let (gate, addr) = (gate.clone(), addr.to_owned());
-            tokio::spawn(async move {
-                let _permit = gate.acquire().await.expect("never closed");
-                Client::builder(&addr)
-                    .session_timeout(timeout)
-                    .connect()
-                    .await
-            })
-        })
-        .collect();
-    let mut clients = Vec::with_capacity(n);
-    for o in opening {
-        clients.push(o.await.map_err(|e| CliError::msg(e.to_string()))??);
-    }
-    Ok(clients)
+    let opened = super::each_bounded(0..n, |_| {
+        let addr = addr.to_owned();
+        async move {
+            Client::builder(&addr)
+                .session_timeout(timeout)
+                .connect()
+                .await
+        }
+    })
+    .await?;
+    Ok(opened.into_iter().collect::<Result<_, _>>()?)
 }
 
 async fn close_all(clients: Vec<Client>) {
-    let gate = Arc::new(Semaphore::new(256));
-    let closing: Vec<_> = clients
-        .into_iter()
-        .map(|c| {
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let _permit = gate.acquire().await.expect("never closed");
-                c.close().await;
-            })
-        })
-        .collect();
-    for c in closing {
-        let _ = c.await;
-    }
+    let _ = super::each_bounded(clients, |c| async move { c.close().await }).await;
 }
 
 /// One contender: acquire, hold, release, again, until the run stops.

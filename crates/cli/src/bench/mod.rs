@@ -18,7 +18,7 @@ mod zookeeper;
 
 use std::process::ExitCode;
 
-use crate::CliResult;
+use crate::{CliError, CliResult};
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
@@ -70,6 +70,36 @@ impl Summary {
             max_us: at(1.0),
         }
     }
+}
+
+/// Runs `work` on every item as its own task, at most 256 at a time (a
+/// few hundred handshakes or closes under way at once), and waits for all:
+/// their results in the items' order.
+pub async fn each_bounded<T, F, Fut>(
+    items: impl IntoIterator<Item = T>,
+    work: F,
+) -> Result<Vec<Fut::Output>, CliError>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
+    let tasks: Vec<_> = items
+        .into_iter()
+        .map(|item| {
+            let (gate, job) = (gate.clone(), work(item));
+            tokio::spawn(async move {
+                let _permit = gate.acquire().await.expect("never closed");
+                job.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.map_err(|e| CliError::msg(e.to_string()))?);
+    }
+    Ok(out)
 }
 
 /// Prints a progress line on stderr.

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use baton_client::{Client, CreateMode, Watcher};
 use bytes::Bytes;
 use serde::Serialize;
-use tokio::sync::Semaphore;
 
 use super::zk_client::ZkClient;
 use super::{progress, Summary};
@@ -383,47 +382,25 @@ fn cpu_of(pids: &[u32]) -> Option<Duration> {
 /// Opens `n` sessions, a few hundred handshakes at a time, numbered from 1
 /// (session 0 is the one that sets up and writes).
 async fn open_many(target: &Target, n: usize) -> Result<Vec<Arc<Session>>, CliError> {
-    let gate = Arc::new(Semaphore::new(256));
     let opened = Arc::new(AtomicUsize::new(0));
-    let opening: Vec<_> = (1..=n)
-        .map(|i| {
-            let (gate, target, opened) = (gate.clone(), target.clone(), opened.clone());
-            tokio::spawn(async move {
-                let _permit = gate.acquire().await.expect("never closed");
-                let session = Session::open(&target, i).await;
-                let done = opened.fetch_add(1, Ordering::Relaxed) + 1;
-                if done % 2_000 == 0 && done < n {
-                    progress(format!("{done}/{n} sessions open"));
-                }
-                session
-            })
-        })
-        .collect();
-    let mut sessions = Vec::with_capacity(n);
-    for o in opening {
-        sessions.push(Arc::new(
-            o.await.map_err(|e| CliError::msg(e.to_string()))??,
-        ));
-    }
-    Ok(sessions)
+    let sessions = super::each_bounded(1..=n, |i| {
+        let (target, opened) = (target.clone(), opened.clone());
+        async move {
+            let session = Session::open(&target, i).await;
+            let done = opened.fetch_add(1, Ordering::Relaxed) + 1;
+            if done % 2_000 == 0 && done < n {
+                progress(format!("{done}/{n} sessions open"));
+            }
+            session.map(Arc::new)
+        }
+    })
+    .await?;
+    sessions.into_iter().collect()
 }
 
 async fn close_many(sessions: Vec<Arc<Session>>) {
-    let gate = Arc::new(Semaphore::new(256));
-    let closing: Vec<_> = sessions
-        .into_iter()
-        .filter_map(Arc::into_inner)
-        .map(|s| {
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let _permit = gate.acquire().await.expect("never closed");
-                s.close().await;
-            })
-        })
-        .collect();
-    for c in closing {
-        let _ = c.await;
-    }
+    let owned = sessions.into_iter().filter_map(Arc::into_inner);
+    let _ = super::each_bounded(owned, |s| async move { s.close().await }).await;
 }
 
 /// Every session reads (leaving watches if `watched`) until `duration` is
