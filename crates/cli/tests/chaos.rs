@@ -100,8 +100,11 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
         &[
             "--members",
             "3",
+            // Long enough for faults of three kinds even when a membership
+            // change (which waits for a member to catch up) is slowed by the
+            // tests running beside it.
             "--seconds",
-            "8",
+            "12",
             "--seed",
             "2",
             "--workloads",
