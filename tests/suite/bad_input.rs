@@ -245,7 +245,7 @@ async fn truncated_request_frame_then_eof_closes_only_that_connection() {
 async fn unknown_operation_gets_an_error_reply_and_the_connection_keeps_working() {
     let server = TestServer::start().await;
     let mut raw = Raw::open(&server.addr(), 10_000).await;
-    for op in [0u8, 21, 42, 200, 255] {
+    for op in [0u8, baton_proto::OpCode::LAST + 1, 42, 200, 255] {
         let code = rejected(&mut raw, op, b"whatever body").await;
         assert_eq!(code, ErrorCode::UnknownOperation, "op {op}");
         ping_works(&mut raw).await;

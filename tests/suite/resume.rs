@@ -461,3 +461,65 @@ async fn resuming_on_a_new_connection_moves_the_session_off_the_old_one() {
     assert_eq!(server.stats().sessions, 1);
     server.stop().await;
 }
+
+/// A server that has not applied what a client has seen does not serve it
+/// (what the client sees never goes back): the handshake is refused with
+/// `not-leader` naming nobody, and the client tries another server. One
+/// that has applied that far serves it, in either read mode.
+#[tokio::test]
+async fn a_server_behind_what_the_client_saw_does_not_serve_it() {
+    use baton::proto::{ConnectRequest, ReadMode};
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    client
+        .create("/seen", "x", CreateMode::Persistent)
+        .await
+        .unwrap();
+    for mode in [ReadMode::Linearizable, ReadMode::Sequential] {
+        // (Each session opened below is a change: the revision moves on.)
+        let seen = client.sync().await.unwrap();
+        let mut raw = Raw::connect(&server.addr()).await;
+        let request = ConnectRequest {
+            read_mode: mode,
+            last_seen: seen + 1,
+            ..ConnectRequest::new(10_000)
+        };
+        let refused = raw.handshake(&request).await.result.unwrap_err();
+        assert_eq!(refused, (ErrorCode::NotLeader, String::new()), "{mode:?}");
+        let mut raw = Raw::connect(&server.addr()).await;
+        let request = ConnectRequest {
+            read_mode: mode,
+            last_seen: seen,
+            ..ConnectRequest::new(10_000)
+        };
+        raw.handshake(&request).await.result.expect("served");
+    }
+    client.close().await;
+    server.stop().await;
+}
+
+/// A sync answers with how far the server had applied, at least every
+/// change made before it; a sequential session's reads see its own changes.
+#[tokio::test]
+async fn a_sync_answers_with_the_revision_applied() {
+    let server = TestServer::start().await;
+    let writer = server.client().await;
+    let reader = Client::builder(&server.addr())
+        .read_mode(baton::ReadMode::Sequential)
+        .connect()
+        .await
+        .unwrap();
+    let created = writer
+        .create("/synced", "one", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let synced = reader.sync().await.unwrap();
+    assert!(synced >= created.stat.czxid);
+    assert_eq!(&reader.get_data("/synced").await.unwrap().0[..], b"one");
+    let set = reader.set_data("/synced", "two", None).await.unwrap();
+    let (data, stat) = reader.get_data("/synced").await.unwrap();
+    assert_eq!((&data[..], stat.mzxid), (&b"two"[..], set.mzxid));
+    writer.close().await;
+    reader.close().await;
+    server.stop().await;
+}

@@ -83,6 +83,15 @@ struct Cli {
     )]
     connect_timeout: Option<duration::Span>,
 
+    /// What client commands' reads promise: `linearizable` (every read
+    /// sees every change committed before it; the member confirms with the
+    /// leader first) or `sequential` (the member that answers reads from
+    /// its own state at once, as ZooKeeper's followers do; it may be a
+    /// little behind the leader, but never goes back). [default:
+    /// linearizable]
+    #[arg(long, global = true, value_name = "MODE", env = "BATON_READ_MODE")]
+    read_mode: Option<baton_client::ReadMode>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -208,6 +217,7 @@ fn main() -> ExitCode {
                 });
                 let _ = CLIENT_TOKEN.set(token);
                 let _ = CONNECT_TIMEOUT.set(cli.connect_timeout.map(|s| s.0));
+                let _ = READ_MODE.set(cli.read_mode.unwrap_or_default());
             }
             Err(e) => {
                 eprintln!("baton: {e}");
@@ -357,8 +367,12 @@ pub fn token() -> Option<&'static [u8]> {
 static CONNECT_TIMEOUT: std::sync::OnceLock<Option<std::time::Duration>> =
     std::sync::OnceLock::new();
 
+/// The client commands' `--read-mode`.
+static READ_MODE: std::sync::OnceLock<baton_client::ReadMode> = std::sync::OnceLock::new();
+
 pub fn client_builder(server: &str) -> baton_client::ClientBuilder {
-    let mut builder = baton_client::Client::builder(server);
+    let mut builder = baton_client::Client::builder(server)
+        .read_mode(READ_MODE.get().copied().unwrap_or_default());
     if let Some(limit) = CONNECT_TIMEOUT.get().copied().flatten() {
         builder = builder.connect_timeout(limit);
     }

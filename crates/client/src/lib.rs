@@ -18,6 +18,7 @@
 //! ```
 
 mod client;
+mod connect;
 mod deadline;
 mod error;
 mod link;
@@ -32,8 +33,8 @@ mod watcher;
 mod wire;
 
 pub use baton_proto::{
-    Check, CreateMode, EventKind, Liveness, QueueRule, SessionId, SessionStatus, Stat, TxnOp,
-    TxnResult, WatchEvent, MAX_TXN_OPS,
+    Check, CreateMode, EventKind, Liveness, QueueRule, ReadMode, SessionId, SessionStatus, Stat,
+    TxnOp, TxnResult, WatchEvent, MAX_TXN_OPS,
 };
 pub use client::{
     Client, ClientBuilder, Created, Enqueued, Txn, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT,

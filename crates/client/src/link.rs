@@ -72,6 +72,9 @@ pub(crate) struct Outbound {
     next_xid: u32,
     /// When bytes last went to the socket.
     pub(crate) last_sent: Instant,
+    /// When the last request that the leader hears of (a change, a ping, a
+    /// sync: [`OpCode::heard_by_leader`](baton_proto::OpCode)) was written.
+    pub(crate) last_heard_by_leader: Instant,
     /// Whether output waits for the socket (plaintext, or TLS records).
     pub(crate) unsent: bool,
     /// Callers of `close`: once any is here, the close is under way (sent if
@@ -95,6 +98,7 @@ impl Link {
                 deferred: VecDeque::new(),
                 next_xid: 0,
                 last_sent: Instant::now(),
+                last_heard_by_leader: Instant::now(),
                 unsent: false,
                 closing: Vec::new(),
                 broken: None,
@@ -294,6 +298,7 @@ impl Outbound {
         let xid = self.next_xid();
         let frame = RequestFrame { xid, request };
         frame.encode(&mut self.wbuf);
+        self.written(&frame.request);
         let again = reply.is_some() || matches!(frame.request, Request::Delete { .. });
         self.pending.push_back(Pending {
             xid,
@@ -303,6 +308,13 @@ impl Outbound {
             reply,
             watch,
         });
+    }
+
+    /// Notes a request written.
+    fn written(&mut self, request: &Request) {
+        if request.op().heard_by_leader() {
+            self.last_heard_by_leader = Instant::now();
+        }
     }
 
     /// Sends again, with their own xids, the requests the last connection
@@ -317,6 +329,7 @@ impl Outbound {
                 request,
             };
             frame.encode(&mut self.wbuf);
+            self.written(&frame.request);
             p.request = Some(frame.request);
             p.sent = Instant::now();
             p.sends += 1;

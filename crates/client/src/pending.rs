@@ -16,6 +16,8 @@ use crate::watcher::{WatchKind, WatchRequest};
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) reply: Reply,
+    /// The revision of the state the reply was made from.
+    pub(crate) revision: u64,
 }
 
 pub(crate) type ReplySlot = oneshot::Sender<Result<Answer>>;

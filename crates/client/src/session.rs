@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    frame_codec, ConnectRequest, ConnectResponse, ErrorCode, OpCode, Reply, Request, ServerMessage,
-    SessionGrant, SessionId, SessionSecret, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
+    ConnectRequest, ErrorCode, OpCode, ReadMode, Reply, Request, ServerMessage, SessionId,
+    SessionSecret, PROTOCOL_VERSION,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{sleep_until, timeout, Instant};
-use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tokio::time::{sleep_until, Instant};
 use tracing::{debug, info, warn};
 
+use crate::connect::{open_leader, Connection};
 use crate::deadline::Liveness;
 use crate::error::{Error, Result};
 use crate::link::{push_orphan_deletes, Link, Route};
@@ -30,229 +30,7 @@ use crate::persistent::{PersistentRequest, PersistentTable};
 use crate::queue::QueueTable;
 use crate::state::SessionState;
 use crate::watcher::WatchTable;
-use crate::wire::{ClientTls, ReadSide, Wire};
-
-/// An open connection with its session granted.
-pub(crate) struct Connection {
-    reader: FramedRead<ReadSide, LengthDelimitedCodec>,
-    writer: Arc<Wire>,
-    pub(crate) grant: SessionGrant,
-    /// When the handshake was sent.
-    pub(crate) sent: Instant,
-}
-
-/// Opens a connection to `addr` and performs the handshake.
-pub(crate) async fn open(
-    addr: &str,
-    request: &ConnectRequest,
-    connect_timeout: Duration,
-    tls: Option<&ClientTls>,
-) -> Result<Connection> {
-    let failed = |reason: String| Error::connect(addr, reason);
-    let sent = Instant::now();
-    let attempt = async {
-        let (writer, read) = crate::wire::connect(addr, tls).await?;
-        let mut buf = BytesMut::new();
-        request.encode(&mut buf);
-        writer
-            .write_all(&mut buf)
-            .await
-            .map_err(|e| Error::connect_because(addr, format!("sending the handshake: {e}"), e))?;
-        let mut reader = FramedRead::new(read, frame_codec(MAX_RESPONSE_FRAME));
-        let frame = match reader.next().await {
-            Some(Ok(frame)) => frame.freeze(),
-            Some(Err(e)) => {
-                return Err(Error::connect_because(
-                    addr,
-                    format!("reading the handshake answer: {e}"),
-                    e,
-                ))
-            }
-            None => {
-                return Err(failed(
-                    "the server closed the connection during the handshake".into(),
-                ))
-            }
-        };
-        let response = ConnectResponse::decode(frame).map_err(|e| {
-            Error::connect_because(
-                addr,
-                format!("not a Baton server? bad handshake answer: {e}"),
-                e,
-            )
-        })?;
-        match response.result {
-            Ok(grant) => Ok(Connection {
-                reader,
-                writer,
-                grant,
-                sent,
-            }),
-            Err((code, message)) => Err(match code {
-                ErrorCode::SessionExpired | ErrorCode::TooManyConnections => {
-                    Error::from_wire(code, message)
-                }
-                // The message is the leader's client address, if known.
-                ErrorCode::NotLeader => Error::NotLeader(message),
-                ErrorCode::TlsRequired => failed(message),
-                ErrorCode::AuthenticationFailed => Error::AuthenticationFailed(message),
-                _ => failed(format!("{code}: {message}")),
-            }),
-        }
-    };
-    match timeout(connect_timeout, attempt).await {
-        Ok(result) => result,
-        Err(_) => Err(failed(format!(
-            "no answer within {} ms",
-            connect_timeout.as_millis()
-        ))),
-    }
-}
-
-/// Most redirects followed in one attempt to reach the leader.
-const MAX_REDIRECTS: usize = 3;
-
-/// How long an attempt on one member goes unanswered before the next member
-/// is tried alongside it: a paused member (a stopped VM, a long pause)
-/// accepts a connection in its kernel and never answers, and must not cost
-/// every connect its whole timeout.
-pub(crate) const STAGGER: Duration = Duration::from_millis(250);
-
-/// Opens a connection to whichever member leads: `first` (the leader last
-/// heard of) if given, then each address in turn, following a member's
-/// answer that another leads. An address that has not answered within
-/// [`STAGGER`] (or that failed) has the next one tried alongside it, and the
-/// first to grant the session wins; the whole search is bounded by
-/// `connect_timeout`. Returns the connection and its address.
-///
-/// # Errors
-/// [`Error::SessionExpired`] or [`Error::AuthenticationFailed`] at once;
-/// otherwise, once every address has failed or the time is up, one error
-/// saying what each member answered: [`Error::NotLeader`] if any answered
-/// that it does not lead, else [`Error::Connect`] (the address's own error
-/// if only one was given).
-///
-/// # Cancellation safety
-/// Dropping it drops the attempts under way. One that a leader had already
-/// granted leaves a new session with nothing in it, which expires; a
-/// resume is simply not made.
-pub(crate) async fn open_leader(
-    first: Option<&str>,
-    addrs: &[String],
-    request: &ConnectRequest,
-    connect_timeout: Duration,
-    tls: Option<&ClientTls>,
-) -> Result<(Connection, String)> {
-    use futures::stream::FuturesUnordered;
-    let deadline = Instant::now() + connect_timeout;
-    let mut queue: VecDeque<String> = first
-        .map(str::to_owned)
-        .into_iter()
-        .chain(addrs.iter().cloned())
-        .collect();
-    // Every address started, in order, and when.
-    let mut tried: Vec<(String, Instant)> = Vec::new();
-    let mut answers: Vec<(String, Error)> = Vec::new();
-    let mut running = FuturesUnordered::new();
-    let mut redirects = 0;
-    let mut next_start = Instant::now();
-    loop {
-        let now = Instant::now();
-        if running.is_empty() || now >= next_start {
-            if let Some(addr) = queue.pop_front() {
-                if !tried.iter().any(|(a, _)| *a == addr) {
-                    tried.push((addr.clone(), now));
-                    let left = deadline.saturating_duration_since(now);
-                    running.push(async move {
-                        let result = open(&addr, request, left, tls).await;
-                        (addr, result)
-                    });
-                    next_start = now + STAGGER;
-                }
-                continue;
-            }
-        }
-        if running.is_empty() {
-            break;
-        }
-        tokio::select! {
-            Some((addr, result)) = running.next() => {
-                let error = match result {
-                    Ok(conn) => return Ok((conn, addr)),
-                    Err(e @ (Error::SessionExpired(_) | Error::AuthenticationFailed(_))) => {
-                        return Err(e)
-                    }
-                    Err(Error::NotLeader(leader)) => {
-                        let known = tried.iter().any(|(a, _)| *a == leader);
-                        if !leader.is_empty() && !known && redirects < MAX_REDIRECTS {
-                            redirects += 1;
-                            queue.push_front(leader.clone());
-                        }
-                        Error::NotLeader(if leader.is_empty() {
-                            "does not lead and knows of no leader".into()
-                        } else {
-                            format!("does not lead; the leader is at {leader}")
-                        })
-                    }
-                    Err(e) => e,
-                };
-                answers.push((addr, error));
-                // A failure frees its turn: the next address at once.
-                next_start = Instant::now();
-            }
-            _ = sleep_until(next_start), if !queue.is_empty() => {}
-            _ = sleep_until(deadline) => {
-                // Still unanswered: the first attempt's own limit came too.
-                break;
-            }
-        }
-    }
-    for (addr, started) in &tried {
-        if !answers.iter().any(|(a, _)| a == addr) {
-            let waited = deadline.saturating_duration_since(*started);
-            answers.push((
-                addr.clone(),
-                Error::connect(addr, format!("no answer within {} ms", waited.as_millis())),
-            ));
-        }
-    }
-    Err(summary(answers))
-}
-
-/// One error for a search that found no leader, saying what each address
-/// answered.
-fn summary(mut answers: Vec<(String, Error)>) -> Error {
-    if answers.len() == 1 {
-        let (addr, e) = answers.pop().expect("one");
-        return match e {
-            Error::NotLeader(why) => Error::NotLeader(format!("{addr} {why}")),
-            e => e,
-        };
-    }
-    if answers.is_empty() {
-        return Error::connect("", "no server address given");
-    }
-    let said = |e: &Error| match e {
-        Error::NotLeader(why) => why.clone(),
-        Error::Connect { reason, .. } => reason.clone(),
-        other => other.to_string(),
-    };
-    let each = answers
-        .iter()
-        .map(|(addr, e)| format!("{addr}: {}", said(e)))
-        .collect::<Vec<_>>()
-        .join("; ");
-    if answers
-        .iter()
-        .any(|(_, e)| matches!(e, Error::NotLeader(_)))
-    {
-        Error::NotLeader(format!(
-            "no member leads right now, or the one named does not answer (an election under way, fewer than a majority of members up, or the leader paused); each member said: {each}"
-        ))
-    } else {
-        Error::connect(&format!("any of the {} servers", answers.len()), each)
-    }
-}
+use crate::wire::{ClientTls, Wire};
 
 /// Why [`SessionTask::serve`] returned.
 enum End {
@@ -273,6 +51,9 @@ pub(crate) struct SessionTask {
     pub(crate) tls: Option<ClientTls>,
     /// The identity's token, for a server that checks identities.
     pub(crate) token: Option<baton_proto::Token>,
+    /// What the session's reads promise; in the sequential mode only pings,
+    /// syncs and changes move the session deadline on.
+    pub(crate) read_mode: ReadMode,
     pub(crate) session: SessionId,
     pub(crate) secret: SessionSecret,
     pub(crate) timeout: Duration,
@@ -359,6 +140,27 @@ impl SessionTask {
         }
     }
 
+    /// Whether an answer to operation `op` moves the session deadline on
+    /// (if it shows the session alive at all): every answer does in the
+    /// linearizable read mode, as the member that gave it confirmed with
+    /// the leader first; in the sequential mode, only those of operations
+    /// the leader hears of.
+    fn confirms(&self, op: u8) -> bool {
+        self.read_mode == ReadMode::Linearizable
+            || OpCode::from_u8(op).is_some_and(OpCode::heard_by_leader)
+    }
+
+    /// When the connection's next ping is due: a third of the timeout
+    /// after the last send, or in the sequential read mode after the last
+    /// request the leader hears of (reads answered by the member alone do
+    /// not keep the session alive).
+    fn ping_due(&self, out: &crate::link::Outbound, every: Duration) -> Instant {
+        match self.read_mode {
+            ReadMode::Linearizable => out.last_sent + every,
+            ReadMode::Sequential => out.last_heard_by_leader + every,
+        }
+    }
+
     /// Enters a terminal state and answers every later call with `error`.
     fn finish(&mut self, state: SessionState, error: Error) {
         debug!(session = %self.session, %state, "session ended");
@@ -393,6 +195,9 @@ impl SessionTask {
             timeout_ms: self.timeout.as_millis() as u32,
             resume: Some((self.session, self.secret)),
             token: self.token.clone(),
+            read_mode: self.read_mode,
+            // A member behind what this client saw refuses the resume.
+            last_seen: self.last_revision,
         };
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -539,7 +344,8 @@ impl SessionTask {
         // for every frame costs a timer-wheel insertion and removal per
         // frame, on a wheel that every session of the runtime shares.)
         let tick = tokio::time::sleep_until(
-            (self.link.lock().last_sent + ping_every).min(last_heard + silence_limit),
+            self.ping_due(&self.link.lock(), ping_every)
+                .min(last_heard + silence_limit),
         );
         tokio::pin!(tick);
         let end = loop {
@@ -592,13 +398,13 @@ impl SessionTask {
                         ));
                     }
                     let mut out = link.lock();
-                    if now >= out.last_sent + ping_every && out.wbuf.is_empty() {
+                    if now >= self.ping_due(&out, ping_every) && out.wbuf.is_empty() {
                         out.push(Request::Ping, None, None);
                         link.flush(&mut out);
                     }
                     // Not before 10 ms from now: a ping that waits for the
                     // socket leaves the last send behind meanwhile.
-                    let due = (out.last_sent + ping_every).min(last_heard + silence_limit);
+                    let due = self.ping_due(&out, ping_every).min(last_heard + silence_limit);
                     tick.as_mut().reset(due.max(now + Duration::from_millis(10)));
                 }
             }
@@ -713,13 +519,14 @@ impl SessionTask {
                     }
                     return Some(end);
                 }
-                if shows_session_alive(&reply.result) {
+                if shows_session_alive(&reply.result) && self.confirms(reply.op) {
                     self.liveness.answered(p.sent);
                 }
                 let (result, confirmed) = match reply.result {
                     Ok(r) => {
                         let confirmed = p.watch.and_then(|w| w.confirmed(&r));
-                        (Ok(Answer { reply: r }), confirmed)
+                        let revision = reply.revision;
+                        (Ok(Answer { reply: r, revision }), confirmed)
                     }
                     Err(e) => (Err(Error::from_wire(e.code, e.message)), None),
                 };
@@ -736,6 +543,7 @@ impl SessionTask {
                     },
                     Err(Ok(Answer {
                         reply: Reply::Enqueue { path, .. },
+                        ..
                     })) => self.orphan(path),
                     Err(_) => {}
                 }
@@ -791,6 +599,7 @@ mod tests {
     use crate::watcher::Watcher;
     use baton_proto::frame::HEADER_LEN;
     use baton_proto::{ErrorReply, ReplyFrame, Stat};
+    use bytes::BytesMut;
     use tokio::sync::oneshot;
 
     /// A session task with no connection, fed frames by hand.
@@ -804,6 +613,7 @@ mod tests {
             connect_timeout: timeout,
             tls: None,
             token: None,
+            read_mode: ReadMode::Linearizable,
             session: SessionId(1),
             secret: SessionSecret([0; 16]),
             timeout,
@@ -931,6 +741,92 @@ mod tests {
         task.orphan("/q/n-0000000007".into());
         assert_eq!(task.queues.len(), 0);
         assert_eq!(task.orphans, ["/q/n-0000000007"]);
+    }
+
+    /// Answers in turn a read, a ping and a change, each sent a second
+    /// after the one before; returns the deadline after each answer.
+    async fn deadlines_after_a_read_a_ping_and_a_change(task: &mut SessionTask) -> [Instant; 3] {
+        let requests = [
+            (
+                Request::GetData {
+                    path: "/d".into(),
+                    watch: false,
+                },
+                Reply::GetData {
+                    stat: Stat::default(),
+                    data: Bytes::new(),
+                },
+            ),
+            (Request::Ping, Reply::Ping),
+            (
+                Request::SetData {
+                    path: "/d".into(),
+                    data: Bytes::new(),
+                    version: None,
+                    fence: None,
+                },
+                Reply::SetData(Stat::default()),
+            ),
+        ];
+        let mut deadlines = Vec::new();
+        for (request, reply) in requests {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            let (slot, _rx) = oneshot::channel();
+            let xid = call(task, request, slot, None);
+            assert!(task.on_frame(answer(xid, reply)).is_none());
+            deadlines.push(task.liveness.deadline());
+        }
+        deadlines.try_into().expect("three")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequential_session_counts_only_what_the_leader_hears_of_toward_its_deadline() {
+        let start = Instant::now();
+        let timeout = Duration::from_secs(10);
+        let second = Duration::from_secs(1);
+        let mut linearizable = task();
+        assert_eq!(
+            deadlines_after_a_read_a_ping_and_a_change(&mut linearizable).await,
+            [start + second, start + second * 2, start + second * 3].map(|at| at + timeout)
+        );
+        let start = Instant::now();
+        let mut sequential = task();
+        sequential.read_mode = ReadMode::Sequential;
+        // The read was answered by the member alone: it shows nothing.
+        assert_eq!(
+            deadlines_after_a_read_a_ping_and_a_change(&mut sequential).await,
+            [start, start + second * 2, start + second * 3].map(|at| at + timeout)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequential_session_pings_on_time_however_many_reads_it_sends() {
+        let every = Duration::from_secs(3);
+        for mode in [ReadMode::Linearizable, ReadMode::Sequential] {
+            let mut task = task();
+            task.read_mode = mode;
+            let (slot, _rx) = oneshot::channel();
+            call(&task, Request::Ping, slot, None);
+            let pinged = Instant::now();
+            for _ in 0..5 {
+                tokio::time::advance(Duration::from_secs(1)).await;
+                let (slot, _rx) = oneshot::channel();
+                let read = Request::Exists {
+                    path: "/d".into(),
+                    watch: false,
+                };
+                call(&task, read, slot, None);
+                task.link.lock().last_sent = Instant::now();
+            }
+            let due = task.ping_due(&task.link.lock(), every);
+            match mode {
+                // Any answer moves the deadline on: ping when quiet.
+                ReadMode::Linearizable => assert_eq!(due, Instant::now() + every),
+                // Reads do not: ping a third of the timeout after the last
+                // ping, reads or not.
+                ReadMode::Sequential => assert_eq!(due, pinged + every),
+            }
+        }
     }
 
     #[test]

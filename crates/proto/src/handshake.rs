@@ -10,7 +10,10 @@
 //!   session_id   u64  0 to open a new session, else the session to resume
 //!   secret       [16] the session's secret when resuming, else zeros
 //!   optional, for a server that checks identities:
-//!   token        u16 length + bytes (at most MAX_TOKEN)
+//!   token        u16 length + bytes (at most MAX_TOKEN; empty = none)
+//!   optional, after a token (an empty one if the client has none):
+//!   read_mode    u8   0 = linearizable, 1 = sequential (see ReadMode)
+//!   last_seen    u64  the highest revision the client has seen, 0 if none
 //!
 //! ConnectResponse (server -> client, first frame):
 //!   status       u16  0 = success, else an error code
@@ -54,6 +57,69 @@ pub struct ConnectRequest {
     /// The token that names this client's identity, for a server that
     /// checks identities.
     pub token: Option<Token>,
+    /// What the session's reads promise.
+    pub read_mode: ReadMode,
+    /// The highest revision the client has seen (in a reply or an event),
+    /// 0 if none: a member that has not applied that far does not resume
+    /// the session, so that what the client sees never goes back.
+    pub last_seen: u64,
+}
+
+/// What a session's reads promise (docs/design.md, "Read modes").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReadMode {
+    /// Every read sees every change committed before it arrived: the
+    /// member that serves it confirms with the leader first (a follower,
+    /// with a call to the leader; the leader, with a heartbeat to a
+    /// majority). The default.
+    #[default]
+    Linearizable,
+    /// Reads are answered from the serving member's applied state at once,
+    /// as ZooKeeper's are: a session sees the changes in commit order and
+    /// never sees the state go back (not across reconnects either), sees
+    /// its own changes, and may lag other sessions' changes by as long as
+    /// its member is behind. [`Request::Sync`](crate::Request::Sync) brings
+    /// the member up to date. Pings still confirm with the leader.
+    Sequential,
+}
+
+impl ReadMode {
+    fn to_u8(self) -> u8 {
+        match self {
+            ReadMode::Linearizable => 0,
+            ReadMode::Sequential => 1,
+        }
+    }
+
+    fn from_u8(mode: u8) -> Option<Self> {
+        match mode {
+            0 => Some(ReadMode::Linearizable),
+            1 => Some(ReadMode::Sequential),
+            _ => None,
+        }
+    }
+
+    /// The mode's name, as `--read-mode` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadMode::Linearizable => "linearizable",
+            ReadMode::Sequential => "sequential",
+        }
+    }
+}
+
+impl std::str::FromStr for ReadMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "linearizable" => Ok(ReadMode::Linearizable),
+            "sequential" => Ok(ReadMode::Sequential),
+            other => Err(format!(
+                "{other:?} is not a read mode: give linearizable or sequential"
+            )),
+        }
+    }
 }
 
 /// Most bytes of a token.
@@ -91,6 +157,8 @@ impl ConnectRequest {
             timeout_ms,
             resume: None,
             token: None,
+            read_mode: ReadMode::Linearizable,
+            last_seen: 0,
         }
     }
 
@@ -103,9 +171,15 @@ impl ConnectRequest {
             let (id, secret) = self.resume.unwrap_or_default();
             b.put_u64(id.0);
             b.put_slice(&secret.0);
-            if let Some(token) = &self.token {
-                b.put_u16(token.0.len() as u16);
-                b.put_slice(&token.0);
+            let extended = self.read_mode != ReadMode::Linearizable || self.last_seen != 0;
+            if self.token.is_some() || extended {
+                let token = self.token.as_ref().map_or(&[][..], |t| &t.0[..]);
+                b.put_u16(token.len() as u16);
+                b.put_slice(token);
+            }
+            if extended {
+                b.put_u8(self.read_mode.to_u8());
+                b.put_u64(self.last_seen);
             }
         });
     }
@@ -131,6 +205,8 @@ impl ConnectRequest {
                 timeout_ms: 0,
                 resume: None,
                 token: None,
+                read_mode: ReadMode::Linearizable,
+                last_seen: 0,
             });
         }
         let timeout_ms = r.u32("timeout")?;
@@ -146,7 +222,17 @@ impl ConnectRequest {
                     value: token.len() as u64,
                 });
             }
-            Some(Token(payload.slice_ref(token)))
+            (!token.is_empty()).then(|| Token(payload.slice_ref(token)))
+        };
+        let (read_mode, last_seen) = if r.at_end() {
+            (ReadMode::Linearizable, 0)
+        } else {
+            let mode = r.u8("read mode")?;
+            let read_mode = ReadMode::from_u8(mode).ok_or(DecodeError::BadValue {
+                what: "read mode",
+                value: mode.into(),
+            })?;
+            (read_mode, r.u64("last seen revision")?)
         };
         r.finish()?;
         let resume = (id != 0).then_some((SessionId(id), secret));
@@ -155,6 +241,8 @@ impl ConnectRequest {
             timeout_ms,
             resume,
             token,
+            read_mode,
+            last_seen,
         })
     }
 }

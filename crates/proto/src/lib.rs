@@ -31,7 +31,9 @@ pub use error::{DecodeError, ErrorCode};
 #[cfg(feature = "codec")]
 pub use frame::frame_codec;
 pub use frame::MAX_RESPONSE_FRAME;
-pub use handshake::{ConnectRequest, ConnectResponse, SessionGrant, SessionSecret, Token};
+pub use handshake::{
+    ConnectRequest, ConnectResponse, ReadMode, SessionGrant, SessionSecret, Token,
+};
 pub use path::PathError;
 pub use request::{
     CreateMode, OpCode, PredecessorWatch, QueueRule, Request, RequestDecodeError, RequestFrame,

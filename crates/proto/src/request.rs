@@ -73,9 +73,13 @@ pub enum OpCode {
     LockDelay = 18,
     EnqueueByRule = 19,
     SetAcl = 20,
+    Sync = 21,
 }
 
 impl OpCode {
+    /// The highest operation number this crate knows.
+    pub const LAST: u8 = OpCode::Sync as u8;
+
     /// The operation for a wire number, if there is one.
     pub fn from_u8(op: u8) -> Option<OpCode> {
         Some(match op {
@@ -99,6 +103,7 @@ impl OpCode {
             18 => OpCode::LockDelay,
             19 => OpCode::EnqueueByRule,
             20 => OpCode::SetAcl,
+            21 => OpCode::Sync,
             _ => return None,
         })
     }
@@ -120,6 +125,7 @@ impl OpCode {
             | OpCode::GetData
             | OpCode::GetChildren
             | OpCode::Ping
+            | OpCode::Sync
             | OpCode::SetWatches
             | OpCode::Predecessor
             | OpCode::CheckToken
@@ -128,6 +134,14 @@ impl OpCode {
             | OpCode::SessionStatus
             | OpCode::AddWatch => false,
         }
+    }
+
+    /// Whether a successful answer to the operation shows that the leader
+    /// heard from its session after it was sent, in every read mode: a
+    /// change (the leader proposed it), a ping or a sync (they pass a read
+    /// barrier). Other reads show it only in the linearizable mode.
+    pub fn heard_by_leader(self) -> bool {
+        self.is_change() || matches!(self, OpCode::Ping | OpCode::Sync)
     }
 
     /// A short lower-case name for messages and logs.
@@ -153,6 +167,7 @@ impl OpCode {
             OpCode::LockDelay => "lock delay",
             OpCode::EnqueueByRule => "enqueue by rule",
             OpCode::SetAcl => "set ACL",
+            OpCode::Sync => "sync",
         }
     }
 }
@@ -198,6 +213,13 @@ pub enum Request {
         fence: Option<u64>,
     },
     Ping,
+    /// Brings the member that serves the session up to date with the
+    /// leader: answered once the member has applied everything committed
+    /// before the request arrived, after the leader proved it still leads.
+    /// Requests sent after it see at least that state (what a read sees
+    /// otherwise depends on the session's read mode; see
+    /// [`ReadMode`](crate::ReadMode)).
+    Sync,
     CloseSession,
     /// Sent first after resuming a session on a new connection: sets the
     /// client's outstanding watches again. The server fires at once each watch
@@ -342,6 +364,7 @@ impl Request {
             Request::GetChildren { .. } => OpCode::GetChildren,
             Request::SetData { .. } => OpCode::SetData,
             Request::Ping => OpCode::Ping,
+            Request::Sync => OpCode::Sync,
             Request::CloseSession => OpCode::CloseSession,
             Request::SetWatches { .. } => OpCode::SetWatches,
             Request::Predecessor { .. } => OpCode::Predecessor,
@@ -377,6 +400,7 @@ impl Request {
             | Request::SetAcl { path, .. }
             | Request::Enqueue { path, .. } => Some(path),
             Request::Ping
+            | Request::Sync
             | Request::CloseSession
             | Request::SetWatches { .. }
             | Request::Stats
@@ -519,7 +543,7 @@ impl RequestFrame {
                         op.encode(b);
                     }
                 }
-                Request::Ping | Request::CloseSession | Request::Stats => {}
+                Request::Ping | Request::Sync | Request::CloseSession | Request::Stats => {}
                 Request::SetWatches {
                     revision,
                     data,
@@ -704,6 +728,7 @@ fn decode_body(op: OpCode, r: &mut Reader) -> Result<Request, DecodeError> {
             Request::Multi { ops }
         }
         OpCode::Ping => Request::Ping,
+        OpCode::Sync => Request::Sync,
         OpCode::CloseSession => Request::CloseSession,
         OpCode::SetWatches => Request::SetWatches {
             revision: r.u64("revision")?,

@@ -153,6 +153,9 @@ pub enum Reply {
     },
     SetData(Stat),
     Ping,
+    /// The member caught up (see [`Request::Sync`](crate::Request::Sync));
+    /// the reply's revision is how far it had applied.
+    Sync,
     CloseSession,
     SetWatches,
     /// The sibling created just before the node, if any.
@@ -232,6 +235,7 @@ impl Reply {
             Reply::GetChildren { .. } => OpCode::GetChildren,
             Reply::SetData(_) => OpCode::SetData,
             Reply::Ping => OpCode::Ping,
+            Reply::Sync => OpCode::Sync,
             Reply::CloseSession => OpCode::CloseSession,
             Reply::SetWatches => OpCode::SetWatches,
             Reply::Predecessor(_) => OpCode::Predecessor,
@@ -319,6 +323,7 @@ impl Reply {
             }
             Reply::Delete
             | Reply::Ping
+            | Reply::Sync
             | Reply::CloseSession
             | Reply::SetWatches
             | Reply::RemoveWatches
@@ -357,6 +362,7 @@ impl Reply {
             }
             OpCode::SetData => Reply::SetData(Stat::decode(r)?),
             OpCode::Ping => Reply::Ping,
+            OpCode::Sync => Reply::Sync,
             OpCode::CloseSession => Reply::CloseSession,
             OpCode::SetWatches => Reply::SetWatches,
             OpCode::Predecessor => Reply::Predecessor(Self::decode_node(r)?),

@@ -127,6 +127,7 @@ fn request() -> impl Strategy<Value = Request> {
             }
         ),
         Just(Request::Ping),
+        Just(Request::Sync),
         Just(Request::CloseSession),
         prop::collection::vec(txn_op(), 0..6).prop_map(|ops| Request::Multi { ops }),
         (
@@ -231,6 +232,7 @@ fn reply_result() -> impl Strategy<Value = Result<Reply, ErrorReply>> {
         stat().prop_map(Reply::SetData),
         (stat(), any::<u32>()).prop_map(|(stat, aversion)| Reply::SetAcl { stat, aversion }),
         Just(Reply::Ping),
+        Just(Reply::Sync),
         Just(Reply::CloseSession),
         Just(Reply::SetWatches),
         Just(Reply::RemoveWatches),
@@ -330,13 +332,19 @@ proptest! {
         resume in proptest::option::of((1u64.., any::<[u8; 16]>())),
         grant in proptest::option::of((any::<u32>(), any::<u64>(), any::<[u8; 16]>(), any::<bool>(), any::<u32>())),
         message in ".{0,40}",
-        token in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+        // An empty token is sent when a client has none but needs the
+        // fields after it, so it reads back as none.
+        token in proptest::option::of(proptest::collection::vec(any::<u8>(), 1..64)),
+        sequential in any::<bool>(),
+        last_seen in prop_oneof![Just(0u64), any::<u64>()],
     ) {
         let req = ConnectRequest {
             version: PROTOCOL_VERSION,
             timeout_ms,
             resume: resume.map(|(id, s)| (SessionId(id), SessionSecret(s))),
             token: token.map(|t| Token(t.into())),
+            read_mode: if sequential { ReadMode::Sequential } else { ReadMode::Linearizable },
+            last_seen,
         };
         let mut buf = BytesMut::new();
         req.encode(&mut buf);

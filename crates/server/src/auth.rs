@@ -246,6 +246,7 @@ impl Identity {
             }
             Request::Stats => self.need(Rights::ADMIN, "/"),
             Request::Ping
+            | Request::Sync
             | Request::CloseSession
             | Request::RemoveWatches { .. }
             | Request::SessionStatus { .. } => Ok(()),

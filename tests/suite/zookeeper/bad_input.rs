@@ -266,3 +266,37 @@ async fn set_watches2_sets_persistent_watches_again() {
     );
     server.stop().await;
 }
+
+/// As ZooKeeper does, a server that has not applied the zxid a client has
+/// seen closes the connection unanswered (the client tries another server),
+/// and serves a client that saw no later zxid.
+#[tokio::test]
+async fn a_client_that_saw_a_later_zxid_is_not_served() {
+    let server = zk_server().await;
+    let addr = zk_addr(&server).to_string();
+    let revision = server.client().await.sync().await.unwrap() as i64;
+    for (seen, served) in [(revision + 5, false), (revision, true)] {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut buf = BytesMut::new();
+        ConnectRequest {
+            protocol_version: 0,
+            last_zxid_seen: seen,
+            timeout_ms: 10_000,
+            session_id: 0,
+            passwd: Bytes::from_static(&[0; 16]),
+            read_only: Some(false),
+        }
+        .encode(&mut buf);
+        s.write_all(&buf).await.unwrap();
+        if served {
+            let frame = within(10, "the connect response", read_frame(&mut s))
+                .await
+                .expect("a connect response");
+            assert!(ConnectResponse::decode(&frame).unwrap().session_id != 0);
+        } else {
+            expect_closed(&mut s).await;
+        }
+    }
+    assert_server_healthy(&server).await;
+    server.stop().await;
+}

@@ -13,19 +13,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::{
-    path, ConnectRequest, Reply, Request, SessionId, SessionStatus, Stat, Token, PROTOCOL_VERSION,
+    path, ConnectRequest, ReadMode, Reply, Request, SessionId, SessionStatus, Stat, Token,
+    PROTOCOL_VERSION,
 };
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::connect::open_leader;
 use crate::deadline::{DeadlineAlarm, Liveness};
 use crate::error::{Error, Result};
 use crate::link::Link;
 use crate::pending::{Answer, Registration};
 use crate::persistent::PersistentWatch;
 use crate::queue::{QueueTable, QueueWatch};
-use crate::session::{open_leader, SessionTask};
+use crate::session::SessionTask;
 use crate::state::SessionState;
 use crate::watcher::{WatchTable, Watcher};
 use crate::wire::ClientTls;
@@ -75,9 +77,27 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     tls: Option<ClientTls>,
     token: Option<Token>,
+    read_mode: ReadMode,
 }
 
 impl ClientBuilder {
+    /// What the session's reads promise (default
+    /// [`ReadMode::Linearizable`]; docs/design.md, "Read modes").
+    ///
+    /// With [`ReadMode::Sequential`] the member that serves the session
+    /// answers reads from its own state at once, without confirming with
+    /// the leader: reads are cheaper and never see the state go back (not
+    /// across reconnects either), but may miss other sessions' latest
+    /// changes until [`Client::sync`]. The session deadline then counts
+    /// only from pings, syncs and changes, which the leader hears of, and
+    /// the client pings every third of the timeout however busy it is.
+    /// Recipes decide from events and changes, not from reads, and keep
+    /// their guarantees in either mode.
+    pub fn read_mode(mut self, mode: ReadMode) -> Self {
+        self.read_mode = mode;
+        self
+    }
+
     /// The session timeout to ask for; the server clamps it to its bounds
     /// (see [`Client::session_timeout`] for the granted one).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
@@ -135,6 +155,8 @@ impl ClientBuilder {
             timeout_ms: self.session_timeout.as_millis().min(u32::MAX as u128) as u32,
             resume: None,
             token: self.token.clone(),
+            read_mode: self.read_mode,
+            last_seen: 0,
         };
         // A cluster between leaders (an election) sends everyone away for a
         // moment: keep trying, within the connect timeout.
@@ -155,7 +177,7 @@ impl ClientBuilder {
         }
     }
 
-    fn start(self, conn: crate::session::Connection, addr: String) -> Client {
+    fn start(self, conn: crate::connect::Connection, addr: String) -> Client {
         let grant = conn.grant.clone();
         let link = Arc::new(Link::new());
         let (unreg_tx, unreg_rx) = mpsc::unbounded_channel();
@@ -170,6 +192,7 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             tls: self.tls.clone(),
             token: self.token.clone(),
+            read_mode: self.read_mode,
             session: grant.session_id,
             secret: grant.secret,
             timeout: Duration::from_millis(grant.timeout_ms.into()),
@@ -303,6 +326,7 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
             token: None,
+            read_mode: ReadMode::Linearizable,
         }
     }
 
@@ -506,6 +530,23 @@ impl Client {
         self.call(Request::Ping, None).await.map(|_| ())
     }
 
+    /// Brings the member that serves this session up to date with the
+    /// leader: once it returns, every read sent after it sees at least every
+    /// change committed before the sync was sent, in either read mode (in
+    /// [`ReadMode::Sequential`], what makes a read see another session's
+    /// latest changes). Returns the revision the member had applied when it
+    /// answered. Like a ping, it also counts as a heartbeat.
+    ///
+    /// # Errors
+    /// A session or connection error.
+    pub async fn sync(&self) -> Result<u64> {
+        let answer = self.call(Request::Sync, None).await?;
+        match answer.reply {
+            Reply::Sync => Ok(answer.revision),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Ends the session now: the server deletes its ephemeral nodes and fires
     /// their watches. Every clone of this client is closed with it.
     pub async fn close(&self) {
@@ -590,6 +631,7 @@ impl Drop for Unread<'_> {
         self.rx.close();
         if let Ok(Ok(Answer {
             reply: Reply::Enqueue { path, .. },
+            ..
         })) = self.rx.try_recv()
         {
             let _ = self.orphans.send(path);

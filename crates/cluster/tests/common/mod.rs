@@ -31,6 +31,7 @@ pub async fn bind_members(
 }
 
 /// A session on the cluster whose members serve clients at `addrs`.
+#[allow(dead_code)] // not every test that shares this module uses it
 pub async fn client_of(addrs: &[String]) -> baton_client::Client {
     baton_client::Client::builder(&addrs.join(","))
         .session_timeout(std::time::Duration::from_secs(5))

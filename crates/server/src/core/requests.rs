@@ -204,6 +204,8 @@ impl Core {
             Request::GetData { path, watch } => self.get_data(session, &path, watch),
             Request::GetChildren { path, watch } => self.get_children(session, &path, watch),
             Request::Ping => Ok(Reply::Ping),
+            // The read gate held it until this member caught up.
+            Request::Sync => Ok(Reply::Sync),
             Request::SetWatches {
                 revision,
                 data,

@@ -154,6 +154,20 @@ impl Core {
         if !self.serves_clients() {
             return Err(self.not_leader_notice());
         }
+        let revision = self.sm.revision();
+        if req.last_seen > revision {
+            // Serving the client would show it the state going back. A
+            // member that is behind answers `not-leader` naming nobody, so
+            // that the client tries the next member (a cluster member proves
+            // it is up to date before it gets here, so this is a member
+            // whose state went back, or a client that saw another cluster).
+            tracing::info!(
+                client_revision = req.last_seen,
+                revision,
+                "refusing a session: the client has seen a later revision than this server has applied; it must try another server"
+            );
+            return Err((ErrorCode::NotLeader, String::new()));
+        }
         match req.resume {
             None => self.open(req, outbox),
             Some((id, secret)) => self

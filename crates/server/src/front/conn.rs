@@ -17,7 +17,7 @@ use baton_proto::SessionId;
 use tokio::time::{sleep, timeout, Sleep};
 use tracing::{debug, info, warn};
 
-use super::gate::{received, ReadGate};
+use super::gate::{received, Gated, ReadGate};
 use super::socket::{Socket, READ_BUDGET};
 use crate::outbox::{Drained, Encode, Outbox, Status};
 use crate::shared::Shared;
@@ -305,12 +305,12 @@ impl Conn {
     /// Whether the next buffered request may be handled now: always on a
     /// single server; on a cluster member, as its [`ReadGate`] admits it.
     /// A request's header is `header` bytes after its 4-byte length, and
-    /// `is_change` reads from it whether the request changes the state.
+    /// `gated` reads from it what the request asks of the gate.
     pub(crate) fn gate_open(
         &mut self,
         outbox: &Outbox,
         header: usize,
-        is_change: impl FnOnce(&[u8]) -> bool,
+        gated: impl FnOnce(&[u8]) -> Gated,
     ) -> bool {
         let Some(gate) = &mut self.gate else {
             return true;
@@ -323,7 +323,7 @@ impl Conn {
         let start = gate.received - buffered.len() as u64;
         gate.admits(
             start + 4 + len,
-            is_change(&buffered[4..4 + header]),
+            gated(&buffered[4..4 + header]),
             outbox,
             &self.shared,
         )

@@ -1,8 +1,10 @@
-//! What holds back the reads of a cluster leader's connection, for every
+//! What holds back the reads of a cluster member's connection, for every
 //! front end: a read waits for the changes its session proposed before it
 //! to be applied, and for a read barrier begun after it arrived (so that it
 //! sees every change committed before it, and this server has proven it
-//! still leads).
+//! still leads, or, on a follower, the leader has). A session in the
+//! sequential read mode sends only its pings and syncs through a barrier;
+//! its other reads see the member's applied state as it is.
 //!
 //! Requests are counted in bytes of the connection's stream from its first
 //! byte, the handshake included: where a request starts is what was
@@ -34,6 +36,21 @@ pub(crate) struct ReadGate {
     /// The connection's session, once it has one: a follower's barrier
     /// tells the leader it was heard from.
     pub(crate) session: Option<SessionId>,
+    /// Whether the session reads in the sequential mode
+    /// ([`ReadMode::Sequential`](baton_proto::ReadMode)).
+    pub(crate) sequential: bool,
+}
+
+/// What a request asks of the read gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gated {
+    /// A change: proposed in request order, it passes at once.
+    Change,
+    /// A read: after a barrier, unless the session reads sequentially.
+    Read,
+    /// A ping or a sync: after a barrier, in every read mode (its answer
+    /// tells the client the leader heard from its session).
+    Confirm,
 }
 
 /// Where a connection counts the bytes it receives: in its read gate, or,
@@ -48,23 +65,23 @@ pub(crate) fn received<'a>(gate: &'a mut Option<Box<ReadGate>>, spare: &'a mut u
 impl ReadGate {
     /// Whether the request that ends at byte `end` of the stream may be
     /// handled now. A change may (it is proposed in request order); any
-    /// other request waits for the changes its session proposed before it
-    /// and for a read barrier that covers it, which this starts if none is
-    /// under way.
+    /// other request waits for the changes its session proposed before it,
+    /// and then, unless it is a read of a sequential session, for a read
+    /// barrier that covers it, which this starts if none is under way.
     pub(crate) fn admits(
         &mut self,
         end: u64,
-        is_change: bool,
+        gated: Gated,
         outbox: &Outbox,
         shared: &Shared,
     ) -> bool {
-        if is_change {
+        if gated == Gated::Change {
             return true;
         }
         if outbox.changes_in_flight() > 0 {
             return false; // woken once they are applied
         }
-        if end <= self.covered {
+        if end <= self.covered || (gated == Gated::Read && self.sequential) {
             return true;
         }
         if self.barrier.is_none() && !self.not_leading {

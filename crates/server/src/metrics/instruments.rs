@@ -110,7 +110,7 @@ impl Histogram {
 }
 
 /// Operations by wire number (0 for one the server does not know).
-pub(crate) const OPS: usize = 21;
+pub(crate) const OPS: usize = baton_proto::OpCode::LAST as usize + 1;
 /// Results: 0 for success, then the error codes by wire number, then one
 /// for any other code.
 pub(crate) const RESULTS: usize = 28;

@@ -21,7 +21,6 @@ use tokio::time::timeout;
 use super::{frames_of, Down, Up};
 use crate::clock::Now;
 use crate::core::Connecting;
-use crate::front::native::is_change;
 use crate::outbox::{Drained, Outbox, Status};
 use crate::replicate::Barrier;
 use crate::shared::{Applier, Shared};
@@ -193,7 +192,7 @@ impl Conn {
     /// Handles the waiting requests the gate lets through, in order.
     fn handle_waiting(&mut self) {
         while let Some((place, frame)) = self.waiting.front() {
-            let change = is_change(frame.request.op() as u8);
+            let change = frame.request.op().is_change();
             if !change {
                 if self.outbox.changes_in_flight() > 0 {
                     return; // woken once they are applied

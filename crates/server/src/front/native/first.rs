@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use baton_proto::{ConnectRequest, ConnectResponse, ErrorCode, SessionId, PROTOCOL_VERSION};
+use baton_proto::{
+    ConnectRequest, ConnectResponse, ErrorCode, ReadMode, SessionId, PROTOCOL_VERSION,
+};
 use bytes::Bytes;
 use tokio::time::timeout;
 use tracing::{debug, info, warn};
@@ -207,6 +209,9 @@ impl Conn {
         match connected {
             Ok(Connected { grant, revision }) => {
                 let session = grant.session_id;
+                if let Some(gate) = &mut self.gate {
+                    gate.sequential = request.read_mode == ReadMode::Sequential;
+                }
                 // A new session is a change: its grant waits until it is durable.
                 if !self.wait_durable(revision, outbox).await {
                     self.shared.core().detach(session, outbox);

@@ -16,15 +16,21 @@ use tracing::{debug, info, warn};
 
 pub(crate) use super::conn::Conn;
 use super::conn::{Dialect, CLOSE_GRACE};
+use super::gate::Gated;
 use super::socket::FrameError;
 use crate::clock::Now;
 use crate::core::Flow;
 use crate::outbox::{Encode, NativeFrames, Out, Outbox};
 use crate::stats::Stats;
 
-/// Whether a request's op changes the state (and is proposed).
-pub(crate) fn is_change(op: u8) -> bool {
-    baton_proto::OpCode::from_u8(op).is_some_and(baton_proto::OpCode::is_change)
+/// What a request of wire operation `op` asks of the read gate.
+pub(crate) fn gated(op: u8) -> Gated {
+    use baton_proto::OpCode;
+    match OpCode::from_u8(op) {
+        Some(op) if op.is_change() => Gated::Change,
+        Some(op) if op.heard_by_leader() => Gated::Confirm,
+        _ => Gated::Read,
+    }
 }
 
 /// Serves one accepted connection until it closes.
@@ -72,7 +78,7 @@ impl Dialect for Native {
         let this = conn;
         while !this.backlogged(outbox) {
             // The header: xid (4 bytes), then the op code.
-            if !this.gate_open(outbox, 5, |h| is_change(h[4])) {
+            if !this.gate_open(outbox, 5, |h| gated(h[4])) {
                 return false;
             }
             let frame = match this.socket.next_frame(this.max_frame()) {

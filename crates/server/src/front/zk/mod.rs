@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 use self::answer::{Answer, Answers, Pending};
 use self::translate::Plan;
 use super::conn::{Conn, Dialect, CLOSE_GRACE};
-use super::gate::received;
+use super::gate::{received, Gated};
 use super::socket::FrameError;
 use crate::clock::Now;
 use crate::core::{Connected, Connecting, Core, Flow};
@@ -167,14 +167,6 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
             return None;
         }
     }
-    let revision = conn.shared.core().revision();
-    if request.last_zxid_seen > revision as i64 {
-        // As ZooKeeper refuses it: this server is behind what the client
-        // saw, so the client must try another.
-        info!(peer = %conn.socket.peer(), client_zxid = request.last_zxid_seen, zxid = revision,
-            "refusing a ZooKeeper session: the client has seen a later zxid than this server has; it must try another server");
-        return None;
-    }
     let resume = match request.session_id {
         0 => None,
         id => match <[u8; 16]>::try_from(&request.passwd[..]) {
@@ -190,6 +182,11 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
         timeout_ms: request.timeout_ms.max(0) as u32,
         resume,
         token: None,
+        // ZooKeeper's clients read linearizably here (every read waits for
+        // a barrier); the zxid they saw is refused as ZooKeeper refuses it
+        // when this server is behind it, and they try another server.
+        read_mode: baton_proto::ReadMode::Linearizable,
+        last_seen: request.last_zxid_seen.max(0) as u64,
     };
     let connecting = conn.shared.core().connect(&native, outbox, Now::real());
     let connected = match connecting {
@@ -315,8 +312,15 @@ impl Dialect for Zk {
     ) -> bool {
         while !conn.backlogged(outbox) {
             // The header: xid, then the op code (4 bytes each).
+            // ZooKeeper's sessions read linearizably: every read waits
+            // for a barrier, so pings and syncs need no class of their own.
             if !conn.gate_open(outbox, 8, |h| {
-                translate::is_change(i32::from_be_bytes(h[4..8].try_into().expect("4 bytes")))
+                let code = i32::from_be_bytes(h[4..8].try_into().expect("4 bytes"));
+                if translate::is_change(code) {
+                    Gated::Change
+                } else {
+                    Gated::Read
+                }
             }) {
                 return false;
             }

@@ -1,0 +1,246 @@
+//! What each read mode promises on a follower that serves clients, attacked
+//! with a follower cut off from the other members (docs/design.md, "Read
+//! modes"): a sequential session's reads are answered from the follower's
+//! own state at once, may be behind, never go back, and do not keep the
+//! session alive; a linearizable session's reads are never behind; a sync
+//! catches up; and a member behind what a client has seen does not serve
+//! it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_client::{Client, CreateMode, ReadMode};
+use baton_cluster::{ClusterMember, MemberConfig};
+use baton_testkit::Proxy;
+use tokio::sync::oneshot;
+use tokio::time::{timeout, Instant};
+
+mod common;
+
+struct Running {
+    client: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Three members serving clients, whose peer traffic between every pair
+/// passes a proxy of its own (`(from, to)`: the connections `from` dials
+/// to `to`), so that one member can be cut off from the others. Member 3
+/// waits a minute before it stands for election: it stays a follower.
+async fn cluster(
+    name: &str,
+) -> (
+    Vec<Running>,
+    BTreeMap<(u64, u64), Proxy>,
+    std::path::PathBuf,
+) {
+    let root = std::env::temp_dir().join(format!("baton-modes-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (listeners, initial) = common::bind_members(3).await;
+    let mut proxies = BTreeMap::new();
+    for from in 1..=3u64 {
+        for (&to, member) in &initial {
+            if from != to {
+                let upstream = member.peer.parse().unwrap();
+                proxies.insert((from, to), Proxy::start(upstream).await);
+            }
+        }
+    }
+    let mut running = Vec::new();
+    for (id, (clients, peers)) in listeners {
+        let mut config = MemberConfig::new(id, root.join(format!("m{id}")));
+        config.initial = Some(initial.clone());
+        config.server.min_session_timeout = Duration::from_millis(500);
+        config.followers_serve = true;
+        config.routes = proxies
+            .iter()
+            .filter(|((from, _), _)| *from == id)
+            .map(|((_, to), proxy)| (*to, proxy.addr()))
+            .collect();
+        if id == 3 {
+            config.election_timeout = Duration::from_secs(60);
+        }
+        let member = ClusterMember::start(config, clients, peers).await.unwrap();
+        let client = member.client_addr().unwrap().to_string();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = member
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        running.push(Running {
+            client,
+            stop: Some(stop),
+            task,
+        });
+    }
+    (running, proxies, root)
+}
+
+async fn status(m: &Running) -> serde_json::Value {
+    let answer = baton_client::probe(&m.client, Duration::from_secs(5), None)
+        .await
+        .unwrap();
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// Waits until member `m` serves clients as a follower, and returns the
+/// client address of the member that leads.
+async fn serving_follower(members: &[Running], m: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = status(&members[m]).await;
+        if status["role"] == "follower" && status["serves_clients"] == true {
+            let leader = status["cluster"]["leader"].as_u64().unwrap();
+            return members[leader as usize - 1].client.clone();
+        }
+        assert!(Instant::now() < deadline, "no serving follower: {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cuts member `id` off from the others (or joins it back).
+fn cut_off(proxies: &BTreeMap<(u64, u64), Proxy>, id: u64, cut: bool) {
+    for ((from, to), proxy) in proxies {
+        if *from == id || *to == id {
+            if cut {
+                proxy.block();
+                proxy.sever();
+            } else {
+                proxy.unblock();
+            }
+        }
+    }
+}
+
+async fn session(addrs: &str, mode: ReadMode, session_timeout: Duration) -> Client {
+    Client::builder(addrs)
+        .read_mode(mode)
+        .session_timeout(session_timeout)
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("a session")
+}
+
+async fn sessions_on(m: &Running) -> u64 {
+    status(m).await["sessions_here"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() {
+    let (mut members, proxies, root) = cluster("cut").await;
+    let follower = &members[2];
+    let leader = serving_follower(&members, 2).await;
+    let writer = session(&leader, ReadMode::Linearizable, Duration::from_secs(10)).await;
+    writer
+        .create("/k", "one", CreateMode::Persistent)
+        .await
+        .unwrap();
+
+    // Sessions of the follower alone, one of each mode. The sequential
+    // one's timeout is long, so that it pings only every 10 s.
+    let sequential = session(
+        &follower.client,
+        ReadMode::Sequential,
+        Duration::from_secs(30),
+    )
+    .await;
+    let linearizable = session(
+        &follower.client,
+        ReadMode::Linearizable,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(sessions_on(follower).await, 2);
+    // A sync makes the follower catch up with the leader: the write is seen.
+    let synced = sequential.sync().await.unwrap();
+    let (data, stat) = sequential.get_data("/k").await.unwrap();
+    assert_eq!(&data[..], b"one");
+    assert!(
+        synced >= stat.mzxid,
+        "synced to {synced}, node at {}",
+        stat.mzxid
+    );
+    assert_eq!(&linearizable.get_data("/k").await.unwrap().0[..], b"one");
+
+    cut_off(&proxies, 3, true);
+    let written = writer.set_data("/k", "two", None).await.unwrap();
+    let deadline_before = sequential.session_deadline();
+
+    // The sequential session is answered at once, from the follower's
+    // state: behind the write, but not before what it saw.
+    let (data, stat) = timeout(Duration::from_secs(2), sequential.get_data("/k"))
+        .await
+        .expect("a sequential read is answered without the leader")
+        .unwrap();
+    assert_eq!(&data[..], b"one", "the follower cannot have the write");
+    assert!(stat.mzxid < written.mzxid);
+    // ... and that read, which the leader never heard of, shows nothing of
+    // the session's life.
+    assert_eq!(sequential.session_deadline(), deadline_before);
+
+    // A linearizable read is never behind: the follower cannot confirm
+    // with its leader, sends the client there, and the read sees the write.
+    let (data, _) = timeout(Duration::from_secs(10), linearizable.get_data("/k"))
+        .await
+        .expect("the linearizable read is answered by the leader")
+        .unwrap();
+    assert_eq!(&data[..], b"two");
+
+    // A sync cannot be answered by the cut-off follower either: the
+    // session moves to the leader, and the sync and the reads after it see
+    // the write.
+    let synced = timeout(Duration::from_secs(10), sequential.sync())
+        .await
+        .expect("the sync is answered by the leader")
+        .unwrap();
+    assert!(synced >= written.mzxid);
+    let (data, stat) = sequential.get_data("/k").await.unwrap();
+    assert_eq!(&data[..], b"two");
+    assert_eq!(stat.mzxid, written.mzxid);
+    assert!(sequential.session_deadline() > deadline_before);
+    assert_eq!(sessions_on(follower).await, 0);
+
+    // A member behind what a client has seen does not serve it: neither a
+    // session that saw the write, nor (cut off, it cannot prove it is up to
+    // date) a new one.
+    let mut raw = baton_testkit::Raw::connect(&follower.client).await;
+    let request = baton_proto::ConnectRequest {
+        read_mode: ReadMode::Sequential,
+        last_seen: written.mzxid,
+        ..baton_proto::ConnectRequest::new(10_000)
+    };
+    let (code, named) = raw.handshake(&request).await.result.unwrap_err();
+    assert_eq!(code, baton_proto::ErrorCode::NotLeader);
+    assert_eq!(named, leader, "the refusal names the leader");
+    let mut raw = baton_testkit::Raw::connect(&follower.client).await;
+    let request = baton_proto::ConnectRequest::new(10_000);
+    assert!(raw.handshake(&request).await.result.is_err());
+
+    // Joined again, the follower catches up and serves both modes; a
+    // sequential session that starts there and syncs sees the write.
+    cut_off(&proxies, 3, false);
+    let back = session(
+        &follower.client,
+        ReadMode::Sequential,
+        Duration::from_secs(10),
+    )
+    .await;
+    back.sync().await.unwrap();
+    assert_eq!(&back.get_data("/k").await.unwrap().0[..], b"two");
+    assert_eq!(sessions_on(follower).await, 1);
+
+    for c in [writer, sequential, linearizable, back] {
+        c.close().await;
+    }
+    for m in &mut members {
+        let _ = m.stop.take().unwrap().send(());
+    }
+    for m in members {
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
