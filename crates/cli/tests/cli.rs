@@ -206,6 +206,64 @@ fn bench_ops_reports_every_measurement_as_json() {
     assert_eq!(report["memory"]["sessions"].as_u64(), Some(200));
 }
 
+/// `bench reads` on one server and a 3-member cluster whose followers
+/// serve: one JSON object per run, the cluster once per read mode, each
+/// having read and told its watchers.
+#[test]
+fn bench_reads_reports_each_run_and_read_mode_as_json() {
+    let out = baton()
+        .args([
+            "bench",
+            "reads",
+            "--members",
+            "3",
+            "--followers-serve",
+            "true",
+            "--clients",
+            "2",
+            "--nodes",
+            "4",
+            "--duration-ms",
+            "200",
+            "--watchers",
+            "8",
+            "--fanouts",
+            "1",
+            "--json",
+        ])
+        .env_remove("BATON_SERVER")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(u64, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["members"].as_u64().unwrap(),
+                r["read_mode"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(1, "linearizable"), (3, "linearizable"), (3, "sequential")]
+    );
+    for run in &runs {
+        assert!(run["failed"].is_null(), "{run}");
+        assert!(run["reads_per_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["fanout_ms"]["p50_us"].as_f64().is_some(), "{run}");
+    }
+}
+
 #[test]
 fn help_describes_every_command_in_its_own_words() {
     let out = baton().arg("--help").output().unwrap();

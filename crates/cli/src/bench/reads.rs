@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_client::{Client, CreateMode, Watcher};
+use baton_client::{Client, CreateMode, ReadMode, Watcher};
 use bytes::Bytes;
 use serde::Serialize;
 
@@ -31,7 +31,8 @@ use crate::CliError;
 ///
 /// Client N is given the members' addresses starting from member N (mod
 /// the number of members), so clients are spread over every member that
-/// serves them. Server CPU is the servers' user and system time from /proc
+/// serves them. A cluster is measured once for each of --read-modes (a
+/// single server answers reads the same way in both). Server CPU is the servers' user and system time from /proc
 /// over each timed run.
 #[derive(clap::Args)]
 pub struct ReadsArgs {
@@ -66,6 +67,17 @@ pub struct ReadsArgs {
         default_value = "false,true"
     )]
     followers_serve: Vec<bool>,
+    /// The clients' read modes a cluster is measured with, comma-separated:
+    /// `linearizable` (each read confirmed with the leader) and
+    /// `sequential` (answered from the serving member's own state, as
+    /// ZooKeeper's are).
+    #[arg(
+        long,
+        value_name = "MODE,...",
+        value_delimiter = ',',
+        default_value = "linearizable,sequential"
+    )]
+    read_modes: Vec<ReadMode>,
     /// A ZooKeeper ensemble to measure the same way: its members'
     /// HOST:PORT, comma-separated.
     #[arg(long, value_name = "HOST:PORT,...")]
@@ -94,6 +106,9 @@ pub struct ReadRun {
     pub members: u64,
     /// Whether followers served clients (ZooKeeper's always do).
     pub followers_serve: bool,
+    /// The clients' read mode: `linearizable` or `sequential` (ZooKeeper's
+    /// reads are sequential).
+    pub read_mode: &'static str,
     pub clients: usize,
     pub reads_per_s: f64,
     pub read: Summary,
@@ -113,8 +128,8 @@ pub struct ReadRun {
 /// Where a benchmark's sessions go.
 #[derive(Clone)]
 enum Target {
-    /// Baton servers: their client addresses.
-    Baton(Vec<String>),
+    /// Baton servers: their client addresses, and the clients' read mode.
+    Baton(Vec<String>, ReadMode),
     /// ZooKeeper servers: their addresses.
     Zookeeper(Vec<String>),
 }
@@ -122,14 +137,14 @@ enum Target {
 impl Target {
     fn name(&self) -> &'static str {
         match self {
-            Target::Baton(_) => "baton",
+            Target::Baton(..) => "baton",
             Target::Zookeeper(_) => "zookeeper",
         }
     }
 
     fn members(&self) -> u64 {
         match self {
-            Target::Baton(a) | Target::Zookeeper(a) => a.len() as u64,
+            Target::Baton(a, _) | Target::Zookeeper(a) => a.len() as u64,
         }
     }
 }
@@ -148,7 +163,7 @@ impl Session {
     /// starting from member `n`; a ZooKeeper client, member `n` alone.
     async fn open(target: &Target, n: usize) -> Result<Session, CliError> {
         match target {
-            Target::Baton(addrs) => {
+            Target::Baton(addrs, mode) => {
                 let start = n % addrs.len();
                 let rotated: Vec<&str> = addrs[start..]
                     .iter()
@@ -157,6 +172,7 @@ impl Session {
                     .collect();
                 let client = Client::builder(&rotated.join(","))
                     .session_timeout(SESSION_TIMEOUT)
+                    .read_mode(*mode)
                     .connect()
                     .await?;
                 Ok(Session::Baton(client))
@@ -265,15 +281,25 @@ pub async fn run(args: ReadsArgs) -> Result<(), CliError> {
                 .ok_or_else(|| CliError::msg(format!("no member of {what} leads after 30 s")))?;
             let addrs: Vec<String> = cluster.clients().split(',').map(str::to_owned).collect();
             let pids: Vec<u32> = cluster.members.values().map(|m| m.pid).collect();
-            let mut run = measure(&Target::Baton(addrs), &pids, &args).await;
-            run.followers_serve = followers_serve;
-            Ok::<_, CliError>(run)
+            let modes = if members == 1 {
+                &[ReadMode::Linearizable][..]
+            } else {
+                &args.read_modes[..]
+            };
+            let mut measured = Vec::new();
+            for &mode in modes {
+                progress(format!("{} reads", mode.name()));
+                let target = Target::Baton(addrs.clone(), mode);
+                let mut run = measure(&target, &pids, &args).await;
+                run.followers_serve = followers_serve;
+                emit(&run, args.json);
+                measured.push(run);
+            }
+            Ok::<_, CliError>(measured)
         }
         .await;
         cluster.stop().await;
-        let run = result?;
-        emit(&run, args.json);
-        runs.push(run);
+        runs.extend(result?);
     }
     let _ = std::fs::remove_dir_all(&root);
     if let Some(zookeeper) = &args.zookeeper {
@@ -312,6 +338,10 @@ async fn measure(target: &Target, pids: &[u32], args: &ReadsArgs) -> ReadRun {
         members: target.members(),
         // ZooKeeper's followers always serve their clients.
         followers_serve: target.members() > 1 && matches!(target, Target::Zookeeper(_)),
+        read_mode: match target {
+            Target::Baton(_, mode) => mode.name(),
+            Target::Zookeeper(_) => ReadMode::Sequential.name(),
+        },
         clients: args.clients,
         watchers: args.watchers,
         ..ReadRun::default()
@@ -606,10 +636,11 @@ fn serving(r: &ReadRun) -> &'static str {
 
 fn print_table(runs: &[ReadRun]) {
     println!(
-        "{:<10} {:>7} {:>7} {:>8} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>10}",
+        "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>10}",
         "server",
         "members",
         "serving",
+        "reads",
         "clients",
         "reads/s",
         "read p50",
@@ -621,10 +652,11 @@ fn print_table(runs: &[ReadRun]) {
     );
     for r in runs {
         println!(
-            "{:<10} {:>7} {:>7} {:>8} {:>10.0} {:>7.0}µs {:>12} {:>12.0} {:>9} {:>10}ms {:>8}ms",
+            "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10.0} {:>7.0}µs {:>12} {:>12.0} {:>9} {:>10}ms {:>8}ms",
             r.server,
             r.members,
             serving(r),
+            r.read_mode,
             r.clients,
             r.reads_per_s,
             r.read.p50_us,
@@ -641,14 +673,15 @@ fn print_table(runs: &[ReadRun]) {
 }
 
 fn print_markdown(runs: &[ReadRun]) {
-    println!("| server | members | clients served by | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {} watchers, p50 ms | its write, p50 ms |", runs.first().map_or(0, |r| r.watchers));
-    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| server | members | clients served by | reads | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {} watchers, p50 ms | its write, p50 ms |", runs.first().map_or(0, |r| r.watchers));
+    println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in runs {
         println!(
-            "| {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {} | {} |",
             r.server,
             r.members,
             serving(r),
+            r.read_mode,
             r.reads_per_s,
             r.read.p50_us,
             cpu(r),
