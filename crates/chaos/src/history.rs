@@ -23,6 +23,13 @@ pub enum Call {
     Write { value: u64 },
     /// Write a register if its version is `version` (compare and set).
     Cas { version: u32, value: u64 },
+    /// Read a register in a session that reads sequentially (it may be
+    /// answered from a member that is behind): `session` names the session,
+    /// `synced` says whether a sync came first (its invocation is this
+    /// operation's).
+    SequentialRead { session: u64, synced: bool },
+    /// Write a register from such a session.
+    SequentialWrite { session: u64, value: u64 },
     /// Take a lock (or win an election): the grant's token.
     Acquire,
     /// Let the lock go (or resign).

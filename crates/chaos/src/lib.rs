@@ -12,6 +12,10 @@
 //!
 //! - [`register`]: each register is linearizable, by a Wing-Gong-Lowe
 //!   search against a sequential model of a versioned register;
+//! - [`sequential`]: registers read by sessions in the sequential read
+//!   mode: what each session sees never goes back and includes its own
+//!   writes, a read after a sync sees what was acknowledged before it, and
+//!   every value read was written at the version read;
 //! - [`fence`]: writes accepted under fencing tokens never go back
 //!   (invariant 3), and overlapping critical sections are reported (they
 //!   are what fencing exists for, not a failure);
@@ -30,6 +34,7 @@ pub mod fence;
 pub mod history;
 pub mod queue;
 pub mod register;
+pub mod sequential;
 pub mod tokens;
 
 pub use history::{Call, History, Op, Outcome, Reply};
@@ -68,6 +73,7 @@ pub enum Verdict {
 pub fn check(history: &History) -> Vec<Finding> {
     let mut found = Vec::new();
     found.extend(register::check(history, register::DEFAULT_BUDGET));
+    found.extend(sequential::check(history));
     found.extend(fence::check(history));
     found.extend(tokens::check(history));
     found.extend(counter::check(history));

@@ -122,7 +122,8 @@ fn a_short_run_against_a_cluster_keeps_every_promise() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Followers serve the clients (reads confirmed with the leader, changes
+/// Followers serve the clients (linearizable reads confirmed with the
+/// leader, sequential reads answered from their own state, changes
 /// forwarded to it, watches and lock queues kept where the client is),
 /// while members are paused, killed and cut off from each other and from
 /// their clients: every promise kept, linearizable registers included.
@@ -141,13 +142,15 @@ fn a_short_run_with_followers_serving_keeps_every_promise() {
             "7",
             "--followers-serve",
             "--workloads",
-            "register,fenced,ephemeral,queue",
+            "register,sequential,fenced,ephemeral,queue",
             "--nemesis",
             "pause,kill,partition,one-way,cut-clients,client-pause",
         ],
     );
     assert_eq!(summary["violations"], 0, "{summary}");
     assert!(ops(&summary, "read") > 0, "{summary}");
+    assert!(ops(&summary, "sequential-read") > 0, "{summary}");
+    assert!(ops(&summary, "sequential-write") > 0, "{summary}");
     assert!(ops(&summary, "fenced-write") > 0, "{summary}");
     let _ = std::fs::remove_dir_all(&dir);
 }

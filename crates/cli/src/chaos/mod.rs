@@ -29,7 +29,8 @@ use workloads::{Ctx, Workload};
 /// only faults of its own clients), runs workloads against it while faults
 /// are injected, heals everything, and checks the history of every
 /// operation: registers
-/// linearizable, fenced writes never going back, tokens distinct and
+/// linearizable (or, read by sequential sessions, never going back),
+/// fenced writes never going back, tokens distinct and
 /// growing, no acknowledged increment or queue item lost or doubled,
 /// ephemeral nodes gone only after their session ended. Prints a summary,
 /// writes the history (JSON lines) and a timeline (HTML) to --dir, and
@@ -238,6 +239,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
     let workloads = if args.workloads.is_empty() {
         vec![
             Workload::Register,
+            Workload::Sequential,
             Workload::Fenced,
             Workload::Counter,
             Workload::Queue,
@@ -461,6 +463,9 @@ async fn run_on(
             match workload {
                 Workload::Register => {
                     work.spawn(workloads::register(ctx, process, rng));
+                }
+                Workload::Sequential => {
+                    work.spawn(workloads::sequential(ctx, process, rng));
                 }
                 Workload::Counter => {
                     work.spawn(workloads::counter(ctx, process, i == 0, rng));

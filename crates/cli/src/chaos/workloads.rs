@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use baton_chaos::history::{Call, Outcome, Reply};
-use baton_client::{Client, CreateMode, Election, Lock};
+use baton_client::{Client, CreateMode, Election, Lock, ReadMode};
 use tokio::time::Instant;
 
 use super::record::{within, Recorder, Rng};
@@ -22,6 +22,11 @@ pub enum Workload {
     /// Reads, writes and compare-and-sets of four registers (one of them
     /// with values up to 900 KiB), checked for linearizability.
     Register,
+    /// Reads (some after a sync) and writes of three registers by sessions
+    /// that read sequentially: what each session sees never goes back and
+    /// includes its own writes, a read after a sync sees every write
+    /// acknowledged before it, every value read was written.
+    Sequential,
     /// Contenders take a lock and write a resource with their token
     /// (pausing between the two, with client-pause), checked for fencing
     /// and for tokens that only grow.
@@ -62,6 +67,8 @@ pub const REGISTERS: [&str; 4] = [
     "/chaos/reg/c",
     "/chaos/reg/large",
 ];
+/// The registers of the sequential workload.
+pub const SEQUENTIAL: [&str; 3] = ["/chaos/seq/a", "/chaos/seq/b", "/chaos/seq/c"];
 /// Which of [`REGISTERS`] takes large values.
 const LARGE: usize = 3;
 pub const COUNTER: &str = "/chaos/counter";
@@ -86,6 +93,10 @@ pub async fn set_up(servers: &str) -> baton_client::Result<()> {
     for path in [
         ROOT,
         "/chaos/reg",
+        "/chaos/seq",
+        SEQUENTIAL[0],
+        SEQUENTIAL[1],
+        SEQUENTIAL[2],
         "/chaos/locks",
         QUEUE,
         EPHEMERALS,
@@ -100,6 +111,7 @@ pub async fn set_up(servers: &str) -> baton_client::Result<()> {
         SUPERVISED_RESOURCE,
     ] {
         let data = if path.starts_with("/chaos/reg/")
+            || path.starts_with("/chaos/seq/")
             || [COUNTER, FENCED, LEADER_RESOURCE, SUPERVISED_RESOURCE].contains(&path)
         {
             "0"
@@ -117,6 +129,15 @@ async fn connect(
     session: Duration,
     limit: Duration,
 ) -> baton_client::Result<Client> {
+    connect_reading(servers, session, limit, ReadMode::Linearizable).await
+}
+
+async fn connect_reading(
+    servers: &str,
+    session: Duration,
+    limit: Duration,
+    mode: ReadMode,
+) -> baton_client::Result<Client> {
     // Each session starts from the next member in turn: where followers
     // serve clients, the sessions spread over every member.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -126,6 +147,7 @@ async fn connect(
     Client::builder(&rotated)
         .session_timeout(session)
         .connect_timeout(limit)
+        .read_mode(mode)
         .connect()
         .await
 }
@@ -134,6 +156,7 @@ async fn connect(
 struct Session {
     servers: String,
     timeout: Duration,
+    mode: ReadMode,
     client: Option<Client>,
 }
 
@@ -142,6 +165,7 @@ impl Session {
         Session {
             servers: ctx.servers.clone(),
             timeout,
+            mode: ReadMode::Linearizable,
             client: None,
         }
     }
@@ -153,7 +177,8 @@ impl Session {
                 return Some(c.clone());
             }
         }
-        match connect(&self.servers, self.timeout, Duration::from_secs(3)).await {
+        let limit = Duration::from_secs(3);
+        match connect_reading(&self.servers, self.timeout, limit, self.mode).await {
             Ok(c) => {
                 self.client = Some(c.clone());
                 Some(c)
@@ -232,6 +257,60 @@ pub async fn register(ctx: Ctx, process: u64, mut rng: Rng) {
                 Some(version) => Call::Cas { version, value },
                 None => Call::Write { value },
             };
+            (call, outcome)
+        };
+        rec.op(process, key, call, t, outcome);
+    }
+    session.close().await;
+}
+
+/// Reads, reads after a sync, and writes of the sequential registers, by
+/// sessions that read sequentially.
+pub async fn sequential(ctx: Ctx, process: u64, mut rng: Rng) {
+    let rec = &ctx.recorder;
+    let mut session = Session::new(&ctx, Duration::from_secs(10));
+    session.mode = ReadMode::Sequential;
+    while Instant::now() < ctx.until {
+        let Some(client) = session.get().await else {
+            continue;
+        };
+        let id = client.session_id().0;
+        let key = SEQUENTIAL[rng.below(SEQUENTIAL.len() as u64) as usize];
+        let t = rec.now();
+        let roll = rng.below(10);
+        let (call, outcome) = if roll < 7 {
+            let synced = roll >= 5;
+            let read = async {
+                if synced {
+                    client.sync().await?;
+                }
+                client.get_data(key).await
+            };
+            let outcome = match within(read).await {
+                Ok((data, stat)) => Outcome::Ok {
+                    reply: Reply::Value {
+                        value: value_of(&data),
+                        version: stat.version,
+                    },
+                },
+                Err(o) => o,
+            };
+            let call = Call::SequentialRead {
+                session: id,
+                synced,
+            };
+            (call, outcome)
+        } else {
+            let value = rec.unique();
+            let outcome = match within(client.set_data(key, value.to_string(), None)).await {
+                Ok(stat) => Outcome::Ok {
+                    reply: Reply::Written {
+                        version: stat.version,
+                    },
+                },
+                Err(o) => o,
+            };
+            let call = Call::SequentialWrite { session: id, value };
             (call, outcome)
         };
         rec.op(process, key, call, t, outcome);
