@@ -8,6 +8,10 @@ use baton_proto::SessionId;
 use baton_server::Applier;
 
 use crate::barriers::Barriers;
+
+/// How long a leader waits to apply what a follower has applied (it
+/// committed all of it, so only its apply can be behind).
+const APPLY_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 use crate::network::Served;
 use crate::types::{Change, Raft};
 
@@ -23,12 +27,28 @@ impl LeaderSide {
     /// Answers a follower's call: hears from `heard`, proposes `change`
     /// (saying whose changes it refused), and, if `confirm`, proves it
     /// leads and says how far it has applied.
+    ///
+    /// The follower had applied up to `applied` when it sent the call: a
+    /// session it serves may have been opened by an entry up to there,
+    /// which this member (that committed it) may not have applied yet. The
+    /// sessions are judged once it has, so that a change made right after
+    /// its session opened is not refused as coming from a session unknown
+    /// here (a ZooKeeper client, which does not send a change again after
+    /// its connection is closed, would see it fail).
     pub(crate) async fn serve(
         &self,
         change: Change,
         heard: Vec<u64>,
         confirm: bool,
+        applied: Option<u64>,
     ) -> Result<Served, String> {
+        if applied.is_some() {
+            self.raft
+                .wait(Some(APPLY_LIMIT))
+                .applied_index_at_least(applied, "a follower's sessions")
+                .await
+                .map_err(|e| format!("this member has not applied what the follower has: {e}"))?;
+        }
         let heard: Vec<SessionId> = heard.into_iter().map(SessionId).collect();
         self.applier.heard_elsewhere(&heard);
         let refused = self

@@ -218,8 +218,11 @@ async fn link(
             .iter()
             .filter_map(|p| p.origin.map(|o| o.session))
             .collect();
+        // The sessions whose changes these are were opened by entries this
+        // member has applied: the leader judges them once it has too.
+        let applied = raft.metrics().borrow().last_applied.map(|l| l.index);
         let answer = link
-            .serve(Change(proposals), heard, confirm, CALL_LIMIT)
+            .serve(Change(proposals), heard, confirm, applied, CALL_LIMIT)
             .await;
         let applied = match answer {
             Ok(Ok(Served { applied, refused })) => {

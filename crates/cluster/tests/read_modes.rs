@@ -19,6 +19,8 @@ mod common;
 
 struct Running {
     client: String,
+    /// The member's ZooKeeper listener.
+    zk: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -52,6 +54,7 @@ async fn cluster(
         config.initial = Some(initial.clone());
         config.server.min_session_timeout = Duration::from_millis(500);
         config.followers_serve = true;
+        config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
         config.routes = proxies
             .iter()
             .filter(|((from, _), _)| *from == id)
@@ -62,6 +65,7 @@ async fn cluster(
         }
         let member = ClusterMember::start(config, clients, peers).await.unwrap();
         let client = member.client_addr().unwrap().to_string();
+        let zk = member.zk_addr().expect("a ZooKeeper listener");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _ = member
@@ -72,6 +76,7 @@ async fn cluster(
         });
         running.push(Running {
             client,
+            zk,
             stop: Some(stop),
             task,
         });
@@ -219,6 +224,11 @@ async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() 
     let mut raw = baton_testkit::Raw::connect(&follower.client).await;
     let request = baton_proto::ConnectRequest::new(10_000);
     assert!(raw.handshake(&request).await.result.is_err());
+    // Nor does it give a backup, which would be behind.
+    let limit = Duration::from_secs(10);
+    assert!(baton_client::backup(&follower.client, limit, None, None)
+        .await
+        .is_err());
 
     // Joined again, the follower catches up and serves both modes; a
     // sequential session that starts there and syncs sees the write.
@@ -232,9 +242,48 @@ async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() 
     back.sync().await.unwrap();
     assert_eq!(&back.get_data("/k").await.unwrap().0[..], b"two");
     assert_eq!(sessions_on(follower).await, 1);
+    // A backup from the follower, confirmed with the leader, holds the write.
+    let backup = baton_client::backup(&follower.client, limit, None, None)
+        .await
+        .expect("a backup from the serving follower");
+    assert!(backup.revision >= written.mzxid);
 
     for c in [writer, sequential, linearizable, back] {
         c.close().await;
+    }
+    for m in &mut members {
+        let _ = m.stop.take().unwrap().send(());
+    }
+    for m in members {
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// A ZooKeeper client does not send a change again after its connection
+/// is closed: the change it makes as soon as its session is open on a
+/// follower must not be refused by a leader that has not yet applied the
+/// session's opening (it committed it; the follower applied it first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_as_soon_as_a_session_opens_on_a_follower_is_applied() {
+    use zookeeper_client as zk;
+    let (mut members, _proxies, root) = cluster("at-once").await;
+    serving_follower(&members, 2).await;
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for i in 0..40 {
+        let client = timeout(
+            Duration::from_secs(20),
+            zk::Client::connector()
+                .with_session_timeout(Duration::from_secs(10))
+                .connect(&members[2].zk.to_string()),
+        )
+        .await
+        .expect("a ZooKeeper session on the follower")
+        .unwrap();
+        client
+            .create(&format!("/at-once-{i}"), b"", &open)
+            .await
+            .unwrap_or_else(|e| panic!("session {i}'s first change: {e}"));
     }
     for m in &mut members {
         let _ = m.stop.take().unwrap().send(());

@@ -142,8 +142,9 @@ pub(super) async fn answer(
                 change,
                 heard,
                 confirm,
+                applied,
             } => Response::Served(match &answering.leader_side {
-                Some(side) => side.serve(change, heard, confirm).await,
+                Some(side) => side.serve(change, heard, confirm, applied).await,
                 None => Err("this member does not serve followers".into()),
             }),
             Request::WentBack { held } => {

@@ -658,8 +658,9 @@ impl LeaderLink {
 
     /// Hands the leader `change` to propose and the sessions `heard` from,
     /// and, if `confirm`, has it prove it leads: the log index it had
-    /// applied then, and the sessions whose changes it refused. `Ok(Err)`
-    /// is the leader's refusal of the whole call.
+    /// applied then, and the sessions whose changes it refused. `applied` is
+    /// how far this member had applied. `Ok(Err)` is the leader's refusal
+    /// of the whole call.
     ///
     /// # Errors
     /// The leader could not be reached or did not answer within `limit`.
@@ -671,12 +672,14 @@ impl LeaderLink {
         change: crate::types::Change,
         heard: Vec<u64>,
         confirm: bool,
+        applied: Option<u64>,
         limit: Duration,
     ) -> Result<Result<Served, String>, Failed> {
         let request = Request::Serve {
             change,
             heard,
             confirm,
+            applied,
         };
         match self.peer.call(&request, limit).await? {
             Response::Served(r) => Ok(r),

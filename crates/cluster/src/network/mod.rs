@@ -21,7 +21,7 @@
 //!   WentBack { held }              -> WentBack(Result<(), error>)
 //!                                     (the leader to a member whose log lost
 //!                                     entries it had acknowledged)
-//!   Serve { change, heard, confirm }
+//!   Serve { change, heard, confirm, applied }
 //!                                  -> Served(Result<{ applied index?,
 //!                                     sessions refused }, error>)
 //!                                     (a follower that serves clients to

@@ -15,7 +15,7 @@ use tokio_util::codec::LengthDelimitedCodec;
 use crate::types::{LogId, Member, NodeId, Raft, TypeConfig};
 
 pub(super) const MAGIC: [u8; 8] = *b"BATNPEER";
-pub(super) const VERSION: u16 = 5;
+pub(super) const VERSION: u16 = 6;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 pub(super) const MAX_FRAME: usize = 256 << 20;
@@ -64,10 +64,13 @@ pub(super) enum Request {
     /// From a follower that serves clients to its leader: propose these
     /// changes (in order), the follower heard from these sessions, and, if
     /// `confirm`, prove leadership and say how far the leader has applied.
+    /// `applied` is how far the follower had applied when it sent them (the
+    /// sessions it serves were opened by entries up to there).
     Serve {
         change: crate::types::Change,
         heard: Vec<u64>,
         confirm: bool,
+        applied: Option<u64>,
     },
 }
 
