@@ -45,8 +45,9 @@ pub struct LocalArgs {
     /// connect string to give them is printed (docs/zookeeper.md).
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2181")]
     pub(crate) zk: Option<u16>,
-    /// Followers serve clients too (`baton serve --followers-serve true`).
-    #[arg(long)]
+    /// Whether followers serve clients too (`baton serve --followers-serve`):
+    /// `false` sends every client to the leader.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) followers_serve: bool,
 }
 
@@ -493,9 +494,10 @@ pub async fn run(args: LocalArgs) -> CliResult {
         "--election-timeout".to_string(),
         args.election_timeout.to_string(),
     ];
-    if args.followers_serve {
-        extra.extend(["--followers-serve".to_string(), "true".to_string()]);
-    }
+    extra.extend([
+        "--followers-serve".to_string(),
+        args.followers_serve.to_string(),
+    ]);
     let mut cluster = match args.zk {
         Some(base) => {
             if u64::from(base) + args.members - 1 > u64::from(u16::MAX) {

@@ -141,6 +141,7 @@ fn a_short_run_with_followers_serving_keeps_every_promise() {
             "--seed",
             "7",
             "--followers-serve",
+            "true",
             "--workloads",
             "register,sequential,fenced,ephemeral,queue",
             "--nemesis",

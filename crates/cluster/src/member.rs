@@ -68,14 +68,14 @@ pub struct MemberConfig {
     /// Mutual TLS with the other members; `None`: plain TCP.
     pub peer_tls: Option<crate::network::PeerTls>,
     /// Whether a follower serves clients itself (reads and watches from
-    /// its own state, changes forwarded to the leader), or sends them to
-    /// the leader.
+    /// its own state, changes forwarded to the leader; the default), or
+    /// sends them to the leader.
     pub followers_serve: bool,
 }
 
 impl MemberConfig {
     /// Defaults: 150 ms election timeout, 50 ms heartbeats, a snapshot every
-    /// 10,000 entries.
+    /// 10,000 entries, followers serving clients.
     pub fn new(id: NodeId, data_dir: PathBuf) -> Self {
         MemberConfig {
             id,
@@ -88,7 +88,7 @@ impl MemberConfig {
             routes: BTreeMap::new(),
             server: Config::default(),
             peer_tls: None,
-            followers_serve: false,
+            followers_serve: true,
         }
     }
 }

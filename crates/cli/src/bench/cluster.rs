@@ -97,7 +97,9 @@ async fn measure(args: &ClusterArgs, root: &std::path::Path) -> Result<Report, C
     single.kill().await;
 
     progress(format!("a cluster of {} members", args.members));
-    let mut cluster = LocalCluster::start(args.members, &root.join("cluster"), &[])?;
+    // Every client on the leader, as the single server's are on it.
+    let leader_only = ["--followers-serve".to_string(), "false".to_string()];
+    let mut cluster = LocalCluster::start(args.members, &root.join("cluster"), &leader_only)?;
     cluster
         .wait_leader(Duration::from_secs(20))
         .await

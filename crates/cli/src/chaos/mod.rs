@@ -74,9 +74,10 @@ pub struct ChaosArgs {
     #[arg(long)]
     json: bool,
 
-    /// Followers serve clients (`baton serve --followers-serve true`): the
-    /// workloads' clients spread over every member (a cluster only).
-    #[arg(long)]
+    /// Whether followers serve clients (`baton serve --followers-serve`):
+    /// the workloads' clients spread over every member; `false` sends them
+    /// all to the leader (a cluster only).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     followers_serve: bool,
 
     /// The members' election timeout (a cluster only).
@@ -340,9 +341,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
             "--snapshot-entries".into(),
             SNAPSHOT_ENTRIES.to_string(),
         ];
-        if args.followers_serve {
-            extra.extend(["--followers-serve".into(), "true".into()]);
-        }
+        extra.extend(["--followers-serve".into(), args.followers_serve.to_string()]);
         extra
     } else {
         vec![

@@ -130,10 +130,11 @@ pub struct ServeArgs {
     pub(crate) snapshot_entries: Option<u64>,
 
     /// Whether a follower serves clients itself: it answers reads and keeps
-    /// watches from its own state (each read confirmed with the leader, so
-    /// reads stay linearizable) and forwards changes to the leader, so that
-    /// clients spread over every member. Without it, followers send clients
-    /// to the leader. [default: false]
+    /// watches from its own state (a linearizable session's reads confirmed
+    /// with the leader; a sequential session's answered at once) and
+    /// forwards changes to the leader, so that clients spread over every
+    /// member. With false, followers send clients to the leader. [default:
+    /// true]
     #[arg(long, value_name = "BOOL", env = "BATON_FOLLOWERS_SERVE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) followers_serve: Option<bool>,
@@ -662,7 +663,7 @@ impl Settings {
             peer_listen: s.peer_listen.clone(),
             election_timeout: s.election_timeout.unwrap_or(DEFAULT_ELECTION_TIMEOUT_MS),
             snapshot_entries: s.snapshot_entries.unwrap_or(DEFAULT_SNAPSHOT_ENTRIES),
-            followers_serve: s.followers_serve.unwrap_or(false),
+            followers_serve: s.followers_serve.unwrap_or(true),
             route: s.route.clone(),
             listen_fd: s.listen_fd,
             peer_listen_fd: s.peer_listen_fd,

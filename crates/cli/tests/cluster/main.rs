@@ -978,12 +978,14 @@ fn lock_token(servers: &str, path: &str) -> u64 {
 }
 
 /// Pins: a cluster member backs up only what a majority committed: a
-/// follower sends the client to the leader, and a member without a majority
-/// (the others down, or a cluster that never formed) refuses, saying why;
-/// `baton snapshot save` given every member finds the leader.
+/// follower that does not serve clients sends the client to the leader
+/// (one that serves confirms with the leader first: crates/cluster/tests/
+/// read_modes.rs), and a member without a majority (the others down, or a
+/// cluster that never formed) refuses, saying why; `baton snapshot save`
+/// given every member finds the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_comes_from_a_leader_with_a_majority_or_not_at_all() {
-    let mut cluster = Cluster::start(3, &[]).await;
+    let mut cluster = Cluster::start(3, &["--followers-serve", "false"]).await;
     let leader = cluster.wait_leader(&[], Duration::from_secs(10)).await;
     let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
     let file = cluster.root.join("backup.snap");
