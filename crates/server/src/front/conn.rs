@@ -10,7 +10,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use baton_proto::SessionId;
@@ -26,6 +26,9 @@ use crate::stats::Stats;
 /// What a protocol adds to a connection: how requests are read and handled,
 /// and (through [`Encode`]) how replies and events are written.
 pub(crate) trait Dialect: Encode {
+    /// What its connections are called in logs.
+    const NAME: &'static str;
+
     /// Handles every complete request frame in the connection's read
     /// buffer, unless the client falls behind
     /// ([`Conn::backlogged`]) or the read gate holds the next one back.
@@ -54,9 +57,66 @@ enum Event {
     Barrier,
 }
 
-/// A connection's state, boxed: the task that serves it then holds one
-/// pointer to it plus the state of its one wait, which keeps an idle
-/// connection's task in tokio's smallest allocation.
+/// A connection's task: its handshake, then the request loop of its
+/// session (see [`Conn::serving`]), then its last frames.
+///
+/// An idle connection keeps everything it needs ([`Served`]) in its task,
+/// with no allocation of its own: tokio's task for a future of at most 144
+/// bytes is 256 bytes (with `tokio_unstable`, as this workspace builds it),
+/// and it is written by hand rather than as an `async fn` to stay under
+/// that (an `async fn` would keep its arguments and locals beside the state
+/// of what it awaits). The handshake and the closing, which need more, are
+/// boxed, and let go once done.
+pub(crate) struct Serving<D>(Phase<D>);
+
+/// A connection's handshake: the session it attached to, served, or none.
+type Handshake<D> = Pin<Box<dyn Future<Output = Option<Serving<D>>> + Send>>;
+
+enum Phase<D> {
+    Handshake(Handshake<D>),
+    /// The request loop.
+    Running(Served<D>),
+    /// Sending what is left before closing.
+    Finishing(Pin<Box<dyn Future<Output = ()> + Send>>),
+    Done,
+}
+
+impl<D> Serving<D> {
+    /// Serves a connection by `handshake`, then by what it returns.
+    pub(crate) fn after(
+        handshake: impl Future<Output = Option<Serving<D>>> + Send + 'static,
+    ) -> Self {
+        Serving(Phase::Handshake(Box::pin(handshake)))
+    }
+}
+
+/// What a connection keeps between wake-ups once its session is attached
+/// (in its task): the connection, its protocol, its session and outbox,
+/// and where its request loop stands.
+struct Served<D> {
+    conn: Conn,
+    dialect: D,
+    session: SessionId,
+    outbox: Arc<Outbox>,
+    /// Armed while output waits on a socket that takes nothing.
+    stall: Option<Pin<Box<Sleep>>>,
+    /// No more requests will be read.
+    stopping: bool,
+    /// Frames are held until the durable mark passes them (for the stats).
+    held: bool,
+    /// Set while the loop waits: whether it waits to write, and to read.
+    waiting: Option<(bool, bool)>,
+}
+
+/// How a request loop ended.
+enum Ended {
+    /// Send what is queued (and the notice), then close.
+    Finish,
+    Closed(io::Result<()>),
+}
+
+/// A connection's state: boxed during the handshake, then kept in its
+/// session's [`Served`] (see [`Serving`]).
 ///
 /// It holds one of the server's connection slots and gives it back on drop.
 pub(crate) struct Conn {
@@ -94,144 +154,28 @@ impl Conn {
         self.shared.config.max_request_frame()
     }
 
-    /// The request loop: handle what was read, send what is queued, wait.
-    /// Server shutdown reaches it through the outbox, like any close.
-    pub(crate) async fn run<D: Dialect>(
-        &mut self,
-        mut dialect: D,
+    /// The request loop, once the handshake is done: a future that serves
+    /// the session until the connection closes, then detaches it.
+    pub(crate) fn serving<D: Dialect>(
+        self,
+        dialect: D,
         session: SessionId,
-        outbox: &Arc<Outbox>,
-    ) -> io::Result<()> {
-        if let Some(gate) = &mut self.gate {
+        outbox: Arc<Outbox>,
+    ) -> Serving<D> {
+        let mut served = Served {
+            conn: self,
+            dialect,
+            session,
+            outbox,
+            stall: None,
+            stopping: false,
+            held: false,
+            waiting: None,
+        };
+        if let Some(gate) = &mut served.conn.gate {
             gate.session = Some(session);
         }
-        let mut stopping = false; // no more requests will be read
-                                  // Armed while output waits on a socket that takes nothing.
-        let mut stall: Option<Pin<Box<Sleep>>> = None;
-        // Frames are held until the durable mark passes them (for the stats).
-        let mut held = false;
-        loop {
-            if !stopping {
-                stopping = dialect.handle_buffered(self, session, outbox);
-                // Under `--fsync never`, the changes just applied are written
-                // now, in one write, outside the core's lock.
-                self.shared.mark.hurry();
-            }
-            match outbox.status() {
-                Status::Open => {}
-                Status::Closing => {
-                    return Box::pin(self.finish(&mut dialect, session, outbox)).await
-                }
-                Status::Overflowed => {
-                    warn!(peer = %self.socket.peer(), %session, limit = self.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
-                    Stats::add(&self.shared.stats.slow_client_disconnects, 1);
-                    return Ok(());
-                }
-            }
-
-            // Move durable queued frames to the socket until none is left or
-            // the socket is full.
-            loop {
-                if self.socket.wbuf.len() < WRITE_BUDGET && outbox.has_queued() {
-                    let mark = &self.shared.mark;
-                    match outbox.drain_with(
-                        self.socket.wbuf.get(),
-                        WRITE_BUDGET,
-                        mark.get(),
-                        &mut dialect,
-                    ) {
-                        Drained::Waiting(revision) => {
-                            if !mark.wake_at(revision, outbox) {
-                                if mark.stopped() {
-                                    // Never durable, never sent: the server
-                                    // stops, and closes this connection.
-                                    break;
-                                }
-                                continue; // durable meanwhile
-                            }
-                            held = true;
-                        }
-                        _ if std::mem::take(&mut held) => {
-                            let stats = &self.shared.stats;
-                            Stats::add(&stats.durable_sends, 1);
-                            Stats::add(&stats.durable_send_ns, mark.since_moved_ns());
-                        }
-                        _ => {}
-                    }
-                }
-                if !self.socket.unsent() {
-                    self.socket.wbuf.release();
-                    break;
-                }
-                if self.socket.write_some(&self.shared.stats)? > 0 {
-                    stall = None;
-                }
-                if self.socket.unsent() {
-                    break;
-                }
-            }
-            if !self.socket.unsent() {
-                stall = None;
-            } else if stall.is_none() {
-                stall = Some(Box::pin(sleep(self.shared.config.write_stall_timeout)));
-            }
-
-            let can_read = !stopping
-                && self.socket.rbuf.len() < self.max_frame() + READ_BUDGET
-                && !self.backlogged(outbox);
-            let want_write = self.socket.unsent();
-            // One hand-written wait instead of a select over readiness
-            // futures: an idle connection then holds no future state at all.
-            // (The closure takes `this` whole, not each field it uses, to
-            // keep that state one pointer.)
-            let (this, stall) = (&mut *self, &mut stall);
-            let event = poll_fn(move |cx| {
-                if want_write {
-                    if let Poll::Ready(r) = this.socket.stream.poll_write_ready(cx) {
-                        return Poll::Ready(r.map(|()| Event::Writable));
-                    }
-                }
-                if can_read {
-                    if let Poll::Ready(r) = this.socket.stream.poll_read_ready(cx) {
-                        return Poll::Ready(r.map(|()| Event::Readable));
-                    }
-                }
-                if let Some(stall) = stall {
-                    if stall.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Ok(Event::Stalled));
-                    }
-                }
-                if let Some(gate) = &mut this.gate {
-                    if gate.poll_barrier(cx).is_ready() {
-                        return Poll::Ready(Ok(Event::Barrier));
-                    }
-                }
-                outbox.poll_woken(cx).map(|()| Ok(Event::Outbox))
-            })
-            .await?;
-            match event {
-                Event::Readable => {
-                    if self.read_some()? == 0 {
-                        return Ok(()); // the client closed the connection
-                    }
-                }
-                Event::Stalled => {
-                    warn!(peer = %self.socket.peer(), %session, pending = self.socket.wbuf.len() + outbox.queued_bytes(),
-                        "closing: client took no bytes for {} ms", self.shared.config.write_stall_timeout.as_millis());
-                    Stats::add(&self.shared.stats.slow_client_disconnects, 1);
-                    return Ok(());
-                }
-                Event::Barrier => {
-                    if self.gate.as_ref().is_some_and(|g| g.not_leading()) {
-                        debug!(peer = %self.socket.peer(), %session, "closing: this server does not lead any more");
-                        let notice = self.shared.core().not_leader_notice();
-                        outbox.close(Some(notice), 0);
-                        stopping = true;
-                    }
-                }
-                Event::Writable | Event::Outbox => {}
-            }
-        }
+        Serving(Phase::Running(served))
     }
 
     /// Sends what is queued and then the disconnect notice, if any, giving a
@@ -327,5 +271,238 @@ impl Conn {
             outbox,
             &self.shared,
         )
+    }
+}
+
+impl<D: Dialect + Send + Unpin + 'static> Future for Serving<D> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.0 {
+                Phase::Handshake(handshake) => match ready!(handshake.as_mut().poll(cx)) {
+                    Some(serving) => self.0 = serving.0,
+                    None => {
+                        self.0 = Phase::Done;
+                        return Poll::Ready(());
+                    }
+                },
+                Phase::Running(served) => {
+                    let ended = ready!(served.poll_loop(cx));
+                    let Phase::Running(served) = std::mem::replace(&mut self.0, Phase::Done) else {
+                        unreachable!("running")
+                    };
+                    match ended {
+                        Ended::Closed(result) => {
+                            served.end(result);
+                            return Poll::Ready(());
+                        }
+                        Ended::Finish => {
+                            // Boxed with its connection: only a closing
+                            // connection needs the room.
+                            let mut served = Box::new(served);
+                            self.0 = Phase::Finishing(Box::pin(async move {
+                                let Served {
+                                    conn,
+                                    dialect,
+                                    session,
+                                    outbox,
+                                    ..
+                                } = &mut *served;
+                                let result = conn.finish(dialect, *session, outbox).await;
+                                served.end(result);
+                            }));
+                        }
+                    }
+                }
+                Phase::Finishing(finishing) => {
+                    ready!(finishing.as_mut().poll(cx));
+                    self.0 = Phase::Done;
+                    return Poll::Ready(());
+                }
+                Phase::Done => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+impl<D: Dialect> Served<D> {
+    /// The request loop: handle what was read, send what is queued, wait.
+    /// Server shutdown reaches it through the outbox, like any close.
+    fn poll_loop(&mut self, cx: &mut Context<'_>) -> Poll<Ended> {
+        loop {
+            let (want_write, can_read) = match self.waiting {
+                Some(waiting) => waiting,
+                None => match self.step() {
+                    Ok(waiting) => waiting,
+                    Err(ended) => return Poll::Ready(ended),
+                },
+            };
+            // Kept across wake-ups: a woken loop goes on with its wait, as
+            // an awaited wait would.
+            self.waiting = Some((want_write, can_read));
+            let event = match self.poll_event(want_write, can_read, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Ended::Closed(Err(e))),
+                Poll::Ready(Ok(event)) => event,
+            };
+            self.waiting = None;
+            if let Some(ended) = self.on_event(event) {
+                return Poll::Ready(ended);
+            }
+        }
+    }
+
+    /// One turn of the loop up to its wait: handles the requests read and
+    /// moves durable queued frames to the socket. Returns whether to wait
+    /// to write and to read, or how the loop ended.
+    fn step(&mut self) -> Result<(bool, bool), Ended> {
+        let Served {
+            conn,
+            dialect,
+            session,
+            outbox,
+            stall,
+            stopping,
+            held,
+            ..
+        } = self;
+        let session = *session;
+        if !*stopping {
+            *stopping = dialect.handle_buffered(conn, session, outbox);
+            // Under `--fsync never`, the changes just applied are written
+            // now, in one write, outside the core's lock.
+            conn.shared.mark.hurry();
+        }
+        match outbox.status() {
+            Status::Open => {}
+            Status::Closing => return Err(Ended::Finish),
+            Status::Overflowed => {
+                warn!(peer = %conn.socket.peer(), %session, limit = conn.shared.config.max_outbound_bytes, "closing: client is not reading its replies and events");
+                Stats::add(&conn.shared.stats.slow_client_disconnects, 1);
+                return Err(Ended::Closed(Ok(())));
+            }
+        }
+
+        // Move durable queued frames to the socket until none is left or
+        // the socket is full.
+        loop {
+            if conn.socket.wbuf.len() < WRITE_BUDGET && outbox.has_queued() {
+                let mark = &conn.shared.mark;
+                match outbox.drain_with(conn.socket.wbuf.get(), WRITE_BUDGET, mark.get(), dialect) {
+                    Drained::Waiting(revision) => {
+                        if !mark.wake_at(revision, outbox) {
+                            if mark.stopped() {
+                                // Never durable, never sent: the server
+                                // stops, and closes this connection.
+                                break;
+                            }
+                            continue; // durable meanwhile
+                        }
+                        *held = true;
+                    }
+                    _ if std::mem::take(held) => {
+                        let stats = &conn.shared.stats;
+                        Stats::add(&stats.durable_sends, 1);
+                        Stats::add(&stats.durable_send_ns, mark.since_moved_ns());
+                    }
+                    _ => {}
+                }
+            }
+            if !conn.socket.unsent() {
+                conn.socket.wbuf.release();
+                break;
+            }
+            match conn.socket.write_some(&conn.shared.stats) {
+                Ok(0) => {}
+                Ok(_) => *stall = None,
+                Err(e) => return Err(Ended::Closed(Err(e))),
+            }
+            if conn.socket.unsent() {
+                break;
+            }
+        }
+        if !conn.socket.unsent() {
+            *stall = None;
+        } else if stall.is_none() {
+            *stall = Some(Box::pin(sleep(conn.shared.config.write_stall_timeout)));
+        }
+
+        let can_read = !*stopping
+            && conn.socket.rbuf.len() < conn.max_frame() + READ_BUDGET
+            && !conn.backlogged(outbox);
+        Ok((conn.socket.unsent(), can_read))
+    }
+
+    /// The wait: one hand-written poll of everything that can wake the
+    /// connection, so that an idle connection holds no future state at all.
+    fn poll_event(
+        &mut self,
+        want_write: bool,
+        can_read: bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Event>> {
+        let stream = &self.conn.socket.stream;
+        if want_write {
+            if let Poll::Ready(r) = stream.poll_write_ready(cx) {
+                return Poll::Ready(r.map(|()| Event::Writable));
+            }
+        }
+        if can_read {
+            if let Poll::Ready(r) = stream.poll_read_ready(cx) {
+                return Poll::Ready(r.map(|()| Event::Readable));
+            }
+        }
+        if let Some(stall) = &mut self.stall {
+            if stall.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(Event::Stalled));
+            }
+        }
+        if let Some(gate) = &mut self.conn.gate {
+            if gate.poll_barrier(cx).is_ready() {
+                return Poll::Ready(Ok(Event::Barrier));
+            }
+        }
+        self.outbox.poll_woken(cx).map(|()| Ok(Event::Outbox))
+    }
+
+    /// Acts on what woke the connection; returns how the loop ended, if it
+    /// did.
+    fn on_event(&mut self, event: Event) -> Option<Ended> {
+        let (conn, session, outbox) = (&mut self.conn, self.session, &self.outbox);
+        match event {
+            Event::Readable => match conn.read_some() {
+                Ok(0) => return Some(Ended::Closed(Ok(()))), // the client closed the connection
+                Ok(_) => {}
+                Err(e) => return Some(Ended::Closed(Err(e))),
+            },
+            Event::Stalled => {
+                warn!(peer = %conn.socket.peer(), %session, pending = conn.socket.wbuf.len() + outbox.queued_bytes(),
+                    "closing: client took no bytes for {} ms", conn.shared.config.write_stall_timeout.as_millis());
+                Stats::add(&conn.shared.stats.slow_client_disconnects, 1);
+                return Some(Ended::Closed(Ok(())));
+            }
+            Event::Barrier => {
+                if conn.gate.as_ref().is_some_and(|g| g.not_leading()) {
+                    debug!(peer = %conn.socket.peer(), %session, "closing: this server does not lead any more");
+                    let notice = conn.shared.core().not_leader_notice();
+                    outbox.close(Some(notice), 0);
+                    self.stopping = true;
+                }
+            }
+            Event::Writable | Event::Outbox => {}
+        }
+        None
+    }
+
+    /// The connection is done: its session is detached (it lives on until
+    /// it expires).
+    fn end(&self, result: io::Result<()>) {
+        let (conn, session) = (&self.conn, self.session);
+        conn.shared.core().detach(session, &self.outbox);
+        match result {
+            Ok(()) => debug!(peer = %conn.socket.peer(), %session, "{} closed", D::NAME),
+            Err(e) => debug!(peer = %conn.socket.peer(), %session, "{} ended: {e}", D::NAME),
+        }
     }
 }

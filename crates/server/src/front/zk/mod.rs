@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use self::answer::{Answer, Answers, Pending};
 use self::translate::Plan;
-use super::conn::{Conn, Dialect, CLOSE_GRACE};
+use super::conn::{Conn, Dialect, Serving, CLOSE_GRACE};
 use super::gate::{received, Gated};
 use super::socket::FrameError;
 use crate::clock::Now;
@@ -49,20 +49,15 @@ const MAX_CONNECT_FRAME: usize = 1024;
 const XID_GAP: u32 = 1 << 24;
 
 /// Serves one accepted connection on the ZooKeeper port until it closes.
-pub(crate) async fn serve(mut conn: Box<Conn>) {
-    if let Err(e) = conn.socket.stream.set_nodelay(true) {
-        debug!("cannot set TCP_NODELAY: {e}");
-    }
-    let outbox = Outbox::new();
-    let Some((session, zk)) = Box::pin(handshake(&mut conn, &outbox)).await else {
-        return;
-    };
-    let result = conn.run(zk, session, &outbox).await;
-    conn.shared.core().detach(session, &outbox);
-    match result {
-        Ok(()) => debug!(peer = %conn.socket.peer(), %session, "ZooKeeper connection closed"),
-        Err(e) => debug!(peer = %conn.socket.peer(), %session, "ZooKeeper connection ended: {e}"),
-    }
+pub(crate) fn serve(mut conn: Box<Conn>) -> Serving<Zk> {
+    Serving::after(async move {
+        if let Err(e) = conn.socket.stream.set_nodelay(true) {
+            debug!("cannot set TCP_NODELAY: {e}");
+        }
+        let outbox = Outbox::new();
+        let (session, zk) = handshake(&mut conn, &outbox).await?;
+        Some((*conn).serving(zk, session, outbox))
+    })
 }
 
 /// What a connection's first bytes asked for.
@@ -304,6 +299,8 @@ impl Encode for Zk {
 }
 
 impl Dialect for Zk {
+    const NAME: &'static str = "ZooKeeper connection";
+
     fn handle_buffered(
         &mut self,
         conn: &mut Conn,
