@@ -46,18 +46,30 @@ use crate::watches::{Kinds, Watches};
 
 pub(crate) use sessions::{Connected, Connecting};
 
+/// A time as the core keeps it for each session: nanoseconds since the
+/// core was made ([`Core::origin`]), half the size of an `Instant`. Every
+/// time a core is given is at or after the one it was made at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Stamp(u64);
+
+impl Stamp {
+    fn after(self, d: std::time::Duration) -> Stamp {
+        Stamp(self.0.saturating_add(d.as_nanos() as u64))
+    }
+}
+
 /// This server's view of a live session (its timeout is in the state).
 struct Live {
     /// The connection the session is attached to, if any.
     conn: Option<Arc<Outbox>>,
-    last_heard: Instant,
+    last_heard: Stamp,
     /// Replies owed, in request order, while changes of this session are
     /// proposed and not yet applied (a cluster leader only).
     replies: Option<Box<Replies>>,
 }
 
 impl Live {
-    fn new(conn: Option<Arc<Outbox>>, now: Instant) -> Self {
+    fn new(conn: Option<Arc<Outbox>>, now: Stamp) -> Self {
         Live {
             conn,
             last_heard: now,
@@ -111,7 +123,9 @@ pub(crate) struct Core {
     live: Unshared<SessionId, Live>,
     /// Candidate expiry times. An entry may be stale (the session was heard
     /// from since); it is checked and pushed back when it comes due.
-    deadlines: Unshared<(Instant, SessionId), ()>,
+    deadlines: Unshared<(Stamp, SessionId), ()>,
+    /// What the core's [`Stamp`]s count from: the time it was made at.
+    origin: Instant,
     config: Arc<Config>,
     stats: Arc<Stats>,
     fired: Vec<SessionId>,
@@ -182,6 +196,7 @@ impl Core {
             locks: Default::default(),
             live: Unshared::new(),
             deadlines: Unshared::new(),
+            origin: now.at,
             config,
             stats,
             fired: Vec::new(),

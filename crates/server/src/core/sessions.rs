@@ -17,7 +17,7 @@ use baton_proto::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Core, Flow, Live, Now, Opening};
+use super::{Core, Flow, Live, Now, Opening, Stamp};
 use crate::outbox::Outbox;
 use crate::replicate::Role;
 use crate::state::{Applied, Command, Proposal};
@@ -45,10 +45,20 @@ fn expired(id: SessionId) -> (ErrorCode, String) {
 }
 
 impl Core {
+    /// `at` as the core keeps it per session.
+    fn stamp(&self, at: Instant) -> Stamp {
+        Stamp(at.saturating_duration_since(self.origin).as_nanos() as u64)
+    }
+
+    /// The time `stamp` stands for.
+    fn instant(&self, stamp: Stamp) -> Instant {
+        self.origin + Duration::from_nanos(stamp.0)
+    }
+
     /// The earliest time a session may expire or, on the leader, a
     /// lock-delay tombstone is due, for the expiry timer.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let session = self.deadlines.first().map(|((t, _), ())| *t);
+        let session = self.deadlines.first().map(|((t, _), ())| self.instant(*t));
         // Tombstones whose deletion is proposed already wait for that, not
         // for the timer (which would otherwise spin until it is applied).
         let tombstone = (self.role == Role::Leader)
@@ -117,6 +127,7 @@ impl Core {
     /// Notes a session's deadline, waking the expiry timer if it is the
     /// earliest.
     fn add_deadline(&mut self, deadline: Instant, id: SessionId) {
+        let deadline = self.stamp(deadline);
         if self
             .deadlines
             .first()
@@ -229,12 +240,13 @@ impl Core {
             // was committed: the session lives with no connection, and the
             // leader must still see it expire.
             if self.role == Role::Leader && !self.live.contains_key(&id) {
-                self.live.insert(id, Live::new(None, now));
+                self.live.insert(id, Live::new(None, self.stamp(now)));
                 self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
             }
             return;
         };
-        self.live.insert(id, Live::new(Some(outbox), now));
+        self.live
+            .insert(id, Live::new(Some(outbox), self.stamp(now)));
         if self.role == Role::Leader {
             self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
         }
@@ -272,10 +284,11 @@ impl Core {
             // A follower tracks only the sessions it serves: the leader
             // keeps the session alive, and has just heard of it (the
             // handshake's barrier told it).
-            self.live.insert(id, Live::new(None, now));
+            self.live.insert(id, Live::new(None, self.stamp(now)));
         }
+        let heard = self.stamp(now);
         let live = self.live.get_mut(&id).ok_or_else(|| expired(id))?;
-        live.last_heard = now;
+        live.last_heard = heard;
         // Replies owed to the old connection go with it: the client sends
         // those requests again.
         live.replies = None;
@@ -338,13 +351,14 @@ impl Core {
         // A session whose expiry is proposed is as good as gone: answering
         // it as alive would move its client's deadline past the moment its
         // ephemerals (its place in a lock) go to someone else.
+        let heard = self.stamp(now);
         let live = self
             .live
             .get_mut(&session)
             .filter(|_| !self.expiring.contains_key(&session));
         match live {
             Some(live) if live.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, outbox)) => {
-                live.last_heard = now;
+                live.last_heard = heard;
                 Ok(())
             }
             Some(_) => Err(Flow::Stop), // resumed on another connection
@@ -376,7 +390,9 @@ impl Core {
         };
         SessionStatus {
             liveness,
-            silent_ms: now.saturating_duration_since(live.last_heard).as_millis() as u64,
+            silent_ms: now
+                .saturating_duration_since(self.instant(live.last_heard))
+                .as_millis() as u64,
             timeout_ms: session.timeout_ms,
         }
     }
@@ -411,7 +427,7 @@ impl Core {
     /// Returns how many were proposed.
     pub(crate) fn expire_due(&mut self, now: Now) -> usize {
         self.now = now;
-        let now = now.at;
+        let now = self.stamp(now.at);
         let mut count = 0;
         while let Some((&(due, id), ())) = self.deadlines.first() {
             if due > now {
@@ -422,7 +438,9 @@ impl Core {
                 continue; // closed or expired already
             };
             let timeout_ms = session.timeout_ms;
-            let deadline = live.last_heard + Duration::from_millis(timeout_ms.into());
+            let deadline = live
+                .last_heard
+                .after(Duration::from_millis(timeout_ms.into()));
             if deadline > now {
                 self.deadlines.insert((deadline, id), ());
                 continue;
@@ -515,7 +533,7 @@ impl Core {
             .map(|(id, s)| (id, s.timeout_ms))
             .collect();
         for (id, timeout_ms) in sessions {
-            self.live.insert(id, Live::new(None, now));
+            self.live.insert(id, Live::new(None, self.stamp(now)));
             self.add_deadline(now + Duration::from_millis(timeout_ms.into()), id);
         }
         if self.sm.tombstones().next().is_some() {
@@ -612,12 +630,13 @@ impl Core {
         if self.role != Role::Leader {
             return;
         }
+        let heard = self.stamp(now.at);
         for id in sessions {
             if self.expiring.contains_key(id) {
                 continue;
             }
             if let Some(live) = self.live.get_mut(id) {
-                live.last_heard = now.at;
+                live.last_heard = heard;
             }
         }
     }
@@ -643,10 +662,11 @@ impl Core {
             if self.expiring.contains_key(&origin.session) {
                 return Ok(false);
             }
+            let heard = self.stamp(now.at);
             let Some(live) = self.live.get_mut(&origin.session) else {
                 return Ok(false);
             };
-            live.last_heard = now.at;
+            live.last_heard = heard;
         }
         proposal.now_ms = now.wall_ms;
         match self.propose(proposal) {

@@ -266,3 +266,14 @@ fn a_serving_follower_sends_its_clients_to_resume_after_a_snapshot_or_when_it_le
     assert_eq!(third.status(), crate::outbox::Status::Closing);
     assert_eq!(core.attached_sessions(), 0);
 }
+
+/// What the core keeps per session, side by side in its ordered maps: the
+/// live-session entry (32 bytes a session, where an `Instant` took 40) and
+/// the deadline (16, where it took 24). A field added carelessly shows up
+/// here first (docs/benchmarks.md's memory per session rests on these).
+#[test]
+fn per_session_entries_stay_small() {
+    use std::mem::size_of;
+    assert!(size_of::<(SessionId, super::Live)>() <= 32);
+    assert!(size_of::<(super::Stamp, SessionId)>() <= 16);
+}
