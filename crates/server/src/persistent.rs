@@ -212,6 +212,12 @@ impl History {
                 self.complete_after = self.complete_after.max(old);
             }
         }
+        if self.events.len() == self.events.capacity() {
+            // Grown as a queue grows (doubling), but never past the limit:
+            // a full history holds no room it will not use.
+            let want = (self.events.capacity() * 2).max(4).min(self.limit);
+            self.events.reserve_exact(want - self.events.len());
+        }
         self.events.push_back((revision, kind, path.clone()));
     }
 
@@ -240,6 +246,21 @@ impl History {
 
 #[cfg(test)]
 mod tests {
+    /// A full history holds `limit` events and no room past them (a
+    /// queue left to double would hold 16,384 slots for the default 10,000).
+    #[test]
+    fn a_history_grows_to_its_limit_and_no_further() {
+        for limit in [1, 3, 10_000] {
+            let mut history = super::History::new(limit, 0);
+            let path: std::sync::Arc<str> = "/a".into();
+            for revision in 1..=2 * limit as u64 + 5 {
+                history.record(revision, baton_proto::EventKind::Created, &path);
+            }
+            assert_eq!(history.events.len(), limit);
+            assert_eq!(history.events.capacity(), limit);
+        }
+    }
+
     use super::*;
 
     fn fired(w: &PersistentWatches, path: &str, kind: EventKind) -> Vec<u64> {

@@ -77,12 +77,15 @@ impl StateMachine {
         } else {
             None
         };
-        let parent = self.nodes.get(parent_path).ok_or_else(|| {
+        let (parent_key, parent) = self.nodes.get_key_value(parent_path).ok_or_else(|| {
             err(
                 ErrorCode::NoNode,
                 format!("cannot create {full}: parent {parent_path} does not exist"),
             )
         })?;
+        // The trigger names the parent with the tree's own key: no copy of
+        // the path (a watch history may keep it a while).
+        let parent_key = parent_key.clone();
         if parent.owner().is_some() {
             return Err(err(
                 ErrorCode::NoChildrenForEphemerals,
@@ -145,7 +148,7 @@ impl StateMachine {
         });
         triggers.push(Trigger {
             kind: EventKind::ChildrenChanged,
-            path: Arc::from(parent_path),
+            path: parent_key,
         });
         Ok(Outcome::Created {
             path: full,
