@@ -440,7 +440,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings: a background thread gives memory freed after a
 /// burst (a thundering herd, a flood of sessions) back to the system, so a
-/// long-running server's footprint follows its steady state.
+/// long-running server's footprint follows its steady state. It does so
+/// within about a second (`dirty_decay_ms`): with jemalloc's default of
+/// 10 s, part of what a burst freed was still held once the RSS had
+/// stopped falling (docs/benchmarks.md). Pages used again within that
+/// second are not given back, so a steady load keeps its memory.
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: &[u8] = b"background_thread:true\0";
+pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000\0";
