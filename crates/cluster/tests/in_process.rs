@@ -7,16 +7,8 @@ use std::time::Duration;
 use baton_client::{Client, CreateMode, Lock};
 use baton_cluster::network::PeerTls;
 use baton_cluster::{ClusterMember, Member, MemberConfig};
+use common::Running;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-
-struct Running {
-    client: String,
-    /// The member's ZooKeeper listener.
-    zk: std::net::SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
 
 mod common;
 
@@ -52,23 +44,7 @@ async fn cluster_opts(
         config.peer_tls = tls.clone();
         config.followers_serve = followers_serve;
         config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
-        let member = ClusterMember::start(config, clients, peers).await.unwrap();
-        let client = member.client_addr().unwrap().to_string();
-        let zk = member.zk_addr().expect("a ZooKeeper listener");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let _ = member
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        running.push(Running {
-            client,
-            zk,
-            stop: Some(stop),
-            task,
-        });
+        running.push(common::run_member(config, clients, peers).await);
     }
     (
         Cluster {

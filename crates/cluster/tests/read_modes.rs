@@ -10,20 +10,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_client::{Client, CreateMode, ReadMode};
-use baton_cluster::{ClusterMember, MemberConfig};
+use baton_cluster::MemberConfig;
 use baton_testkit::Proxy;
-use tokio::sync::oneshot;
+use common::Running;
 use tokio::time::{timeout, Instant};
 
 mod common;
-
-struct Running {
-    client: String,
-    /// The member's ZooKeeper listener.
-    zk: std::net::SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
 
 /// Three members serving clients, whose peer traffic between every pair
 /// passes a proxy of its own (`(from, to)`: the connections `from` dials
@@ -63,23 +55,7 @@ async fn cluster(
         if id == 3 {
             config.election_timeout = Duration::from_secs(60);
         }
-        let member = ClusterMember::start(config, clients, peers).await.unwrap();
-        let client = member.client_addr().unwrap().to_string();
-        let zk = member.zk_addr().expect("a ZooKeeper listener");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let _ = member
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        running.push(Running {
-            client,
-            zk,
-            stop: Some(stop),
-            task,
-        });
+        running.push(common::run_member(config, clients, peers).await);
     }
     (running, proxies, root)
 }

@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use baton_cluster::Member;
+use baton_cluster::{ClusterMember, Member, MemberConfig};
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 
 /// Client and peer listeners on loopback for members `1..=n`, and the
 /// addresses the members are to know each other by.
@@ -39,4 +40,37 @@ pub async fn client_of(addrs: &[String]) -> baton_client::Client {
         .connect()
         .await
         .expect("a session on the cluster")
+}
+
+/// A member running in this process until stopped.
+#[allow(dead_code)] // not every test that shares this module uses it
+pub struct Running {
+    pub client: String,
+    /// The member's ZooKeeper listener.
+    pub zk: std::net::SocketAddr,
+    pub stop: Option<oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts a member with `config` (which must give it a ZooKeeper listener)
+/// on `clients` and `peers`; it runs until its `stop` is sent or dropped.
+#[allow(dead_code)] // not every test that shares this module uses it
+pub async fn run_member(config: MemberConfig, clients: TcpListener, peers: TcpListener) -> Running {
+    let member = ClusterMember::start(config, clients, peers).await.unwrap();
+    let client = member.client_addr().unwrap().to_string();
+    let zk = member.zk_addr().expect("a ZooKeeper listener");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = member
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Running {
+        client,
+        zk,
+        stop: Some(stop),
+        task,
+    }
 }
