@@ -38,12 +38,16 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// Add a member to the running cluster.
+/// Add a member to the running cluster, as a voter or as an observer.
 ///
 /// Start the new member first (`baton serve --node-id ID --join
 /// --peer-listen ADDR ...`); this asks the leader to add it as a learner,
 /// waits until it has caught up (by snapshot if the cluster's log is long),
-/// then makes it a voter.
+/// then makes it a voter. With `--observer` it stays a learner: it serves
+/// clients (reads and watches from its own copy, changes forwarded to the
+/// leader) but does not vote, so it adds read capacity without making a
+/// majority larger. Given a member already in the cluster, `add` makes an
+/// observer a voter, and `add --observer` a voter an observer.
 #[derive(clap::Args)]
 pub struct AddArgs {
     /// The new member's id (unique in the cluster).
@@ -55,9 +59,14 @@ pub struct AddArgs {
     /// Where clients reach it (its --listen address).
     #[arg(long, value_name = "HOST:PORT")]
     client_addr: String,
+    /// Add it as an observer: a member that serves clients but never
+    /// votes (nor leads).
+    #[arg(long)]
+    observer: bool,
 }
 
-/// Remove a member from the cluster (stop its process afterwards).
+/// Remove a member (a voter or an observer) from the cluster; it stops
+/// once it learns it.
 #[derive(clap::Args)]
 pub struct RemoveArgs {
     /// The member's id.
@@ -78,6 +87,7 @@ pub async fn run(servers: &str, command: ClusterCommand) -> CliResult {
                 Change::Add {
                     id: args.node_id,
                     member,
+                    observer: args.observer,
                 },
             )
             .await
@@ -306,8 +316,12 @@ async fn status(servers: &str, args: StatusArgs) -> CliResult {
         "id", "role", "client", "peer", "applied", "lag"
     );
     for m in &members {
-        let role = if m["voter"] == Value::Bool(false) {
-            format!("{} (learner)", show(&m["role"]))
+        // A learner is an observer, or a voter being added that has not
+        // caught up yet.
+        let role = if m["voter"] == Value::Bool(false) && m["role"] == "learner" {
+            "observer".to_string()
+        } else if m["voter"] == Value::Bool(false) {
+            format!("{} (observer)", show(&m["role"]))
         } else {
             show(&m["role"])
         };

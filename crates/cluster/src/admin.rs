@@ -7,8 +7,13 @@
 //! member's own role and progress as they are when asked.
 //!
 //! Adding a member makes it a learner first, which catches up (by snapshot
-//! if it is far behind), then a voter; removing one is a membership change
-//! without it. Both are asked of the leader over the peer port.
+//! if it is far behind), then a voter; or, for an observer, leaves it a
+//! learner: it serves clients (reads and watches from its own state,
+//! changes forwarded to the leader) but never votes, so it adds read
+//! capacity without making a majority larger or slower. An observer can
+//! later be made a voter, and a voter an observer. Removing a member is a
+//! membership change without it. All are asked of the leader over the peer
+//! port.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -313,12 +318,21 @@ pub enum ChangeError {
         #[source]
         source: WriteError,
     },
-    /// The member to remove is not a voter.
-    #[error("member {id} is not a voter of this cluster")]
-    NotVoter { id: NodeId },
-    /// The member to remove is the only voter.
-    #[error("the last member cannot be removed")]
-    LastMember,
+    /// The member to remove is not in the cluster.
+    #[error("member {id} is not a member of this cluster (neither a voter nor an observer)")]
+    NotMember { id: NodeId },
+    /// The member to remove, or to make an observer, is the only voter.
+    #[error(
+        "member {id} is the only voter: the cluster needs at least one; add another voter first"
+    )]
+    LastMember { id: NodeId },
+    /// openraft did not make the voter an observer.
+    #[error("making member {id} an observer: {source}")]
+    MakeObserver {
+        id: NodeId,
+        #[source]
+        source: WriteError,
+    },
     /// openraft did not remove the member.
     #[error("removing member {id}: {source}")]
     Remove {
@@ -383,17 +397,19 @@ async fn caught_up(raft: &Raft, id: NodeId, at: u64) -> Result<(), CatchUpError>
 const ANOTHER_CHANGE: Duration = Duration::from_secs(10);
 
 /// Makes membership change `change`, waiting (up to [`ANOTHER_CHANGE`])
-/// while another is under way, which openraft refuses to overlap.
+/// while another is under way, which openraft refuses to overlap. With
+/// `retain`, voters it removes stay as learners (observers).
 async fn change_when_free(
     raft: &Raft,
     change: ChangeMembers<NodeId, Member>,
+    retain: bool,
 ) -> Result<
     openraft::raft::ClientWriteResponse<crate::types::TypeConfig>,
     openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Member>>,
 > {
     let deadline = tokio::time::Instant::now() + ANOTHER_CHANGE;
     loop {
-        match raft.change_membership(change.clone(), false).await {
+        match raft.change_membership(change.clone(), retain).await {
             Err(e)
                 if tokio::time::Instant::now() < deadline
                     && matches!(
@@ -438,9 +454,34 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             None => ChangeError::NoLeader,
         });
     }
-    let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let named = membership.get_node(&id_of(&change)).is_some();
     match change {
-        Change::Add { id, member } => {
+        Change::Add {
+            id, observer: true, ..
+        } if voters.contains(&id) => {
+            if voters.len() == 1 {
+                return Err(ChangeError::LastMember { id });
+            }
+            let changed = change_when_free(
+                raft,
+                ChangeMembers::RemoveVoters(BTreeSet::from([id])),
+                true,
+            )
+            .await
+            .map_err(|source| ChangeError::MakeObserver { id, source })?;
+            let count = voters_after(&changed).unwrap_or(voters.len() - 1);
+            Ok(format!(
+                "member {id} no longer votes; it serves clients as an observer{}",
+                even_warning(count)
+            ))
+        }
+        Change::Add {
+            id,
+            member,
+            observer,
+        } => {
             // Added again after its removal, it starts from the log it has
             // now: what it held before does not count (see `network`). Not
             // while it is still a member (a voter or a learner): the leader
@@ -449,7 +490,7 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
             // follower whose log lost what it matched (which openraft only
             // debug-asserts against: in a release build it then sends the
             // member entries it cannot place).
-            if m.membership_config.membership().get_node(&id).is_none() {
+            if !named {
                 answering.held.forget(id);
             }
             let added = raft
@@ -484,37 +525,69 @@ pub async fn change(answering: &network::Answering, change: Change) -> Result<St
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             told.map_err(|source| ChangeError::NotTold { id, source })?;
+            if observer {
+                return Ok(format!(
+                    "member {id} ({member}) added as an observer; it has caught up and serves clients, and does not vote"
+                ));
+            }
             let mut next = voters;
             next.insert(id);
             // The change itself, applied to the membership as it is then:
             // a set of voters computed here would undo a change made
             // meanwhile (two adds at once each dropped the other's member).
-            let changed = change_when_free(raft, ChangeMembers::AddVoterIds(BTreeSet::from([id])))
-                .await
-                .map_err(|source| ChangeError::MakeVoter { id, source })?;
+            let changed = change_when_free(
+                raft,
+                ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+                false,
+            )
+            .await
+            .map_err(|source| ChangeError::MakeVoter { id, source })?;
             let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} ({member}) added; it has caught up and votes{}",
                 even_warning(count)
             ))
         }
+        Change::Remove { id } if named && !voters.contains(&id) => {
+            change_when_free(
+                raft,
+                ChangeMembers::RemoveNodes(BTreeSet::from([id])),
+                false,
+            )
+            .await
+            .map_err(|source| ChangeError::Remove { id, source })?;
+            Ok(format!(
+                "observer {id} removed; it stops once it learns it (at once if it is running and in reach)"
+            ))
+        }
         Change::Remove { id } => {
             if !voters.contains(&id) {
-                return Err(ChangeError::NotVoter { id });
+                return Err(ChangeError::NotMember { id });
             }
             let mut next = voters;
             next.remove(&id);
             if next.is_empty() {
-                return Err(ChangeError::LastMember);
+                return Err(ChangeError::LastMember { id });
             }
-            let changed = change_when_free(raft, ChangeMembers::RemoveVoters(BTreeSet::from([id])))
-                .await
-                .map_err(|source| ChangeError::Remove { id, source })?;
+            let changed = change_when_free(
+                raft,
+                ChangeMembers::RemoveVoters(BTreeSet::from([id])),
+                false,
+            )
+            .await
+            .map_err(|source| ChangeError::Remove { id, source })?;
             let count = voters_after(&changed).unwrap_or(next.len());
             Ok(format!(
                 "member {id} removed; it stops once it learns it (at once if it is running and in reach){}",
                 even_warning(count)
             ))
         }
+    }
+}
+
+/// The member a change is about.
+fn id_of(change: &Change) -> NodeId {
+    match change {
+        Change::Add { id, .. } | Change::Remove { id } => *id,
     }
 }

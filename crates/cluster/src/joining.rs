@@ -25,7 +25,7 @@
 //! was told) and starts with elections off again.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::types::NodeId;
@@ -71,6 +71,8 @@ pub struct Joining {
     told: AtomicU64,
     /// One more than the log index of the latest membership applied.
     applied: AtomicU64,
+    /// The member is in and its marker is gone.
+    finished: AtomicBool,
 }
 
 impl Joining {
@@ -102,6 +104,7 @@ impl Joining {
             marker,
             told: AtomicU64::new(told),
             applied: AtomicU64::new(0),
+            finished: AtomicBool::new(false),
         })))
     }
 
@@ -115,12 +118,17 @@ impl Joining {
     }
 
     /// The leader says the membership at log index `at` added member `id`.
+    /// Once the member is in, the word changes nothing (an observer being
+    /// made a voter is told again): the marker stays gone.
     ///
     /// # Errors
     /// Another member's id, or the marker cannot be written.
     pub fn told(&self, id: NodeId, at: u64) -> Result<(), JoiningError> {
         if id != self.id {
             return Err(JoiningError::OtherMember { this: self.id, id });
+        }
+        if self.finished.load(Ordering::Acquire) {
+            return Ok(());
         }
         write_synced(
             &self.marker,
@@ -155,7 +163,9 @@ impl Joining {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(JoiningError::io("removing", &self.marker, e)),
         }
-        sync_parent(&self.marker)
+        sync_parent(&self.marker)?;
+        self.finished.store(true, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -205,6 +215,10 @@ mod tests {
         j.applied(Some(90));
         assert!(j.added());
         j.finish().unwrap();
+        assert!(Joining::open(&dir, 3, false).unwrap().is_none());
+        // Told again once in (an observer made a voter): still in.
+        j.told(3, 120).unwrap();
+        assert!(!Joining::pending(&dir));
         assert!(Joining::open(&dir, 3, false).unwrap().is_none());
     }
 

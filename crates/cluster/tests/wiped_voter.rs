@@ -135,7 +135,11 @@ async fn a_voter_wiped_and_added_again_without_a_removal_is_told_it_went_back() 
         tokio::spawn(async move {
             baton_cluster::network::ask_change(
                 &peer,
-                Change::Add { id: wiped, member },
+                Change::Add {
+                    id: wiped,
+                    member,
+                    observer: false,
+                },
                 Duration::from_secs(60),
                 None,
             )

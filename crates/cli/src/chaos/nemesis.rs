@@ -1538,6 +1538,7 @@ async fn add_again_tries(
         let change = baton_cluster::admin::Change::Add {
             id,
             member: member.clone(),
+            observer: false,
         };
         match crate::cluster::change_membership(servers, change).await {
             Ok(_) => {

@@ -1139,18 +1139,43 @@ async fn a_cluster_is_restored_from_a_backup_and_tokens_go_on_rising() {
     let restored = connect(&c1, SESSION).await;
     let (data, _) = restored.get_data("/kept").await.unwrap();
     assert_eq!(&data[..], b"v");
-    let (code, _, err) = run_baton(&[
-        "--server",
-        &c1,
-        "cluster",
-        "add",
-        "--node-id",
-        "2",
-        "--peer-addr",
-        &p2,
-        "--client-addr",
-        &c2,
-    ]);
+    // The second member joins as an observer (`cluster status` says so),
+    // then the same add without `--observer` makes it a voter.
+    let add = |observer: bool| {
+        let mut args = vec![
+            "--server",
+            &c1,
+            "cluster",
+            "add",
+            "--node-id",
+            "2",
+            "--peer-addr",
+            &p2,
+            "--client-addr",
+            &c2,
+        ];
+        if observer {
+            args.push("--observer");
+        }
+        run_baton(&args)
+    };
+    let (code, out, err) = add(true);
+    assert_eq!(
+        code,
+        Some(0),
+        "add --observer: {err}\n{}\n{}",
+        first.log(),
+        second.log()
+    );
+    assert!(out.contains("added as an observer"), "{out}");
+    let (code, out, err) = run_baton(&["--server", &c1, "cluster", "status"]);
+    assert_eq!(code, Some(0), "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("2 "))
+        .unwrap_or_else(|| panic!("no member 2 in {out}"));
+    assert!(line.contains("observer"), "{out}");
+    let (code, out, err) = add(false);
     assert_eq!(
         code,
         Some(0),
@@ -1158,6 +1183,7 @@ async fn a_cluster_is_restored_from_a_backup_and_tokens_go_on_rising() {
         first.log(),
         second.log()
     );
+    assert!(out.contains("votes"), "{out}");
     let both = format!("{c1},{c2}");
     let token = lock_token(&both, "/locks/job");
     assert!(

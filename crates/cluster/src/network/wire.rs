@@ -15,7 +15,7 @@ use tokio_util::codec::LengthDelimitedCodec;
 use crate::types::{LogId, Member, NodeId, Raft, TypeConfig};
 
 pub(super) const MAGIC: [u8; 8] = *b"BATNPEER";
-pub(super) const VERSION: u16 = 6;
+pub(super) const VERSION: u16 = 7;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 pub(super) const MAX_FRAME: usize = 256 << 20;
@@ -211,8 +211,15 @@ impl MemberStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Change {
     /// Add this member: as a learner, then, once it has caught up, as a
-    /// voter.
-    Add { id: NodeId, member: Member },
-    /// Remove this member from the voters (and the cluster).
+    /// voter; or, with `observer`, leave it a learner for good: it serves
+    /// clients but never votes. Asked of a member already in the cluster,
+    /// it makes an observer a voter, or (with `observer`) a voter an
+    /// observer.
+    Add {
+        id: NodeId,
+        member: Member,
+        observer: bool,
+    },
+    /// Remove this member (a voter or an observer) from the cluster.
     Remove { id: NodeId },
 }
