@@ -13,9 +13,14 @@ use crate::types::Raft;
 /// (and waits until everything committed is applied) for every read that
 /// was waiting when the round began.
 pub(crate) struct Barriers {
-    waiting: Mutex<Vec<oneshot::Sender<Result<(), NotLeading>>>>,
+    waiting: Mutex<Vec<oneshot::Sender<Proof>>>,
     wake: Notify,
 }
+
+/// What a round proved: this member led when the round began, and the
+/// log index of its read (everything committed then), which it has
+/// applied since.
+type Proof = Result<Option<u64>, NotLeading>;
 
 impl Barriers {
     pub(crate) fn start(raft: Raft, mut stop: watch::Receiver<bool>) -> Arc<Barriers> {
@@ -48,13 +53,28 @@ impl Barriers {
     }
 
     pub(crate) fn wait(&self) -> Barrier {
+        let proof = self.read_index();
+        Box::pin(async move { proof.await.map(|_| ()) })
+    }
+
+    /// A barrier whose answer is the log index of the read it proved: a
+    /// follower that has applied as far sees every change committed before
+    /// the barrier began.
+    ///
+    /// Not the leader's applied index as its metrics say it once the
+    /// barrier is through: openraft lets a read go as soon as its own
+    /// record of what was applied has reached the read index, and its
+    /// metrics may lag that record by a while (the simulation found a
+    /// follower that read a change's state from before a change
+    /// acknowledged 30 ms earlier, the leader's metrics two entries behind).
+    pub(crate) fn read_index(&self) -> impl std::future::Future<Output = Proof> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         self.waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(tx);
         self.wake.notify_one();
-        Box::pin(async move { rx.await.unwrap_or(Err(NotLeading)) })
+        async move { rx.await.unwrap_or(Err(NotLeading)) }
     }
 }
 
@@ -64,14 +84,14 @@ impl Barriers {
 const PROOF_TRIES: usize = 3;
 
 /// Proves this member still leads (a quorum answers its heartbeat) and
-/// waits until everything committed is applied. A quorum that did not
+/// waits until everything committed is applied; the read's log index. A quorum that did not
 /// answer within a heartbeat (a busy machine) is asked again, a few times,
 /// while this member still leads as far as it knows; told of a higher term
 /// or another leader, it gives up at once.
-async fn prove(raft: &Raft) -> Result<(), NotLeading> {
+async fn prove(raft: &Raft) -> Proof {
     for _ in 0..PROOF_TRIES {
         match raft.ensure_linearizable().await {
-            Ok(_) => return Ok(()),
+            Ok(read) => return Ok(read.map(|l| l.index)),
             Err(openraft::error::RaftError::APIError(
                 openraft::error::CheckIsLeaderError::QuorumNotEnough(_),
             )) if raft.metrics().borrow().state == ServerState::Leader => continue,

@@ -26,7 +26,7 @@ pub(crate) struct LeaderSide {
 impl LeaderSide {
     /// Answers a follower's call: hears from `heard`, proposes `change`
     /// (saying whose changes it refused), and, if `confirm`, proves it
-    /// leads and says how far it has applied.
+    /// leads and gives the read's log index.
     ///
     /// The follower had applied up to `applied` when it sent the call: a
     /// session it serves may have been opened by an entry up to there,
@@ -58,12 +58,19 @@ impl LeaderSide {
             .into_iter()
             .map(|s| s.0)
             .collect();
-        let applied = if confirm {
-            self.barriers.wait().await.map_err(|e| e.to_string())?;
-            self.raft.metrics().borrow().last_applied.map(|l| l.index)
+        let read_index = if confirm {
+            // The read's index, not the applied index in the metrics,
+            // which may lag what the barrier proved (see `Barriers`).
+            self.barriers
+                .read_index()
+                .await
+                .map_err(|e| e.to_string())?
         } else {
             None
         };
-        Ok(Served { applied, refused })
+        Ok(Served {
+            read_index,
+            refused,
+        })
     }
 }

@@ -188,7 +188,7 @@ impl ClusterMember {
         );
         let network = Network::new(config.id, config.routes.clone(), config.peer_tls.clone());
         let held = network.held();
-        let raft = Raft::new(config.id, raft_config, network, log, sm)
+        let raft = Raft::new(config.id, raft_config, network, log, sm.clone())
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
@@ -202,6 +202,7 @@ impl ClusterMember {
         let leader_side = serve_through(
             raft.clone(),
             applier,
+            sm,
             status.clone(),
             config.id,
             dialing,
@@ -338,18 +339,25 @@ impl ClusterMember {
 /// given how to reach the leader (`dialing`), while it follows a known
 /// leader (see `serving`). Returns what the member does, while it leads,
 /// for the followers that serve clients.
-pub(crate) fn serve_through(
+pub(crate) fn serve_through<D: crate::serving::Dial>(
     raft: Raft,
     applier: Applier,
+    state: StateMachineStore,
     status: Status,
     id: NodeId,
-    dialing: Option<crate::serving::Dialing>,
+    dialing: Option<D>,
     stopped: watch::Receiver<bool>,
 ) -> crate::for_followers::LeaderSide {
     let barriers = Barriers::start(raft.clone(), stopped.clone());
     let proposals = start_proposer(raft.clone(), stopped.clone());
     let to_leader = dialing.map(|dialing| {
-        crate::serving::ToLeader::start(raft.clone(), applier.clone(), dialing, stopped.clone())
+        crate::serving::ToLeader::start(
+            raft.clone(),
+            applier.clone(),
+            state,
+            dialing,
+            stopped.clone(),
+        )
     });
     applier.set_log(Arc::new(ClusterLog {
         proposals: proposals.clone(),

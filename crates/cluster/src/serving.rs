@@ -13,8 +13,8 @@
 //!   which the leader counts as heard from (the leader alone expires
 //!   sessions);
 //! - read barriers: the leader proves it still leads (a quorum heartbeat)
-//!   and says how far it has applied; the follower waits until it has
-//!   applied as far, then lets the reads go. A read served after such a
+//!   and gives its read index (its commit index when it proved it); the
+//!   follower waits until it has applied as far, then lets the reads go. A read served after such a
 //!   barrier sees every change committed before the read arrived, as on
 //!   the leader.
 //!
@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
 
 use crate::network::{LeaderLink, PeerTls, Served};
+use crate::state_machine::StateMachineStore;
 use crate::types::{Change, NodeId, Raft};
 
 /// How long a follower waits for its leader's answer, and then to apply
@@ -68,6 +69,32 @@ pub(crate) struct ToLeader {
     up: mpsc::UnboundedSender<Up>,
 }
 
+/// How a follower reaches its leader: over the peer port ([`Dialing`]),
+/// or, in the simulation, over the simulated network.
+pub(crate) trait Dial: Send + 'static {
+    type Link: CallLeader;
+    /// A link to member `target`, which this member's membership names
+    /// (`None`: it does not); nothing is dialed yet.
+    fn dial(&self, raft: &Raft, target: NodeId) -> Option<Self::Link>;
+}
+
+/// A follower's link to one leader.
+pub(crate) trait CallLeader: Send + 'static {
+    type Error: std::fmt::Display;
+    /// The member this link reaches.
+    fn target(&self) -> NodeId;
+    /// One call to the leader's side (`for_followers`), answered within
+    /// `limit`: `Ok(Err)` is the leader's refusal of the whole call.
+    fn serve(
+        &mut self,
+        change: Change,
+        heard: Vec<u64>,
+        confirm: bool,
+        applied: Option<u64>,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Result<Result<Served, String>, Self::Error>> + Send;
+}
+
 /// How a member reaches the others' peer listeners.
 #[derive(Clone)]
 pub(crate) struct Dialing {
@@ -76,16 +103,59 @@ pub(crate) struct Dialing {
     pub(crate) tls: Option<PeerTls>,
 }
 
+impl Dial for Dialing {
+    type Link = LeaderLink;
+
+    /// A link at the peer address the membership gives `target` (or its
+    /// route).
+    fn dial(&self, raft: &Raft, target: NodeId) -> Option<LeaderLink> {
+        let metrics = raft.metrics().borrow().clone();
+        let member = metrics
+            .membership_config
+            .membership()
+            .get_node(&target)?
+            .clone();
+        let addr = self.routes.get(&target).unwrap_or(&member.peer);
+        Some(LeaderLink::new(
+            self.from,
+            target,
+            addr,
+            &member.peer,
+            self.tls.as_ref(),
+        ))
+    }
+}
+
+impl CallLeader for LeaderLink {
+    type Error = crate::network::Failed;
+
+    fn target(&self) -> NodeId {
+        LeaderLink::target(self)
+    }
+
+    fn serve(
+        &mut self,
+        change: Change,
+        heard: Vec<u64>,
+        confirm: bool,
+        applied: Option<u64>,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Result<Result<Served, String>, Self::Error>> + Send {
+        LeaderLink::serve(self, change, heard, confirm, applied, limit)
+    }
+}
+
 impl ToLeader {
-    /// Starts the link's task for member `dialing.from`.
-    pub(crate) fn start(
+    /// Starts the link's task, which reaches the leader through `dialing`.
+    pub(crate) fn start<D: Dial>(
         raft: Raft,
         applier: Applier,
-        dialing: Dialing,
+        state: StateMachineStore,
+        dialing: D,
         stop: watch::Receiver<bool>,
     ) -> ToLeader {
         let (up, rx) = mpsc::unbounded_channel();
-        tokio::spawn(link(raft, applier, dialing, rx, stop));
+        tokio::spawn(link(raft, applier, state, dialing, rx, stop));
         ToLeader { up }
     }
 
@@ -149,15 +219,16 @@ impl Pending {
 
 /// The link's task: one call to the leader at a time, carrying everything
 /// that arrived while the one before was under way.
-async fn link(
+async fn link<D: Dial>(
     raft: Raft,
     applier: Applier,
-    dialing: Dialing,
+    state: StateMachineStore,
+    dialing: D,
     mut rx: mpsc::UnboundedReceiver<Up>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut leader: Option<NodeId> = None;
-    let mut peer: Option<LeaderLink> = None;
+    let mut peer: Option<D::Link> = None;
     let mut pending = Pending::default();
     loop {
         // Take in everything there is, waiting only if there is nothing to
@@ -196,7 +267,7 @@ async fn link(
         }
         let Some(target) = leader else { continue };
         if peer.as_ref().is_none_or(|p| p.target() != target) {
-            match dial(&raft, &dialing, target) {
+            match dialing.dial(&raft, target) {
                 Some(p) => peer = Some(p),
                 None => {
                     pending.fail(&applier);
@@ -219,18 +290,22 @@ async fn link(
             .filter_map(|p| p.origin.map(|o| o.session))
             .collect();
         // The sessions whose changes these are were opened by entries this
-        // member has applied: the leader judges them once it has too.
-        let applied = raft.metrics().borrow().last_applied.map(|l| l.index);
+        // member has applied (its state has, which openraft's metrics may
+        // say only later): the leader judges them once it has too.
+        let applied = state.applied_index();
         let answer = link
             .serve(Change(proposals), heard, confirm, applied, CALL_LIMIT)
             .await;
-        let applied = match answer {
-            Ok(Ok(Served { applied, refused })) => {
+        let read_index = match answer {
+            Ok(Ok(Served {
+                read_index,
+                refused,
+            })) => {
                 if !refused.is_empty() {
                     let refused: Vec<SessionId> = refused.into_iter().map(SessionId).collect();
                     applier.lost(&refused);
                 }
-                applied
+                read_index
             }
             Ok(Err(refused)) => {
                 debug!(leader = target, "the leader refused: {refused}");
@@ -249,9 +324,9 @@ async fn link(
             }
         };
         if confirm {
-            // The reads may go once this member has applied as far as the
-            // leader had (nothing: at once).
-            let index = applied.unwrap_or(0);
+            // The reads may go once this member has applied the leader's
+            // read (nothing: at once).
+            let index = read_index.unwrap_or(0);
             let raft = raft.clone();
             tokio::spawn(async move {
                 let caught_up = raft
@@ -281,23 +356,4 @@ fn fail_call(
     if !sessions.is_empty() {
         applier.lost(sessions);
     }
-}
-
-/// A link to member `target`, at the peer address the membership gives it
-/// (or its route).
-fn dial(raft: &Raft, dialing: &Dialing, target: NodeId) -> Option<LeaderLink> {
-    let metrics = raft.metrics().borrow().clone();
-    let member = metrics
-        .membership_config
-        .membership()
-        .get_node(&target)?
-        .clone();
-    let addr = dialing.routes.get(&target).unwrap_or(&member.peer);
-    Some(LeaderLink::new(
-        dialing.from,
-        target,
-        addr,
-        &member.peer,
-        dialing.tls.as_ref(),
-    ))
 }

@@ -171,6 +171,14 @@ impl StateMachineStore {
         self.inner.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The log index of the last entry applied to the member's state (or
+    /// installed with a snapshot). openraft's metrics say it too, but only
+    /// once its core has taken the state machine's report, which may be
+    /// a while later.
+    pub(crate) fn applied_index(&self) -> Option<u64> {
+        self.applied().last.map(|l| l.index)
+    }
+
     fn current(&self) -> MutexGuard<'_, Option<(SnapshotMeta, Arc<Vec<u8>>)>> {
         self.inner.current.lock().unwrap_or_else(|e| e.into_inner())
     }

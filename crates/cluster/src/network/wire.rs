@@ -63,7 +63,7 @@ pub(super) enum Request {
     },
     /// From a follower that serves clients to its leader: propose these
     /// changes (in order), the follower heard from these sessions, and, if
-    /// `confirm`, prove leadership and say how far the leader has applied.
+    /// `confirm`, prove leadership and give the read's log index.
     /// `applied` is how far the follower had applied when it sent them (the
     /// sessions it serves were opened by entries up to there).
     Serve {
@@ -149,9 +149,11 @@ pub(super) fn split_call(frame: &[u8]) -> Option<(u64, &[u8])> {
 /// A leader's answer to a follower that serves clients.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Served {
-    /// The log index the leader had applied when it proved it leads, if a
-    /// confirmation was asked for.
-    pub applied: Option<u64>,
+    /// If a confirmation was asked for, the log index of the leader's
+    /// read: its commit index when it proved it leads, which it has
+    /// applied since. A follower that has applied as far sees every change
+    /// committed before the confirmation began.
+    pub read_index: Option<u64>,
     /// Sessions whose changes it refused (not proposed): ended, expiring,
     /// or not yet opened as far as the leader has applied.
     pub refused: Vec<u64>,

@@ -17,12 +17,25 @@ use openraft::raft::{
 };
 use tokio::time::{sleep, timeout, Instant};
 
-use crate::types::{Member, NodeId, Raft, TypeConfig};
+use crate::for_followers::LeaderSide;
+use crate::network::Served;
+use crate::serving::{CallLeader, Dial};
+use crate::types::{Change, Member, NodeId, Raft, TypeConfig};
+
+/// A member up now.
+#[derive(Clone)]
+pub(super) struct UpMember {
+    /// Its life (bumped by every restart).
+    pub(super) life: u64,
+    pub(super) raft: Raft,
+    /// What it does, while it leads, for the followers that serve clients.
+    pub(super) side: LeaderSide,
+}
 
 /// The links between members, and the members up now.
 pub(super) struct Links {
-    /// Each member up, with its life (bumped by every restart).
-    pub(super) up: BTreeMap<NodeId, (u64, Raft)>,
+    /// Each member up.
+    pub(super) up: BTreeMap<NodeId, UpMember>,
     /// Links cut one way, `(from, to)`, until a simulated time (µs).
     pub(super) cut: BTreeMap<(NodeId, NodeId), u64>,
     /// Members every message to or from is slowed for, until a time (µs):
@@ -98,49 +111,123 @@ pub(super) struct Peer {
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct Failed(&'static str);
+pub(crate) struct Failed(&'static str);
+
+/// Carries a call from member `from` to member `to` and its answer back,
+/// within `ttl`.
+async fn carry<T, F, Fut>(
+    links: &Shared,
+    from: NodeId,
+    to: NodeId,
+    ttl: Duration,
+    call: F,
+) -> Result<T, Failed>
+where
+    F: FnOnce(UpMember) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let trip = async {
+        let there = lock(links).delay(from, to);
+        sleep(there).await;
+        let (target, lost) = {
+            let mut links = lock(links);
+            let lost = links.cut(from, to) || links.lost();
+            (links.up.get(&to).cloned(), lost)
+        };
+        let Some(target) = target else {
+            return Err(Failed("the member is down"));
+        };
+        let life = target.life;
+        if lost {
+            std::future::pending::<()>().await;
+        }
+        let answer = call(target).await;
+        let back = {
+            let mut links = lock(links);
+            if links.up.get(&to).map(|m| m.life) != Some(life) {
+                return Err(Failed("the member went down"));
+            }
+            let lost = links.cut(to, from) || links.lost();
+            (links.delay(to, from), lost)
+        };
+        sleep(back.0).await;
+        if back.1 {
+            std::future::pending::<()>().await;
+        }
+        Ok(answer)
+    };
+    match timeout(ttl, trip).await {
+        Ok(r) => r,
+        Err(_) => Err(Failed("no answer in time")),
+    }
+}
 
 impl Peer {
-    /// Carries a call to the other member and its answer back, within
-    /// `ttl`.
+    /// Carries a call to the other member's openraft and its answer back,
+    /// within `ttl`.
     async fn carry<T, F, Fut>(&self, ttl: Duration, call: F) -> Result<T, Failed>
     where
         F: FnOnce(Raft) -> Fut,
         Fut: Future<Output = T>,
     {
-        let trip = async {
-            let there = lock(&self.links).delay(self.from, self.to);
-            sleep(there).await;
-            let (target, lost) = {
-                let mut links = lock(&self.links);
-                let lost = links.cut(self.from, self.to) || links.lost();
-                (links.up.get(&self.to).cloned(), lost)
-            };
-            let Some((life, raft)) = target else {
-                return Err(Failed("the member is down"));
-            };
-            if lost {
-                std::future::pending::<()>().await;
-            }
-            let answer = call(raft).await;
-            let back = {
-                let mut links = lock(&self.links);
-                if links.up.get(&self.to).map(|(l, _)| *l) != Some(life) {
-                    return Err(Failed("the member went down"));
-                }
-                let lost = links.cut(self.to, self.from) || links.lost();
-                (links.delay(self.to, self.from), lost)
-            };
-            sleep(back.0).await;
-            if back.1 {
-                std::future::pending::<()>().await;
-            }
-            Ok(answer)
-        };
-        match timeout(ttl, trip).await {
-            Ok(r) => r,
-            Err(_) => Err(Failed("no answer in time")),
-        }
+        carry(&self.links, self.from, self.to, ttl, |m| call(m.raft)).await
+    }
+}
+
+/// A follower's way to its leader's side over the simulated network.
+pub(super) struct SimDial {
+    pub(super) from: NodeId,
+    pub(super) links: Shared,
+}
+
+impl Dial for SimDial {
+    type Link = SimLeaderLink;
+
+    fn dial(&self, raft: &Raft, target: NodeId) -> Option<SimLeaderLink> {
+        let named = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&target)
+            .is_some();
+        named.then(|| SimLeaderLink {
+            from: self.from,
+            to: target,
+            links: self.links.clone(),
+        })
+    }
+}
+
+pub(super) struct SimLeaderLink {
+    from: NodeId,
+    to: NodeId,
+    links: Shared,
+}
+
+impl CallLeader for SimLeaderLink {
+    type Error = Failed;
+
+    fn target(&self) -> NodeId {
+        self.to
+    }
+
+    async fn serve(
+        &mut self,
+        change: Change,
+        heard: Vec<u64>,
+        confirm: bool,
+        applied: Option<u64>,
+        limit: Duration,
+    ) -> Result<Result<Served, String>, Failed> {
+        carry(&self.links, self.from, self.to, limit, |m| async move {
+            // The leader answers on a task of its own, as on its peer
+            // listener: a follower that gives up does not cut it short.
+            tokio::spawn(async move { m.side.serve(change, heard, confirm, applied).await })
+                .await
+                .unwrap_or_else(|e| Err(format!("the leader's answer failed: {e}")))
+        })
+        .await
     }
 }
 

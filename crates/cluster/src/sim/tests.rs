@@ -123,3 +123,23 @@ fn a_leader_back_in_its_own_term_after_losing_its_commit_index_serves_nothing_st
         );
     }
 }
+
+/// A follower that serves clients lets a read go once it has applied the
+/// leader's read index (its commit index when it proved it leads), not the
+/// applied index the leader's metrics show once the proof is through:
+/// openraft lets the proof through as soon as its own record of what was
+/// applied reaches the read index, and its metrics may lag that record.
+/// Seed 10372 (no fault yet at that point) found it: the leader's state
+/// machine had applied entries 22 and 23 (an increment, acknowledged at
+/// 357 ms), its metrics still said 21 thirty milliseconds later, and a
+/// follower that had applied 21 answered a read begun after the
+/// acknowledgement with the counter before it. Fails before the fix.
+#[test]
+fn a_follower_reads_what_the_leaders_read_index_covers() {
+    let (world, findings) = run_seed(10372, false);
+    assert!(
+        findings.is_empty(),
+        "{findings:?}\n{:?}",
+        world.journal.history.faults
+    );
+}
