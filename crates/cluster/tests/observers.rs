@@ -273,9 +273,48 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
     })
     .await;
     // Still serving, and its marker of a member being added is gone: a
-    // restart would not wait to be added again.
+    // restart does not wait to be added again.
     assert_eq!(&sequential.get_data("/k").await.unwrap().0[..], b"two");
     assert!(!root.join("m4/raft/JOINING").exists());
+
+    // Restarted from its data directory, it is an observer still: it
+    // catches up (a write made while it was down included) and serves.
+    let _ = observer.stop.take().unwrap().send(());
+    timeout(Duration::from_secs(20), &mut observer.task)
+        .await
+        .expect("the observer stops")
+        .unwrap();
+    // (The first writer knows only the member stopped above.)
+    let live: Vec<String> = voters.values().cloned().collect();
+    let writer = session(&live.join(","), ReadMode::Linearizable).await;
+    let while_down = timeout(
+        Duration::from_secs(20),
+        writer.set_data("/k", "three", None),
+    )
+    .await
+    .expect("a write while the observer is down")
+    .unwrap();
+    let clients = TcpListener::bind(&member4.client).await.unwrap();
+    let peers = TcpListener::bind(&member4.peer).await.unwrap();
+    observer = common::run_member(config(4, &root), clients, peers).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(&observer.client).await;
+        if own_role(&s) == "learner" && s["serves_clients"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted observer: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = session(&observer.client, ReadMode::Sequential).await;
+    timeout(Duration::from_secs(20), again.sync())
+        .await
+        .expect("a sync on the restarted observer")
+        .unwrap();
+    let (data, stat) = again.get_data("/k").await.unwrap();
+    assert_eq!((&data[..], stat.mzxid), (&b"three"[..], while_down.mzxid));
+    described(&addrs[&second], 4, |m| m["voter"] == false).await;
+    again.close().await;
 
     // Removed, the observer stops; a removal of a member that is not there
     // is refused, naming it.
