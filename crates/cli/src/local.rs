@@ -49,6 +49,11 @@ pub struct LocalArgs {
     /// `false` sends every client to the leader.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) followers_serve: bool,
+    /// Also start this many observers (members that serve clients but
+    /// never vote), with the ids after the members', each added once a
+    /// member leads (`baton cluster add --observer`).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=9))]
+    pub(crate) observers: u64,
 }
 
 /// One member process of a local cluster.
@@ -324,6 +329,37 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Starts member `id` on new loopback ports, waiting to be added
+    /// (`--join`), and asks the leader to add it as an observer; what the
+    /// leader says of it.
+    pub async fn add_observer(&mut self, id: u64) -> Result<String, CliError> {
+        let (client, peer) = (bind("127.0.0.1:0")?, bind("127.0.0.1:0")?);
+        self.spawn(id, client, peer, true)?;
+        let change = baton_cluster::admin::Change::Add {
+            id,
+            member: self.member(id),
+            observer: true,
+        };
+        // Asked of the member that leads; again of the next one if the
+        // lead moves meanwhile.
+        let tls = crate::peer_tls()?;
+        let mut last = String::from("no member leads");
+        for _ in 0..3 {
+            let Some(leader) = self.wait_leader(Duration::from_secs(10)).await else {
+                continue;
+            };
+            let peer = self.member(leader).peer;
+            let limit = Duration::from_secs(120);
+            match baton_cluster::network::ask_change(&peer, change.clone(), limit, tls.as_ref())
+                .await
+            {
+                Ok(said) => return Ok(said),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(CliError::msg(last))
+    }
+
     /// Every member's client address as clients are given it (a proxy's,
     /// for a cluster launched behind proxies), comma-separated.
     pub fn clients(&self) -> String {
@@ -500,11 +536,11 @@ pub async fn run(args: LocalArgs) -> CliResult {
     ]);
     let mut cluster = match args.zk {
         Some(base) => {
-            if u64::from(base) + args.members - 1 > u64::from(u16::MAX) {
+            let all = args.members + args.observers;
+            if u64::from(base) + all - 1 > u64::from(u16::MAX) {
                 return Err(CliError::msg(format!(
-                    "--zk {base}: {} members need ports {base} to {}, past 65535",
-                    args.members,
-                    u64::from(base) + args.members - 1
+                    "--zk {base}: {all} members need ports {base} to {}, past 65535",
+                    u64::from(base) + all - 1
                 )));
             }
             LocalCluster::start_with_zk(args.members, &args.data_dir, &extra, base)?
@@ -533,6 +569,30 @@ pub async fn run(args: LocalArgs) -> CliResult {
     match leader {
         Some(leader) => println!("member {leader} leads"),
         None => println!("no member leads yet; see the members' logs"),
+    }
+    if args.observers > 0 && leader.is_none() {
+        cluster.stop().await;
+        return Err(CliError::msg(
+            "no member led within 10 s, so the observers could not be added; see the members' logs",
+        ));
+    }
+    for id in args.members + 1..=args.members + args.observers {
+        if let Err(e) = cluster.add_observer(id).await {
+            cluster.stop().await;
+            return Err(CliError::msg(format!("adding observer {id}: {e}")));
+        }
+        let m = &cluster.members[&id];
+        println!(
+            "member {} client {} peer {} pid {} (observer)",
+            m.id, m.client, m.peer, m.pid
+        );
+    }
+    if args.observers > 0 {
+        println!(
+            "{} observer(s) added; clients may use every address: baton --server {}",
+            args.observers,
+            cluster.clients()
+        );
     }
     supervise(&mut cluster, leader).await?;
     println!("stopping the cluster");

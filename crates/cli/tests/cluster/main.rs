@@ -801,6 +801,7 @@ fn line_where(
 /// `name`: the directory, the process and the lines it prints.
 fn local_cluster(
     name: &str,
+    extra: &[&str],
 ) -> (
     std::path::PathBuf,
     std::process::Child,
@@ -811,6 +812,7 @@ fn local_cluster(
     let mut local = common::baton()
         .args(["cluster", "local", "--members", "3", "--data-dir"])
         .arg(&dir)
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -824,7 +826,7 @@ fn local_cluster(
 #[test]
 fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
     use std::process::Stdio;
-    let (dir, mut local, lines) = local_cluster("cluster-local");
+    let (dir, mut local, lines) = local_cluster("cluster-local", &[]);
     let mut seen = Vec::new();
     let leads = |line: &str| line.starts_with("member ") && line.ends_with(" leads");
     let first = line_where(&lines, &mut seen, Duration::from_secs(20), leads);
@@ -900,17 +902,47 @@ fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
 /// did under a script's timeout).
 #[test]
 fn members_of_a_local_cluster_die_with_it() {
-    let (dir, mut local, lines) = local_cluster("cluster-local-dies");
+    // An observer too (`--observers 1`): it is added once a member leads,
+    // and dies with the rest.
+    let (dir, mut local, lines) = local_cluster("cluster-local-dies", &["--observers", "1"]);
     let mut seen = Vec::new();
     line_where(&lines, &mut seen, Duration::from_secs(20), |l| {
         l.starts_with("member ") && l.ends_with(" leads")
     });
+    let observer = line_where(&lines, &mut seen, Duration::from_secs(60), |l| {
+        l.starts_with("member 4 client ") && l.ends_with(" (observer)")
+    });
+    line_where(&lines, &mut seen, Duration::from_secs(10), |l| {
+        l.starts_with("1 observer(s) added")
+    });
+    let observer_client = observer.split(' ').nth(3).unwrap().to_owned();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status: serde_json::Value = serde_json::from_str(
+        &rt.block_on(baton_client::probe(
+            &observer_client,
+            Duration::from_secs(5),
+            None,
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let me = status["cluster"]["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"] == 4).cloned())
+        .unwrap_or_default();
+    assert_eq!(me["voter"], false, "{status}");
     let pids: Vec<u32> = seen
         .iter()
         .filter(|l| l.starts_with("member ") && l.contains(" client "))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .filter_map(|l| {
+            l.trim_end_matches(" (observer)")
+                .rsplit(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .collect();
-    assert_eq!(pids.len(), 3, "{seen:?}");
+    assert_eq!(pids.len(), 4, "{seen:?}");
     assert!(pids.iter().all(|p| pid_alive(*p)), "{seen:?}");
     local.kill().unwrap();
     local.wait().unwrap();
