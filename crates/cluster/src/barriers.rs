@@ -65,8 +65,9 @@ impl Barriers {
     /// barrier is through: openraft lets a read go as soon as its own
     /// record of what was applied has reached the read index, and its
     /// metrics may lag that record by a while (the simulation found a
-    /// follower that read a change's state from before a change
-    /// acknowledged 30 ms earlier, the leader's metrics two entries behind).
+    /// follower that answered a read from a state without a change
+    /// acknowledged just before the read began: the leader's metrics were
+    /// two entries behind for 30 ms).
     pub(crate) fn read_index(&self) -> impl std::future::Future<Output = Proof> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         self.waiting
@@ -84,10 +85,11 @@ impl Barriers {
 const PROOF_TRIES: usize = 3;
 
 /// Proves this member still leads (a quorum answers its heartbeat) and
-/// waits until everything committed is applied; the read's log index. A quorum that did not
-/// answer within a heartbeat (a busy machine) is asked again, a few times,
-/// while this member still leads as far as it knows; told of a higher term
-/// or another leader, it gives up at once.
+/// waits until everything committed is applied; gives the read's log
+/// index. A quorum that did not answer within a heartbeat (a busy
+/// machine) is asked again, a few times, while this member still leads as
+/// far as it knows; told of a higher term or another leader, it gives up
+/// at once.
 async fn prove(raft: &Raft) -> Proof {
     for _ in 0..PROOF_TRIES {
         match raft.ensure_linearizable().await {
