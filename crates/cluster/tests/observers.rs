@@ -85,6 +85,32 @@ async fn described(
     }
 }
 
+/// Waits until the member at `addr` serves clients as an observer (a
+/// learner that follows the leader).
+async fn serving_observer(addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(addr).await;
+        if own_role(&s) == "learner" && s["role"] == "follower" && s["serves_clients"] == true {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the observer does not serve: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Adds member 4 at `member`, as an observer or as a voter.
+fn add4(member: &Member, observer: bool) -> Change {
+    Change::Add {
+        id: 4,
+        member: member.clone(),
+        observer,
+    }
+}
+
 async fn change(peer: &str, change: Change) -> Result<String, String> {
     baton_cluster::network::ask_change(peer, change, Duration::from_secs(60), None)
         .await
@@ -134,16 +160,9 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
         .create("/k", "one", CreateMode::Persistent)
         .await
         .unwrap();
-    let added = change(
-        &initial[&first].peer,
-        Change::Add {
-            id: 4,
-            member: member4.clone(),
-            observer: true,
-        },
-    )
-    .await
-    .expect("member 4 added as an observer");
+    let added = change(&initial[&first].peer, add4(&member4, true))
+        .await
+        .expect("member 4 added as an observer");
     assert!(added.contains("observer"), "{added}");
     let described4 = described(&addrs[&first], 4, |m| m["role"] == "learner").await;
     assert_eq!(described4["voter"], false, "{described4}");
@@ -162,18 +181,7 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
     // It serves clients itself: a sequential session reads there, a sync
     // catches it up, a watch set there fires on a change made on the
     // leader, and a change made there is forwarded to the leader.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = status(&observer.client).await;
-        if own_role(&s) == "learner" && s["role"] == "follower" && s["serves_clients"] == true {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the observer does not serve: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    serving_observer(&observer.client).await;
     let sequential = session(&observer.client, ReadMode::Sequential).await;
     let linearizable = session(&observer.client, ReadMode::Linearizable).await;
     sequential.sync().await.unwrap();
@@ -244,29 +252,15 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
 
     // Made a voter: 4 voters (one of them stopped), which the answer warns
     // of (an even number); then an observer again.
-    let promoted = change(
-        &initial[&second].peer,
-        Change::Add {
-            id: 4,
-            member: member4.clone(),
-            observer: false,
-        },
-    )
-    .await
-    .expect("the observer made a voter");
+    let promoted = change(&initial[&second].peer, add4(&member4, false))
+        .await
+        .expect("the observer made a voter");
     assert!(promoted.contains("votes"), "{promoted}");
     assert!(promoted.contains("4 voting members"), "{promoted}");
     described(&addrs[&second], 4, |m| m["voter"] == true).await;
-    let demoted = change(
-        &initial[&second].peer,
-        Change::Add {
-            id: 4,
-            member: member4.clone(),
-            observer: true,
-        },
-    )
-    .await
-    .expect("the voter made an observer");
+    let demoted = change(&initial[&second].peer, add4(&member4, true))
+        .await
+        .expect("the voter made an observer");
     assert!(demoted.contains("observer"), "{demoted}");
     described(&addrs[&second], 4, |m| {
         m["voter"] == false && m["role"] == "learner"
@@ -297,15 +291,7 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
     let clients = TcpListener::bind(&member4.client).await.unwrap();
     let peers = TcpListener::bind(&member4.peer).await.unwrap();
     observer = common::run_member(config(4, &root), clients, peers).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = status(&observer.client).await;
-        if own_role(&s) == "learner" && s["serves_clients"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the restarted observer: {s}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    serving_observer(&observer.client).await;
     let again = session(&observer.client, ReadMode::Sequential).await;
     timeout(Duration::from_secs(20), again.sync())
         .await
