@@ -8,6 +8,26 @@ use baton_proto::{SessionId, Stat};
 use super::pmap::PMap;
 use super::NodeImage;
 use bytes::Bytes;
+use triomphe::ThinArc;
+
+/// A node's data, shared: one allocation holding a reference count, the
+/// length and the bytes, behind a pointer of 8 bytes (a shared slice's
+/// pointer is 16). Nodes sit side by side in the tree's leaves, so the
+/// pointer's size is paid by every node, with data or without.
+#[derive(Clone)]
+struct Data(ThinArc<(), u8>);
+
+impl AsRef<[u8]> for Data {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.slice
+    }
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.as_ref().len())
+    }
+}
 
 /// A node: its data, its metadata and the full paths of its children.
 ///
@@ -22,7 +42,7 @@ use bytes::Bytes;
 pub struct Node {
     /// Exactly the node's bytes, copied out of the request frame so that a
     /// small value never keeps a large read buffer alive.
-    data: Option<Arc<[u8]>>,
+    data: Option<Data>,
     pub(super) czxid: u64,
     pub(super) mzxid: u64,
     pub(super) pzxid: u64,
@@ -79,7 +99,7 @@ impl Node {
     }
 
     pub(super) fn set_data(&mut self, data: &[u8]) {
-        self.data = (!data.is_empty()).then(|| Arc::from(data));
+        self.data = (!data.is_empty()).then(|| Data(ThinArc::from_header_and_slice((), data)));
     }
 
     /// The node's data, shared (not copied) with the caller.
@@ -91,7 +111,7 @@ impl Node {
     }
 
     pub fn data_len(&self) -> usize {
-        self.data.as_ref().map_or(0, |d| d.len())
+        self.data.as_ref().map_or(0, |d| d.as_ref().len())
     }
 
     /// The node no longer belongs to a session (a lock-delay tombstone).
@@ -183,41 +203,62 @@ impl Node {
 /// The ephemeral nodes of one session. Most sessions own none or one (a
 /// lock contender owns one), kept without an allocation; a few are kept in
 /// a small vector, and a session with many switches to a hash set so that
-/// deleting one stays cheap.
+/// deleting one stays cheap. Either set is shared, so that copying the
+/// session (a snapshot's copy of the state shares it, until either changes
+/// it) costs no copy of the set; and the whole is 16 bytes, as small as the
+/// one path it holds most often.
 #[derive(Debug, Clone, Default)]
 pub struct Ephemerals(Repr);
 
 #[derive(Debug, Clone)]
 enum Repr {
     One(Arc<str>),
+    /// None, or more than one.
+    Set(Option<Arc<Set>>),
+}
+
+#[derive(Debug, Clone)]
+enum Set {
+    /// At least two, at most [`FEW`].
     Few(Vec<Arc<str>>),
-    // Shared, so that copying the session (a snapshot's copy of the state
-    // shares it, until either changes it) costs no copy of the set.
-    Many(Arc<std::collections::HashSet<Arc<str>>>),
+    Many(std::collections::HashSet<Arc<str>>),
 }
 
 impl Default for Repr {
     fn default() -> Self {
-        Repr::Few(Vec::new())
+        Repr::Set(None)
     }
 }
 
 const FEW: usize = 16;
 
+impl Set {
+    fn contains(&self, path: &str) -> bool {
+        match self {
+            Set::Few(v) => v.iter().any(|p| &**p == path),
+            Set::Many(s) => s.contains(path),
+        }
+    }
+}
+
 impl Ephemerals {
     pub(super) fn insert(&mut self, path: Arc<str>) {
         match &mut self.0 {
-            Repr::Few(v) if v.is_empty() => self.0 = Repr::One(path),
-            Repr::One(one) => self.0 = Repr::Few(vec![one.clone(), path]),
-            Repr::Few(v) if v.len() < FEW => v.push(path),
-            Repr::Few(v) => {
-                let mut set: std::collections::HashSet<Arc<str>> = v.drain(..).collect();
-                set.insert(path);
-                self.0 = Repr::Many(Arc::new(set));
+            Repr::Set(None) => self.0 = Repr::One(path),
+            Repr::One(one) => {
+                self.0 = Repr::Set(Some(Arc::new(Set::Few(vec![one.clone(), path]))));
             }
-            Repr::Many(s) => {
-                Arc::make_mut(s).insert(path);
-            }
+            Repr::Set(Some(set)) => match Arc::make_mut(set) {
+                Set::Few(v) if v.len() < FEW => v.push(path),
+                Set::Few(v) => {
+                    let mut many: std::collections::HashSet<Arc<str>> = v.drain(..).collect();
+                    many.insert(path);
+                    *Arc::make_mut(set) = Set::Many(many);
+                }
+                Set::Many(s) => {
+                    s.insert(path);
+                }
+            },
         }
     }
 
@@ -228,17 +269,22 @@ impl Ephemerals {
                     self.0 = Repr::default();
                 }
             }
-            Repr::Few(v) => {
-                if let Some(i) = v.iter().position(|p| &**p == path) {
-                    v.swap_remove(i);
-                    if v.len() == 1 {
-                        self.0 = Repr::One(v.pop().expect("one left"));
-                    }
+            Repr::Set(None) => {}
+            Repr::Set(Some(set)) => {
+                if !set.contains(path) {
+                    return;
                 }
-            }
-            Repr::Many(s) => {
-                if s.contains(path) {
-                    Arc::make_mut(s).remove(path);
+                match Arc::make_mut(set) {
+                    Set::Few(v) => {
+                        let i = v.iter().position(|p| &**p == path).expect("contained");
+                        v.swap_remove(i);
+                        if v.len() == 1 {
+                            self.0 = Repr::One(v.pop().expect("one left"));
+                        }
+                    }
+                    Set::Many(s) => {
+                        s.remove(path);
+                    }
                 }
             }
         }
@@ -247,16 +293,19 @@ impl Ephemerals {
     pub fn contains(&self, path: &str) -> bool {
         match &self.0 {
             Repr::One(one) => &**one == path,
-            Repr::Few(v) => v.iter().any(|p| &**p == path),
-            Repr::Many(s) => s.contains(path),
+            Repr::Set(None) => false,
+            Repr::Set(Some(set)) => set.contains(path),
         }
     }
 
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::One(_) => 1,
-            Repr::Few(v) => v.len(),
-            Repr::Many(s) => s.len(),
+            Repr::Set(None) => 0,
+            Repr::Set(Some(set)) => match &**set {
+                Set::Few(v) => v.len(),
+                Set::Many(s) => s.len(),
+            },
         }
     }
 
@@ -267,16 +316,22 @@ impl Ephemerals {
     pub fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
         match &self.0 {
             Repr::One(one) => Box::new(std::iter::once(one)),
-            Repr::Few(v) => Box::new(v.iter()),
-            Repr::Many(s) => Box::new(s.iter()),
+            Repr::Set(None) => Box::new(std::iter::empty()),
+            Repr::Set(Some(set)) => match &**set {
+                Set::Few(v) => Box::new(v.iter()),
+                Set::Many(s) => Box::new(s.iter()),
+            },
         }
     }
 
     pub(super) fn into_vec(self) -> Vec<Arc<str>> {
         match self.0 {
             Repr::One(one) => vec![one],
-            Repr::Few(v) => v,
-            Repr::Many(s) => Arc::unwrap_or_clone(s).into_iter().collect(),
+            Repr::Set(None) => Vec::new(),
+            Repr::Set(Some(set)) => match Arc::unwrap_or_clone(set) {
+                Set::Few(v) => v,
+                Set::Many(s) => s.into_iter().collect(),
+            },
         }
     }
 }
@@ -296,7 +351,8 @@ mod tests {
             assert_eq!(e.len(), n + 1);
             assert!(paths[..=n].iter().all(|p| e.contains(p)));
         }
-        assert!(matches!(e.0, Repr::Many(_)));
+        assert!(matches!(&e.0, Repr::Set(Some(set)) if matches!(**set, Set::Many(_))));
+        assert_eq!(std::mem::size_of::<Ephemerals>(), 16);
         let copy = e.clone();
         for (n, p) in paths.iter().enumerate().rev() {
             e.remove(p);
@@ -307,6 +363,7 @@ mod tests {
         }
         assert!(e.is_empty());
         assert_eq!(copy.len(), 40, "a copy keeps its set");
+        assert!(copy.iter().all(|p| paths.contains(p)));
         let mut few = Ephemerals::default();
         few.insert(paths[0].clone());
         assert!(matches!(few.0, Repr::One(_)));

@@ -149,9 +149,12 @@ mod size_tests {
     /// An idle connection costs its task, which holds what it keeps between
     /// wake-ups (tokio rounds a task up to a multiple of 128 bytes; with
     /// `tokio_unstable` a future of at most 144 bytes keeps it at 256), and
-    /// its outbox; each session and node is kept in a table. These bounds
-    /// are what docs/benchmarks.md's memory per session rests on: a field
-    /// added carelessly shows up here first.
+    /// its outbox (48 bytes, in jemalloc's 64-byte class with its reference
+    /// counts); each session and node is kept in a table, side by side in
+    /// leaves of 32 (a node's entry of 96 bytes fills a 3,072-byte leaf
+    /// exactly, one of 104 took a 3,584-byte one). These bounds are what
+    /// docs/benchmarks.md's memory per session rests on: a field added
+    /// carelessly shows up here first.
     #[test]
     fn idle_connection_and_state_stay_small() {
         fn size_of_fut<F: std::future::Future>(_: &F) -> usize {
@@ -173,9 +176,9 @@ mod size_tests {
                 ("connection future", size_of_fut(&fut), 144),
                 ("ZooKeeper connection future", zk, 144),
                 ("connection state", std::mem::size_of::<super::Conn>(), 80),
-                ("outbox", std::mem::size_of::<crate::outbox::Outbox>(), 80),
-                ("node", std::mem::size_of::<crate::state::Node>(), 88),
-                ("session", std::mem::size_of::<crate::state::Session>(), 56),
+                ("outbox", std::mem::size_of::<crate::outbox::Outbox>(), 48),
+                ("node", std::mem::size_of::<crate::state::Node>(), 80),
+                ("session", std::mem::size_of::<crate::state::Session>(), 48),
             ];
             for (what, size, most) in sizes {
                 assert!(size <= most, "{what}: {size} bytes, more than {most}");
