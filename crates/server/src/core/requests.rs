@@ -9,6 +9,7 @@ use baton_proto::{
     TxnFailure, TxnOp,
 };
 use tokio::time::Instant;
+use tracing::debug;
 
 use super::{no_node, Core, Flow, Now};
 use crate::outbox::Outbox;
@@ -148,6 +149,18 @@ impl Core {
             command,
         };
         match self.propose(proposal) {
+            // A cluster member that cannot take the change (it stopped
+            // leading, or it serves as a follower and cannot reach the
+            // leader) closes the connection rather than refuse the request:
+            // a copy of it sent earlier, on a connection that broke, may
+            // already be in the log, and a refusal would tell the client
+            // that it failed. The client resends it, with the same xid, to
+            // a member that can take it, and the leader answers a copy it
+            // already applied from what the session kept.
+            Some(Err(e)) if e.code == ErrorCode::NotLeader && !self.log.applies_at_once() => {
+                debug!(session = %origin.session, xid = origin.xid, "closing: a change this member cannot take");
+                outbox.close(Some((e.code, e.message)), 0);
+            }
             Some(answer) => self.answer(origin.session, outbox, origin.xid, op, answer),
             None => self.owe(origin.session, outbox, origin.xid, op),
         }

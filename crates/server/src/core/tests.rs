@@ -267,6 +267,62 @@ fn a_serving_follower_sends_its_clients_to_resume_after_a_snapshot_or_when_it_le
     assert_eq!(core.attached_sessions(), 0);
 }
 
+/// A cluster member that cannot take a change (here a serving follower
+/// with no way to the leader) closes the connection with the not-leader
+/// notice instead of refusing the request: an earlier copy of it may be in
+/// the log already, and the client sends it again, with the same xid, to a
+/// member that can take it.
+#[test]
+fn a_change_that_cannot_reach_the_leader_closes_the_connection_unanswered() {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 1_000_000,
+    };
+    let mut core = core_at(start);
+    let first = Outbox::new();
+    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &first, start)
+    else {
+        panic!("a session opens");
+    };
+    let grant = connected.grant;
+    core.set_log(Arc::new(crate::replicate::NoLogYet));
+    core.follow(Some("127.0.0.1:1".into()), true);
+    let mut request = ConnectRequest::new(1_000);
+    request.resume = Some((grant.session_id, grant.secret));
+    let second = Outbox::new();
+    assert!(matches!(
+        core.connect(&request, &second, start),
+        Ok(Connecting::Done(_))
+    ));
+    let create = RequestFrame {
+        xid: 7,
+        request: Request::Create {
+            path: "/n".into(),
+            data: bytes::Bytes::new(),
+            mode: CreateMode::Persistent,
+            fence: None,
+            acl: baton_proto::Acl::OPEN,
+        },
+    };
+    core.handle(grant.session_id, create, &second, None, start);
+    assert!(!second.has_queued(), "no answer to the change");
+    assert_eq!(second.status(), crate::outbox::Status::Closing);
+    let mut buf = bytes::BytesMut::new();
+    assert_eq!(
+        second.drain_into(&mut buf, 1 << 16, 0),
+        crate::outbox::Drained::Close
+    );
+    let notice = baton_proto::ServerMessage::decode(buf.split_off(4).freeze()).expect("a frame");
+    assert_eq!(
+        notice,
+        baton_proto::ServerMessage::Disconnect(baton_proto::response::Disconnect {
+            code: ErrorCode::NotLeader,
+            message: "127.0.0.1:1".into(),
+        })
+    );
+    assert!(core.state().node("/n").is_none());
+}
+
 /// What the core keeps per session, side by side in its ordered maps: the
 /// live-session entry (32 bytes a session, where an `Instant` took 40) and
 /// the deadline (16, where it took 24). A field added carelessly shows up
