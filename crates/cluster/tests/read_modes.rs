@@ -269,3 +269,41 @@ async fn a_change_made_as_soon_as_a_session_opens_on_a_follower_is_applied() {
     }
     let _ = std::fs::remove_dir_all(root);
 }
+
+/// A session that sends more changes at once than a connection may have on
+/// their way (1,024) has them all applied, on the leader and on a follower
+/// that sends them on: the connection waits for some to be applied before it
+/// takes more, and is woken then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_changes_at_once_than_a_connection_may_have_on_their_way_are_all_applied() {
+    let (mut members, _proxies, root) = cluster("pipelined").await;
+    let leader = serving_follower(&members, 2).await;
+    const EACH: usize = 2_500;
+    for (name, addr) in [("leader", leader), ("follower", members[2].client.clone())] {
+        let client = session(&addr, ReadMode::Linearizable, Duration::from_secs(20)).await;
+        let parent = format!("/pipelined-{name}");
+        client
+            .create(&parent, "", CreateMode::Persistent)
+            .await
+            .unwrap();
+        let creates = (0..EACH).map(|i| {
+            let (client, path) = (&client, format!("{parent}/n{i}"));
+            async move { client.create(&path, "", CreateMode::Persistent).await }
+        });
+        let results = timeout(Duration::from_secs(60), futures::future::join_all(creates))
+            .await
+            .unwrap_or_else(|_| panic!("{EACH} creates on the {name} within 60 s"));
+        for (i, r) in results.into_iter().enumerate() {
+            r.unwrap_or_else(|e| panic!("create {i} on the {name}: {e}"));
+        }
+        assert_eq!(client.get_children(&parent).await.unwrap().0.len(), EACH);
+        client.close().await;
+    }
+    for m in &mut members {
+        let _ = m.stop.take().unwrap().send(());
+    }
+    for m in members {
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(root);
+}

@@ -13,6 +13,14 @@ use baton_proto::response::{encode_disconnect, encode_event, encode_reply};
 use baton_proto::{ErrorCode, ErrorReply, EventKind, Reply};
 use bytes::BytesMut;
 
+/// Changes one connection may have proposed and not yet seen applied (on a
+/// cluster member, where a change is answered once the log has committed
+/// and applied it). A client that sends more waits, its requests left in
+/// the socket, so that what a member holds for proposals on their way (its
+/// own, or a follower's sent on to the leader) is bounded by its
+/// connections, as its queued replies are.
+pub(crate) const MAX_CHANGES_IN_FLIGHT: u32 = 1024;
+
 /// One frame waiting to be encoded and sent.
 #[derive(Debug)]
 pub(crate) enum Out {
@@ -303,11 +311,13 @@ impl Outbox {
     }
 
     /// Notes that a change proposed for this connection was applied; the
-    /// connection is woken once none is left, for reads that wait.
+    /// connection is woken once none is left, for reads that wait, and as
+    /// the count falls below [`MAX_CHANGES_IN_FLIGHT`], for a change that
+    /// waits.
     pub(crate) fn change_applied(&self) {
         let mut st = self.lock();
         st.in_flight = st.in_flight.saturating_sub(1);
-        if st.in_flight == 0 {
+        if st.in_flight == 0 || st.in_flight == MAX_CHANGES_IN_FLIGHT - 1 {
             wake(st);
         }
     }

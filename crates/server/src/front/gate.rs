@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use baton_proto::SessionId;
 use sync_wrapper::SyncWrapper;
 
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, MAX_CHANGES_IN_FLIGHT};
 use crate::replicate::Barrier;
 use crate::shared::Shared;
 
@@ -44,7 +44,8 @@ pub(crate) struct ReadGate {
 /// What a request asks of the read gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gated {
-    /// A change: proposed in request order, it passes at once.
+    /// A change: proposed in request order, it passes at once, unless its
+    /// connection has [`MAX_CHANGES_IN_FLIGHT`] changes on their way.
     Change,
     /// A read: after a barrier, unless the session reads sequentially.
     Read,
@@ -64,7 +65,8 @@ pub(crate) fn received<'a>(gate: &'a mut Option<Box<ReadGate>>, spare: &'a mut u
 
 impl ReadGate {
     /// Whether the request that ends at byte `end` of the stream may be
-    /// handled now. A change may (it is proposed in request order); any
+    /// handled now. A change may (it is proposed in request order), unless
+    /// too many of its connection's are on their way; any
     /// other request waits for the changes its session proposed before it,
     /// and then, unless it is a read of a sequential session, for a read
     /// barrier that covers it, which this starts if none is under way.
@@ -76,7 +78,8 @@ impl ReadGate {
         shared: &Shared,
     ) -> bool {
         if gated == Gated::Change {
-            return true;
+            // Woken as one is applied.
+            return outbox.changes_in_flight() < MAX_CHANGES_IN_FLIGHT;
         }
         if outbox.changes_in_flight() > 0 {
             return false; // woken once they are applied
@@ -114,5 +117,55 @@ impl ReadGate {
                 Poll::Ready(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// A connection with [`MAX_CHANGES_IN_FLIGHT`] changes on their way
+    /// proposes no more until one is applied, and is woken then: what a
+    /// member holds for proposals is bounded by its connections.
+    #[test]
+    fn a_connection_with_too_many_changes_on_their_way_waits_for_one() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let server = crate::Server::new(l, crate::Config::default()).unwrap();
+            let shared = server.shared_for_test();
+            let outbox = Outbox::new();
+            let mut gate = ReadGate::default();
+            let mut cx = Context::from_waker(Waker::noop());
+            for _ in 0..MAX_CHANGES_IN_FLIGHT {
+                assert!(gate.admits(0, Gated::Change, &outbox, &shared));
+                outbox.change_proposed();
+            }
+            assert!(!gate.admits(0, Gated::Change, &outbox, &shared));
+            assert!(!gate.admits(0, Gated::Read, &outbox, &shared));
+            assert_eq!(outbox.poll_woken(&mut cx), Poll::Pending);
+            outbox.change_applied();
+            assert_eq!(
+                outbox.poll_woken(&mut cx),
+                Poll::Ready(()),
+                "woken below the limit"
+            );
+            assert!(gate.admits(0, Gated::Change, &outbox, &shared));
+            for _ in 1..MAX_CHANGES_IN_FLIGHT {
+                assert_eq!(outbox.poll_woken(&mut cx), Poll::Pending);
+                outbox.change_applied();
+            }
+            assert_eq!(
+                outbox.poll_woken(&mut cx),
+                Poll::Ready(()),
+                "woken when none is left"
+            );
+            assert_eq!(outbox.changes_in_flight(), 0);
+        });
     }
 }

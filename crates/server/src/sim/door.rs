@@ -193,6 +193,9 @@ impl Conn {
     fn handle_waiting(&mut self) {
         while let Some((place, frame)) = self.waiting.front() {
             let change = frame.request.op().is_change();
+            if change && self.outbox.changes_in_flight() >= crate::outbox::MAX_CHANGES_IN_FLIGHT {
+                return; // woken as one is applied
+            }
             if !change {
                 if self.outbox.changes_in_flight() > 0 {
                     return; // woken once they are applied
