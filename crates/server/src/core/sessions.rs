@@ -44,6 +44,10 @@ fn expired(id: SessionId) -> (ErrorCode, String) {
     )
 }
 
+/// Stale entries (of containers that filled again) the queue of emptied
+/// containers may hold beyond twice the live ones before it drops them.
+pub(super) const STALE_EMPTIED: usize = 1024;
+
 impl Core {
     /// `at` as the core keeps it per session.
     fn stamp(&self, at: Instant) -> Stamp {
@@ -93,6 +97,20 @@ impl Core {
             let now = self.now.at;
             self.emptied.insert(path.clone(), now);
             self.emptied_order.push_back((now, path.clone()));
+            // A container that empties and fills again and again (the
+            // parent of a lock's queue) leaves an entry each time, stale
+            // once it fills: dropped here when they outnumber the live
+            // ones, so that the queue stays within twice the containers
+            // standing empty (and a few), however fast they change.
+            if self.emptied_order.len() > 2 * self.emptied.len() + STALE_EMPTIED {
+                // One entry per container standing empty, since it emptied
+                // (several may carry the same time).
+                let emptied = &self.emptied;
+                let mut kept = std::collections::HashSet::new();
+                self.emptied_order.retain(|(since, path)| {
+                    emptied.get(path) == Some(since) && kept.insert(path.clone())
+                });
+            }
             self.expiry_wake.notify_one();
         }
     }

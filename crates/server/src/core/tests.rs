@@ -323,6 +323,55 @@ fn a_change_that_cannot_reach_the_leader_closes_the_connection_unanswered() {
     assert!(core.state().node("/n").is_none());
 }
 
+/// A container that empties and fills again many times within its grace
+/// leaves no more than a bounded number of stale entries behind, and is
+/// still deleted once it has stood empty for the grace.
+#[test]
+fn a_container_that_keeps_emptying_leaves_a_bounded_trail() {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms: 1_000_000,
+    };
+    let mut core = core_at(start);
+    let outbox = Outbox::new();
+    let Ok(Connecting::Done(connected)) =
+        core.connect(&ConnectRequest::new(60_000), &outbox, start)
+    else {
+        panic!("a session opens");
+    };
+    let session = connected.grant.session_id;
+    let mut xid = 0;
+    let mut send = |core: &mut Core, request: Request| {
+        xid += 1;
+        core.handle(session, RequestFrame { xid, request }, &outbox, None, start);
+    };
+    let create = |path: &str, mode| Request::Create {
+        path: path.into(),
+        data: bytes::Bytes::new(),
+        mode,
+        fence: None,
+        acl: baton_proto::Acl::OPEN,
+    };
+    send(&mut core, create("/c", CreateMode::Container));
+    for _ in 0..10_000 {
+        send(&mut core, create("/c/x", CreateMode::Persistent));
+        send(
+            &mut core,
+            Request::Delete {
+                path: "/c/x".into(),
+                version: None,
+                fence: None,
+            },
+        );
+        assert!(core.emptied_order.len() <= 2 + super::sessions::STALE_EMPTIED + 1);
+    }
+    assert!(core.state().node("/c").is_some());
+    core.expire_due(later(start, 59_000, 1_059_000));
+    assert!(core.state().node("/c").is_some(), "not before its grace");
+    core.expire_due(later(start, 60_001, 1_060_001));
+    assert!(core.state().node("/c").is_none(), "deleted after its grace");
+}
+
 /// What the core keeps per session, side by side in its ordered maps: the
 /// live-session entry (32 bytes a session, where an `Instant` took 40) and
 /// the deadline (16, where it took 24). A field added carelessly shows up
