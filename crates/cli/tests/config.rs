@@ -456,3 +456,24 @@ fn bad_or_busy_addresses_are_refused_before_the_data_directory_is_made() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pins: the ZooKeeper read mode is printed with the configuration, and a
+/// mode that is not one is refused naming the setting and the choices.
+#[test]
+fn the_zookeeper_read_mode_is_printed_and_a_bad_one_refused() {
+    let out = printed(&["--zk-read-mode", "sequential"], &[]);
+    assert!(
+        out.contains("zk-read-mode") && out.contains("sequential"),
+        "{out}"
+    );
+    let out = printed(&[], &[("BATON_ZK_READ_MODE", "linearizable")]);
+    assert!(
+        out.contains("zk-read-mode") && out.contains("linearizable"),
+        "{out}"
+    );
+    let err = refused(&["--print-config", "--zk-read-mode", "fast"], &[]);
+    assert!(
+        err.contains("zk-read-mode") && err.contains("give linearizable or sequential"),
+        "{err}"
+    );
+}

@@ -28,6 +28,18 @@ async fn cluster(
     BTreeMap<(u64, u64), Proxy>,
     std::path::PathBuf,
 ) {
+    cluster_with(name, ReadMode::Linearizable).await
+}
+
+/// [`cluster`], with ZooKeeper clients' reads in `zk_read_mode`.
+async fn cluster_with(
+    name: &str,
+    zk_read_mode: ReadMode,
+) -> (
+    Vec<Running>,
+    BTreeMap<(u64, u64), Proxy>,
+    std::path::PathBuf,
+) {
     let root = std::env::temp_dir().join(format!("baton-modes-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let (listeners, initial) = common::bind_members(3).await;
@@ -47,6 +59,7 @@ async fn cluster(
         config.server.min_session_timeout = Duration::from_millis(500);
         config.followers_serve = true;
         config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.server.zk_read_mode = zk_read_mode;
         config.routes = proxies
             .iter()
             .filter(|((from, _), _)| *from == id)
@@ -299,6 +312,73 @@ async fn more_changes_at_once_than_a_connection_may_have_on_their_way_are_all_ap
         assert_eq!(client.get_children(&parent).await.unwrap().0.len(), EACH);
         client.close().await;
     }
+    for m in &mut members {
+        let _ = m.stop.take().unwrap().send(());
+    }
+    for m in members {
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// With ZooKeeper clients reading sequentially (`--zk-read-mode
+/// sequential`), a ZooKeeper client's reads on a follower are answered from
+/// the follower's own state at once, as ZooKeeper's followers answer them:
+/// cut off from the leader, behind it, but never before what the session
+/// saw or changed itself; a sync once joined again brings the reads after
+/// it up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_clients_read_sequentially_on_a_follower_when_asked() {
+    use zookeeper_client as zk;
+    let (mut members, proxies, root) = cluster_with("zk-seq", ReadMode::Sequential).await;
+    let leader = serving_follower(&members, 2).await;
+    let writer = session(&leader, ReadMode::Linearizable, Duration::from_secs(10)).await;
+    writer
+        .create("/zk", "one", CreateMode::Persistent)
+        .await
+        .unwrap();
+    let client = timeout(
+        Duration::from_secs(20),
+        zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(60))
+            .connect(&members[2].zk.to_string()),
+    )
+    .await
+    .expect("a ZooKeeper session on the follower")
+    .unwrap();
+    client.sync("/zk").await.unwrap();
+    assert_eq!(client.get_data("/zk").await.unwrap().0, b"one");
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    client.create("/zk/mine", b"mine", &open).await.unwrap();
+    assert_eq!(client.get_data("/zk/mine").await.unwrap().0, b"mine");
+
+    cut_off(&proxies, 3, true);
+    let written = writer.set_data("/zk", "two", None).await.unwrap();
+    let (data, stat) = timeout(Duration::from_secs(2), client.get_data("/zk"))
+        .await
+        .expect("a sequential read is answered without the leader")
+        .unwrap();
+    assert_eq!(data, b"one", "the follower cannot have the write");
+    assert!(stat.mzxid < written.mzxid as i64);
+    assert_eq!(client.get_data("/zk/mine").await.unwrap().0, b"mine");
+
+    cut_off(&proxies, 3, false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match timeout(Duration::from_secs(5), client.sync("/zk")).await {
+            Ok(Ok(())) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "no sync once joined again: {other:?}"
+            ),
+        }
+    }
+    let (data, stat) = client.get_data("/zk").await.unwrap();
+    assert_eq!(data, b"two");
+    assert_eq!(stat.mzxid, written.mzxid as i64);
+
+    writer.close().await;
+    drop(client);
     for m in &mut members {
         let _ = m.stop.take().unwrap().send(());
     }

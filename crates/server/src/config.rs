@@ -63,6 +63,13 @@ pub struct Config {
     /// `4lw.commands.whitelist`; `*` for all). Default: `ruok`, `srvr`,
     /// `mntr`, `isro`.
     pub zk_words: Vec<String>,
+    /// What the reads of ZooKeeper clients promise on a cluster member:
+    /// linearizable (the default: every read confirmed with the leader
+    /// first, stronger than ZooKeeper itself) or sequential (answered from
+    /// the member's own state at once, as ZooKeeper's followers answer
+    /// them: never going back, after the session's own changes, and up to
+    /// date after a `sync`). A single server answers both the same way.
+    pub zk_read_mode: baton_proto::ReadMode,
     /// How long a container stands with no children (having had some)
     /// before the leader deletes it (default 60 s, ZooKeeper's
     /// `znode.container.checkIntervalMs`).
@@ -96,6 +103,7 @@ impl Default for Config {
             identities: None,
             zk_listen: None,
             zk_words: DEFAULT_ZK_WORDS.iter().map(|w| w.to_string()).collect(),
+            zk_read_mode: baton_proto::ReadMode::Linearizable,
             container_grace: Duration::from_secs(60),
         }
     }

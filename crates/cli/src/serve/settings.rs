@@ -81,6 +81,16 @@ pub struct ServeArgs {
     #[serde(rename = "zk-4lw", skip_serializing_if = "Option::is_none")]
     pub(crate) zk_4lw: Option<String>,
 
+    /// What ZooKeeper clients' reads promise on a cluster member:
+    /// `linearizable` (every read confirmed with the leader first, stronger
+    /// than ZooKeeper itself) or `sequential` (answered from the member's
+    /// own state at once, as ZooKeeper's followers answer them: never
+    /// going back, after the session's own changes, up to date after a
+    /// sync; reads then scale with the members). [default: linearizable]
+    #[arg(long, value_name = "MODE", env = "BATON_ZK_READ_MODE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) zk_read_mode: Option<String>,
+
     /// This server is member ID of a cluster (a positive number, unique in
     /// the cluster).
     #[arg(long, value_name = "ID", env = "BATON_NODE_ID")]
@@ -378,6 +388,7 @@ pub struct Settings {
     /// The ZooKeeper listener's address, resolved.
     pub(crate) zk_listen: Option<std::net::SocketAddr>,
     pub(crate) zk_words: Vec<String>,
+    pub(crate) zk_read_mode: baton_client::ReadMode,
     pub(crate) node_id: Option<u64>,
     pub(crate) peers: Option<String>,
     pub(crate) join: bool,
@@ -652,11 +663,16 @@ impl Settings {
                 .collect(),
             None => Config::default().zk_words,
         };
+        let zk_read_mode = match &s.zk_read_mode {
+            Some(mode) => mode.parse().map_err(|why| bad("zk-read-mode", why))?,
+            None => Config::default().zk_read_mode,
+        };
         let settings = Settings {
             listen: s.listen.clone(),
             metrics_listen: s.metrics_listen.clone(),
             zk_listen,
             zk_words,
+            zk_read_mode,
             node_id: s.node_id,
             peers: s.peers.clone(),
             join: s.join,
@@ -731,6 +747,7 @@ impl Settings {
             identities: self.identities.clone(),
             zk_listen: self.zk_listen,
             zk_words: self.zk_words.clone(),
+            zk_read_mode: self.zk_read_mode,
             container_grace: Duration::from_millis(self.container_grace),
             ..Config::default()
         };

@@ -177,10 +177,11 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
         timeout_ms: request.timeout_ms.max(0) as u32,
         resume,
         token: None,
-        // ZooKeeper's clients read linearizably here (every read waits for
-        // a barrier); the zxid they saw is refused as ZooKeeper refuses it
-        // when this server is behind it, and they try another server.
-        read_mode: baton_proto::ReadMode::Linearizable,
+        // As the server is configured: linearizably (every read waits for a
+        // barrier), or sequentially, as ZooKeeper's followers read. Either
+        // way the zxid they saw is refused as ZooKeeper refuses it when this
+        // server is behind it, and they try another server.
+        read_mode: conn.shared.config.zk_read_mode,
         last_seen: request.last_zxid_seen.max(0) as u64,
     };
     let connecting = conn.shared.core().connect(&native, outbox, Now::real());
@@ -209,6 +210,9 @@ async fn handshake(conn: &mut Conn, outbox: &Arc<Outbox>) -> Option<(SessionId, 
         }
     };
     let session = grant.session_id;
+    if let Some(gate) = &mut conn.gate {
+        gate.sequential = native.read_mode == baton_proto::ReadMode::Sequential;
+    }
     if !conn.wait_durable(revision, outbox).await {
         conn.shared.core().detach(session, outbox);
         return None;
@@ -308,13 +312,16 @@ impl Dialect for Zk {
         outbox: &Arc<Outbox>,
     ) -> bool {
         while !conn.backlogged(outbox) {
-            // The header: xid, then the op code (4 bytes each).
-            // ZooKeeper's sessions read linearizably: every read waits
-            // for a barrier, so pings and syncs need no class of their own.
+            // The header: xid, then the op code (4 bytes each). Pings and
+            // syncs wait for a barrier in every read mode (a sync's answer
+            // promises the reads after it are up to date, and a ping's that
+            // the leader heard from the session).
             if !conn.gate_open(outbox, 8, |h| {
                 let code = i32::from_be_bytes(h[4..8].try_into().expect("4 bytes"));
                 if translate::is_change(code) {
                     Gated::Change
+                } else if translate::confirms(code) {
+                    Gated::Confirm
                 } else {
                     Gated::Read
                 }

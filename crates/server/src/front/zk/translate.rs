@@ -45,6 +45,14 @@ pub(super) fn is_change(code: i32) -> bool {
     )
 }
 
+/// Whether a request of this op code waits for a read barrier in every read
+/// mode: a ping (its answer tells the client the leader heard from the
+/// session) and a sync (the reads after it see every change committed
+/// before it), as in Baton's own protocol.
+pub(super) fn confirms(code: i32) -> bool {
+    matches!(code, op::PING | op::SYNC)
+}
+
 /// A path, checked against Baton's path rules (which ZooKeeper's client
 /// checks too): bad arguments if it breaks one.
 fn checked(p: String) -> Result<String, i32> {
