@@ -119,13 +119,24 @@ async fn session(addrs: &str, mode: ReadMode, session_timeout: Duration) -> Clie
         .expect("a session")
 }
 
+/// Stops every member, and removes their data.
+async fn stop_all(mut members: Vec<Running>, root: std::path::PathBuf) {
+    for m in &mut members {
+        let _ = m.stop.take().unwrap().send(());
+    }
+    for m in members {
+        let _ = m.task.await;
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
 async fn sessions_on(m: &Running) -> u64 {
     status(m).await["sessions_here"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() {
-    let (mut members, proxies, root) = cluster("cut").await;
+    let (members, proxies, root) = cluster("cut").await;
     let follower = &members[2];
     let leader = serving_follower(&members, 2).await;
     let writer = session(&leader, ReadMode::Linearizable, Duration::from_secs(10)).await;
@@ -240,13 +251,7 @@ async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() 
     for c in [writer, sequential, linearizable, back] {
         c.close().await;
     }
-    for m in &mut members {
-        let _ = m.stop.take().unwrap().send(());
-    }
-    for m in members {
-        let _ = m.task.await;
-    }
-    let _ = std::fs::remove_dir_all(root);
+    stop_all(members, root).await;
 }
 
 /// A ZooKeeper client does not send a change again after its connection
@@ -256,7 +261,7 @@ async fn read_modes_keep_their_promises_on_a_follower_cut_off_from_its_leader() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_made_as_soon_as_a_session_opens_on_a_follower_is_applied() {
     use zookeeper_client as zk;
-    let (mut members, _proxies, root) = cluster("at-once").await;
+    let (members, _proxies, root) = cluster("at-once").await;
     serving_follower(&members, 2).await;
     let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     for i in 0..40 {
@@ -274,13 +279,7 @@ async fn a_change_made_as_soon_as_a_session_opens_on_a_follower_is_applied() {
             .await
             .unwrap_or_else(|e| panic!("session {i}'s first change: {e}"));
     }
-    for m in &mut members {
-        let _ = m.stop.take().unwrap().send(());
-    }
-    for m in members {
-        let _ = m.task.await;
-    }
-    let _ = std::fs::remove_dir_all(root);
+    stop_all(members, root).await;
 }
 
 /// A session that sends more changes at once than a connection may have on
@@ -289,7 +288,7 @@ async fn a_change_made_as_soon_as_a_session_opens_on_a_follower_is_applied() {
 /// takes more, and is woken then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_changes_at_once_than_a_connection_may_have_on_their_way_are_all_applied() {
-    let (mut members, _proxies, root) = cluster("pipelined").await;
+    let (members, _proxies, root) = cluster("pipelined").await;
     let leader = serving_follower(&members, 2).await;
     const EACH: usize = 2_500;
     for (name, addr) in [("leader", leader), ("follower", members[2].client.clone())] {
@@ -312,13 +311,7 @@ async fn more_changes_at_once_than_a_connection_may_have_on_their_way_are_all_ap
         assert_eq!(client.get_children(&parent).await.unwrap().0.len(), EACH);
         client.close().await;
     }
-    for m in &mut members {
-        let _ = m.stop.take().unwrap().send(());
-    }
-    for m in members {
-        let _ = m.task.await;
-    }
-    let _ = std::fs::remove_dir_all(root);
+    stop_all(members, root).await;
 }
 
 /// With ZooKeeper clients reading sequentially (`--zk-read-mode
@@ -330,7 +323,7 @@ async fn more_changes_at_once_than_a_connection_may_have_on_their_way_are_all_ap
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_clients_read_sequentially_on_a_follower_when_asked() {
     use zookeeper_client as zk;
-    let (mut members, proxies, root) = cluster_with("zk-seq", ReadMode::Sequential).await;
+    let (members, proxies, root) = cluster_with("zk-seq", ReadMode::Sequential).await;
     let leader = serving_follower(&members, 2).await;
     let writer = session(&leader, ReadMode::Linearizable, Duration::from_secs(10)).await;
     writer
@@ -379,11 +372,5 @@ async fn zookeeper_clients_read_sequentially_on_a_follower_when_asked() {
 
     writer.close().await;
     drop(client);
-    for m in &mut members {
-        let _ = m.stop.take().unwrap().send(());
-    }
-    for m in members {
-        let _ = m.task.await;
-    }
-    let _ = std::fs::remove_dir_all(root);
+    stop_all(members, root).await;
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_proto::{ConnectRequest, CreateMode, Request, RequestFrame};
+use baton_proto::{ConnectRequest, CreateMode, Request, RequestFrame, SessionGrant};
 
 use super::*;
 use crate::replicate::InMemory;
@@ -28,6 +28,23 @@ fn core_at(now: Now) -> Core {
     )
 }
 
+/// A single server's core started at `wall_ms`, with one session (of
+/// `timeout_ms`) open on a connection of its own.
+fn with_session(wall_ms: u64, timeout_ms: u32) -> (Core, Now, Arc<Outbox>, SessionGrant) {
+    let start = Now {
+        at: Instant::now(),
+        wall_ms,
+    };
+    let mut core = core_at(start);
+    let outbox = Outbox::new();
+    let Ok(Connecting::Done(connected)) =
+        core.connect(&ConnectRequest::new(timeout_ms), &outbox, start)
+    else {
+        panic!("a single server opens a session at once");
+    };
+    (core, start, outbox, connected.grant)
+}
+
 fn later(start: Now, ms: u64, wall_ms: u64) -> Now {
     Now {
         at: start.at + Duration::from_millis(ms),
@@ -39,17 +56,8 @@ fn later(start: Now, ms: u64, wall_ms: u64) -> Now {
 fn changes_are_stamped_and_sessions_expire_by_the_time_the_caller_gives() {
     // Wall-clock times far from today's, and a monotonic clock that moves
     // only when the test says: nothing the core does may depend on others.
-    let start = Now {
-        at: Instant::now(),
-        wall_ms: 1_000_000,
-    };
-    let mut core = core_at(start);
-    let outbox = Outbox::new();
-    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &outbox, start)
-    else {
-        panic!("a single server opens a session at once");
-    };
-    let session = connected.grant.session_id;
+    let (mut core, start, outbox, grant) = with_session(1_000_000, 1_000);
+    let session = grant.session_id;
     assert_eq!(core.state().last_now_ms(), 1_000_000);
 
     let create = RequestFrame {
@@ -81,17 +89,8 @@ fn changes_are_stamped_and_sessions_expire_by_the_time_the_caller_gives() {
 /// timer is told when, and deletes it then, not before.
 #[test]
 fn the_timer_deletes_a_lock_delay_tombstone_when_it_is_due() {
-    let start = Now {
-        at: Instant::now(),
-        wall_ms: 5_000_000,
-    };
-    let mut core = core_at(start);
-    let outbox = Outbox::new();
-    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &outbox, start)
-    else {
-        panic!("a single server opens a session at once");
-    };
-    let session = connected.grant.session_id;
+    let (mut core, start, outbox, grant) = with_session(5_000_000, 1_000);
+    let session = grant.session_id;
     let requests = [
         Request::Create {
             path: "/l".into(),
@@ -232,17 +231,7 @@ fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
 /// becomes leader closes them too.
 #[test]
 fn a_serving_follower_sends_its_clients_to_resume_after_a_snapshot_or_when_it_leads() {
-    let start = Now {
-        at: Instant::now(),
-        wall_ms: 1_000_000,
-    };
-    let mut core = core_at(start);
-    let first = Outbox::new();
-    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &first, start)
-    else {
-        panic!("a session opens");
-    };
-    let grant = connected.grant;
+    let (mut core, start, first, grant) = with_session(1_000_000, 1_000);
     core.follow(Some("127.0.0.1:1".into()), true);
     assert_eq!(first.status(), crate::outbox::Status::Closing);
     let resume = |core: &mut Core, outbox: &Arc<Outbox>| {
@@ -274,17 +263,7 @@ fn a_serving_follower_sends_its_clients_to_resume_after_a_snapshot_or_when_it_le
 /// member that can take it.
 #[test]
 fn a_change_that_cannot_reach_the_leader_closes_the_connection_unanswered() {
-    let start = Now {
-        at: Instant::now(),
-        wall_ms: 1_000_000,
-    };
-    let mut core = core_at(start);
-    let first = Outbox::new();
-    let Ok(Connecting::Done(connected)) = core.connect(&ConnectRequest::new(1_000), &first, start)
-    else {
-        panic!("a session opens");
-    };
-    let grant = connected.grant;
+    let (mut core, start, _first, grant) = with_session(1_000_000, 1_000);
     core.set_log(Arc::new(crate::replicate::NoLogYet));
     core.follow(Some("127.0.0.1:1".into()), true);
     let mut request = ConnectRequest::new(1_000);
@@ -328,18 +307,8 @@ fn a_change_that_cannot_reach_the_leader_closes_the_connection_unanswered() {
 /// still deleted once it has stood empty for the grace.
 #[test]
 fn a_container_that_keeps_emptying_leaves_a_bounded_trail() {
-    let start = Now {
-        at: Instant::now(),
-        wall_ms: 1_000_000,
-    };
-    let mut core = core_at(start);
-    let outbox = Outbox::new();
-    let Ok(Connecting::Done(connected)) =
-        core.connect(&ConnectRequest::new(60_000), &outbox, start)
-    else {
-        panic!("a session opens");
-    };
-    let session = connected.grant.session_id;
+    let (mut core, start, outbox, grant) = with_session(1_000_000, 60_000);
+    let session = grant.session_id;
     let mut xid = 0;
     let mut send = |core: &mut Core, request: Request| {
         xid += 1;
