@@ -45,6 +45,11 @@ pub struct LocalArgs {
     /// connect string to give them is printed (docs/zookeeper.md).
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2181")]
     pub(crate) zk: Option<u16>,
+    /// What ZooKeeper clients' reads promise (`baton serve
+    /// --zk-read-mode`): `linearizable`, or `sequential` as ZooKeeper's
+    /// followers answer them. [default: linearizable]
+    #[arg(long, value_name = "MODE", requires = "zk")]
+    pub(crate) zk_read_mode: Option<baton_client::ReadMode>,
     /// Whether followers serve clients too (`baton serve --followers-serve`):
     /// `false` sends every client to the leader.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
@@ -534,6 +539,9 @@ pub async fn run(args: LocalArgs) -> CliResult {
         "--followers-serve".to_string(),
         args.followers_serve.to_string(),
     ]);
+    if let Some(mode) = args.zk_read_mode {
+        extra.extend(["--zk-read-mode".to_string(), mode.name().to_string()]);
+    }
     let mut cluster = match args.zk {
         Some(base) => {
             let all = args.members + args.observers;

@@ -903,8 +903,21 @@ fn cluster_local_follows_the_leader_and_a_dead_member_restarts_from_its_log() {
 #[test]
 fn members_of_a_local_cluster_die_with_it() {
     // An observer too (`--observers 1`): it is added once a member leads,
-    // and dies with the rest.
-    let (dir, mut local, lines) = local_cluster("cluster-local-dies", &["--observers", "1"]);
+    // and dies with the rest. And ZooKeeper ports, read sequentially: each
+    // member is started with them.
+    let zk = free_ports(4);
+    let zk_arg = zk.to_string();
+    let (dir, mut local, lines) = local_cluster(
+        "cluster-local-dies",
+        &[
+            "--observers",
+            "1",
+            "--zk",
+            &zk_arg,
+            "--zk-read-mode",
+            "sequential",
+        ],
+    );
     let mut seen = Vec::new();
     line_where(&lines, &mut seen, Duration::from_secs(20), |l| {
         l.starts_with("member ") && l.ends_with(" leads")
@@ -931,6 +944,15 @@ fn members_of_a_local_cluster_die_with_it() {
         .and_then(|ms| ms.iter().find(|m| m["id"] == 4).cloned())
         .unwrap_or_default();
     assert_eq!(me["voter"], false, "{status}");
+    for id in 1..=4u16 {
+        let log = std::fs::read_to_string(dir.join(format!("member-{id}.log"))).unwrap();
+        let first = log.lines().next().unwrap_or_default();
+        let wanted = format!("--zk-listen 127.0.0.1:{}", zk + id - 1);
+        assert!(
+            first.contains(&wanted) && first.contains("--zk-read-mode sequential"),
+            "member {id}: {first}"
+        );
+    }
     let pids: Vec<u32> = seen
         .iter()
         .filter(|l| l.starts_with("member ") && l.contains(" client "))
@@ -956,6 +978,27 @@ fn members_of_a_local_cluster_die_with_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first of `n` consecutive loopback ports that are free now.
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if first > u16::MAX - n {
+            continue;
+        }
+        let held: Vec<_> = (first..first + n)
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == usize::from(n) {
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports");
 }
 
 /// `baton --server SERVERS cluster add` of member `id` at `peer` and
