@@ -264,6 +264,55 @@ fn bench_reads_reports_each_run_and_read_mode_as_json() {
     }
 }
 
+/// `bench reads --raw-watchers`: watchers that speak the protocol on
+/// sockets of their own are told of every change too, also on a cluster
+/// whose followers send them to the leader.
+#[test]
+fn bench_reads_raw_watchers_are_told_and_follow_the_leader() {
+    let out = baton()
+        .args([
+            "bench",
+            "reads",
+            "--members",
+            "3",
+            "--followers-serve",
+            "false",
+            "--read-modes",
+            "sequential",
+            "--clients",
+            "2",
+            "--nodes",
+            "2",
+            "--duration-ms",
+            "100",
+            "--watchers",
+            "9",
+            "--fanouts",
+            "2",
+            "--raw-watchers",
+            "--json",
+        ])
+        .env_remove("BATON_SERVER")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for run in &runs {
+        assert!(run["failed"].is_null(), "{run}");
+        assert_eq!(run["watcher_client"], "raw", "{run}");
+        assert_eq!(run["fanout_ms"]["count"].as_u64(), Some(2), "{run}");
+    }
+}
+
 #[test]
 fn help_describes_every_command_in_its_own_words() {
     let out = baton().arg("--help").output().unwrap();

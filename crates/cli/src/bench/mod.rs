@@ -11,6 +11,7 @@ mod durability;
 mod herd;
 mod herd_run;
 mod ops;
+mod raw_watch;
 mod reads;
 mod server;
 mod zk_client;

@@ -11,6 +11,7 @@ use baton_client::{Client, CreateMode, ReadMode, Watcher};
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::raw_watch::RawWatcher;
 use super::zk_client::ZkClient;
 use super::{progress, Summary};
 use crate::local::LocalCluster;
@@ -56,6 +57,13 @@ pub struct ReadsArgs {
     /// Changes made for the fan-out.
     #[arg(long, default_value_t = 5)]
     fanouts: usize,
+    /// The fan-out's watchers speak the wire protocol on sockets of their
+    /// own (one task each, nothing between the socket and the clock)
+    /// rather than through a client library (Baton's, or this benchmark's
+    /// ZooKeeper client): the time measured is then more the server's and
+    /// less this process's, which shares the machine's cores.
+    #[arg(long)]
+    raw_watchers: bool,
     /// The cluster is measured once for each of these, comma-separated:
     /// `false`, followers send clients to the leader (every client ends up
     /// there); `true`, followers serve clients (`baton serve
@@ -117,6 +125,9 @@ pub struct ReadRun {
     /// unknown.
     pub server_cpu_us_per_read: Option<f64>,
     pub watchers: usize,
+    /// How the watchers listen: `library` (a client library's sessions) or
+    /// `raw` (the wire protocol on a socket each, `--raw-watchers`).
+    pub watcher_client: &'static str,
     /// From sending a change until its last watcher is told, in ms, over
     /// the changes made.
     pub fanout_ms: Option<Summary>,
@@ -344,6 +355,7 @@ async fn measure(target: &Target, pids: &[u32], args: &ReadsArgs) -> ReadRun {
         },
         clients: args.clients,
         watchers: args.watchers,
+        watcher_client: if args.raw_watchers { "raw" } else { "library" },
         ..ReadRun::default()
     };
     if let Err(e) = measure_into(&mut run, target, pids, args).await {
@@ -491,6 +503,41 @@ struct Fan {
     last_ns: AtomicU64,
 }
 
+impl Fan {
+    /// A watcher was told, now.
+    fn told_at(&self, base: Instant) {
+        let at = base.elapsed().as_nanos() as u64;
+        self.last_ns.fetch_max(at, Ordering::SeqCst);
+        self.told.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Opens `n` raw watchers (see [`RawWatcher`]), spread as the sessions of
+/// [`open_many`] are.
+async fn open_raw(target: &Target, n: usize) -> Result<Vec<RawWatcher>, CliError> {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let watchers = super::each_bounded(1..=n, |i| {
+        let (target, opened) = (target.clone(), opened.clone());
+        async move {
+            let watcher = match &target {
+                Target::Baton(addrs, mode) => {
+                    RawWatcher::baton(addrs, i, *mode, SESSION_TIMEOUT).await
+                }
+                Target::Zookeeper(hosts) => {
+                    RawWatcher::zookeeper(&hosts[i % hosts.len()], SESSION_TIMEOUT).await
+                }
+            };
+            let done = opened.fetch_add(1, Ordering::Relaxed) + 1;
+            if done % 2_000 == 0 && done < n {
+                progress(format!("{done}/{n} raw watchers open"));
+            }
+            watcher
+        }
+    })
+    .await?;
+    watchers.into_iter().collect()
+}
+
 /// How long a round of the fan-out may take, at most: setting every watch,
 /// then telling every watcher.
 const ROUND_LIMIT: Duration = Duration::from_secs(120);
@@ -510,34 +557,57 @@ async fn fanout_run(
         "{} members: opening {} watching sessions",
         run.members, args.watchers
     ));
-    let watchers = open_many(target, args.watchers).await?;
+    let (open, opened) = tokio::sync::watch::channel(0usize);
     let fan = Arc::new(Fan::default());
     let base = Instant::now();
     let rounds = args.fanouts;
     // Watches are set again for round R only once round R-1 is over, so
-    // that setting them does not compete with telling the others.
-    let (open, opened) = tokio::sync::watch::channel(0usize);
-    let tasks: Vec<_> = watchers
-        .iter()
-        .map(|session| {
-            let (session, fan, path) = (session.clone(), fan.clone(), path.clone());
-            let mut opened = opened.clone();
-            tokio::spawn(async move {
-                for round in 1..=rounds {
-                    if opened.wait_for(|r| *r >= round).await.is_err() {
-                        return Ok(());
-                    }
-                    let watch = session.read_watched(&path).await?;
-                    fan.ready.fetch_add(1, Ordering::SeqCst);
-                    session.changed(watch).await?;
-                    let at = base.elapsed().as_nanos() as u64;
-                    fan.last_ns.fetch_max(at, Ordering::SeqCst);
-                    fan.told.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok::<_, CliError>(())
-            })
-        })
-        .collect();
+    // that setting them does not compete with telling the others. A raw
+    // watcher is handed back once its rounds are over, to be closed.
+    let mut watchers = Vec::new();
+    let tasks: Vec<tokio::task::JoinHandle<Result<Option<RawWatcher>, CliError>>> =
+        if args.raw_watchers {
+            open_raw(target, args.watchers)
+                .await?
+                .into_iter()
+                .map(|mut watcher| {
+                    let (fan, path, mut opened) = (fan.clone(), path.clone(), opened.clone());
+                    tokio::spawn(async move {
+                        for round in 1..=rounds {
+                            if opened.wait_for(|r| *r >= round).await.is_err() {
+                                break;
+                            }
+                            watcher.watch(&path).await?;
+                            fan.ready.fetch_add(1, Ordering::SeqCst);
+                            watcher.changed().await?;
+                            fan.told_at(base);
+                        }
+                        Ok(Some(watcher))
+                    })
+                })
+                .collect()
+        } else {
+            watchers = open_many(target, args.watchers).await?;
+            watchers
+                .iter()
+                .map(|session| {
+                    let (session, fan, path) = (session.clone(), fan.clone(), path.clone());
+                    let mut opened = opened.clone();
+                    tokio::spawn(async move {
+                        for round in 1..=rounds {
+                            if opened.wait_for(|r| *r >= round).await.is_err() {
+                                break;
+                            }
+                            let watch = session.read_watched(&path).await?;
+                            fan.ready.fetch_add(1, Ordering::SeqCst);
+                            session.changed(watch).await?;
+                            fan.told_at(base);
+                        }
+                        Ok(None)
+                    })
+                })
+                .collect()
+        };
     let n = args.watchers;
     let mut fanouts = Vec::new();
     let mut writes = Vec::new();
@@ -586,11 +656,17 @@ async fn fanout_run(
     .await;
     // Stopped, and gone (with their hold on the sessions) before they close.
     for t in &tasks {
-        t.abort();
+        if !t.is_finished() {
+            t.abort();
+        }
     }
+    let mut raw = Vec::new();
     for t in tasks {
-        let _ = t.await;
+        if let Ok(Ok(Some(watcher))) = t.await {
+            raw.push(watcher);
+        }
     }
+    let _ = super::each_bounded(raw, |w| async move { w.close().await }).await;
     close_many(watchers).await;
     result?;
     let ms = |s: Summary| Summary {
@@ -673,7 +749,11 @@ fn print_table(runs: &[ReadRun]) {
 }
 
 fn print_markdown(runs: &[ReadRun]) {
-    println!("| server | members | clients served by | reads | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {} watchers, p50 ms | its write, p50 ms |", runs.first().map_or(0, |r| r.watchers));
+    let (watchers, how) = runs
+        .first()
+        .map_or((0, "library"), |r| (r.watchers, r.watcher_client));
+    let how = if how == "raw" { " (raw)" } else { "" };
+    println!("| server | members | clients served by | reads | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {watchers} watchers{how}, p50 ms | its write, p50 ms |");
     println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in runs {
         println!(
