@@ -802,11 +802,7 @@ fn line_where(
 fn local_cluster(
     name: &str,
     extra: &[&str],
-) -> (
-    std::path::PathBuf,
-    std::process::Child,
-    std::sync::mpsc::Receiver<String>,
-) {
+) -> (std::path::PathBuf, Local, std::sync::mpsc::Receiver<String>) {
     let dir = std::env::temp_dir().join(format!("baton-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut local = common::baton()
@@ -818,7 +814,33 @@ fn local_cluster(
         .spawn()
         .unwrap();
     let lines = lines_of(local.stdout.take().unwrap());
-    (dir, local, lines)
+    (dir, Local(local), lines)
+}
+
+/// A `baton cluster local` process, killed if a test ends without stopping
+/// it (a failed assertion), so that its members do not outlive the test.
+struct Local(std::process::Child);
+
+impl std::ops::Deref for Local {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Local {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// Pins: `baton cluster local` says when the leader changes, and a member
