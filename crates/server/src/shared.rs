@@ -165,15 +165,6 @@ impl Applier {
     /// [`NotLeading`] if this member does not lead (none is proposed).
     pub fn forwarded(&self, proposals: Vec<Proposal>) -> Result<Vec<SessionId>, NotLeading> {
         let mut core = self.shared.core();
-        // Checked even with nothing to propose: a call that only asks for a
-        // read barrier must not be answered by a member that does not
-        // serve as the leader yet. One restarted within its own term leads
-        // in the log's eyes before it has applied its whole log, and the
-        // read index it would give may be behind what the cluster has
-        // acknowledged.
-        if core.role() != Role::Leader {
-            return Err(NotLeading);
-        }
         let now = Now::real();
         let mut refused = Vec::new();
         for proposal in proposals {

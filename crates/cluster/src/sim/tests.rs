@@ -124,36 +124,6 @@ fn a_leader_back_in_its_own_term_after_losing_its_commit_index_serves_nothing_st
     }
 }
 
-/// The same crashes, where a serving follower's read barrier reaches the
-/// leader back in its own term while it is still applying its log: the
-/// leader must not answer it (it does not serve yet, and the read index it
-/// would give may be behind what the cluster acknowledged), or the
-/// follower serves a read that went back. These seeds (of 151 to 3,150)
-/// found it: a counter read below the increments acknowledged before the
-/// read, and a register read that no order explains.
-#[test]
-fn a_leader_still_applying_its_log_confirms_no_followers_read() {
-    use super::{Event, Pick};
-    for seed in [480, 1392, 1430, 1499, 1812, 2578, 2750, 2862] {
-        let crash = |pick, lose, down_us| Event::Crash {
-            pick,
-            lose,
-            down_us,
-        };
-        let script = vec![
-            (2_000_000, crash(Pick::Follower, false, 1_500_000)),
-            (2_000_000, crash(Pick::Leader, true, 700_000)),
-            (2_300_000, crash(Pick::Any, true, 450_000)),
-        ];
-        let (world, findings) = super::run_script(seed, script);
-        assert!(
-            findings.is_empty(),
-            "seed {seed}: {findings:?}\n{:?}",
-            world.journal.history.faults
-        );
-    }
-}
-
 /// A follower that serves clients lets a read go once it has applied the
 /// leader's read index (its commit index when it proved it leads), not the
 /// applied index the leader's metrics show once the proof is through:
