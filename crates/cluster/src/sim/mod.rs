@@ -197,6 +197,9 @@ pub(crate) struct World {
     followers_serve: bool,
     /// Why no member led once the faults had ended, if none did.
     stalled: Option<String>,
+    /// The client whose every message a traced run shows
+    /// (`BATON_SIM_CLIENT`: its number in the trace, such as 107).
+    traced_client: Option<usize>,
 }
 
 /// Defects the simulation can put in the cluster, each of which must be
@@ -270,6 +273,15 @@ impl World {
             defect,
             followers_serve,
             stalled: None,
+            traced_client: keep_trace
+                .then(|| {
+                    std::env::var("BATON_SIM_CLIENT")
+                        .ok()?
+                        .parse::<usize>()
+                        .ok()
+                })
+                .flatten()
+                .and_then(|process| process.checked_sub(100)),
         };
         world.fault(format!(
             "followers {}",
@@ -595,8 +607,12 @@ impl World {
                     self.after(us, Event::Tick(c));
                 }
             }
-            Event::ToMember(c, gen, up) => self.at_member(c, gen, up),
+            Event::ToMember(c, gen, up) => {
+                self.trace_message(c, gen, "to its member", &up);
+                self.at_member(c, gen, up)
+            }
             Event::ToClient(c, gen, down) => {
+                self.trace_message(c, gen, "from its member", &down);
                 self.route(c, gen, &down);
                 let mut client = std::mem::take(&mut self.clients[c]);
                 client.receive(self, c, gen, down);
@@ -715,6 +731,33 @@ impl World {
         let mut q = lock(&self.queue.0);
         let at = q.arrival(c, false);
         q.at(at, Event::ToClient(c, gen, down));
+    }
+
+    /// In a traced run, a message to or from the client
+    /// `BATON_SIM_CLIENT` names, with the member its connection reaches.
+    fn trace_message(&mut self, c: usize, gen: u64, way: &str, message: &impl std::fmt::Debug) {
+        if self.traced_client != Some(c) {
+            return;
+        }
+        let member = self
+            .conns
+            .get(&c)
+            .filter(|conn| conn.gen == gen)
+            .map(|conn| self.nodes[conn.member].id);
+        let mut text = format!("{message:?}");
+        if text.len() > 300 {
+            let end = (0..=300)
+                .rev()
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(0);
+            text.truncate(end);
+            text.push_str("...");
+        }
+        let process = c + 100;
+        self.note(|| match member {
+            Some(m) => format!("client {process} connection {gen} {way} (member {m}): {text}"),
+            None => format!("client {process} connection {gen} {way} (not connected): {text}"),
+        });
     }
 
     /// A client's message at the member it is connected to (a handshake
