@@ -24,9 +24,11 @@ pub(crate) struct LeaderSide {
 }
 
 impl LeaderSide {
-    /// Answers a follower's call: hears from `heard`, proposes `change`
-    /// (saying whose changes it refused), and, if `confirm`, proves it
-    /// leads and gives the read's log index.
+    /// Answers a follower's call: hears from `heard` (saying which it could
+    /// not count as heard), proposes `change` (saying whose changes it
+    /// refused), and, if `confirm`, proves it leads and gives the read's
+    /// log index. Refuses the whole call unless this member serves as the
+    /// leader (see `Applier::from_follower`).
     ///
     /// The follower had applied up to `applied` when it sent the call: a
     /// session it serves may have been opened by an entry up to there,
@@ -50,14 +52,11 @@ impl LeaderSide {
                 .map_err(|e| format!("this member has not applied what the follower has: {e}"))?;
         }
         let heard: Vec<SessionId> = heard.into_iter().map(SessionId).collect();
-        self.applier.heard_elsewhere(&heard);
-        let refused = self
+        let answer = self
             .applier
-            .forwarded(change.0)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|s| s.0)
-            .collect();
+            .from_follower(&heard, change.0)
+            .map_err(|e| e.to_string())?;
+        let ids = |sessions: Vec<SessionId>| sessions.into_iter().map(|s| s.0).collect();
         let read_index = if confirm {
             // The read's index, not the applied index in the metrics,
             // which may lag what the barrier proved (see `Barriers`).
@@ -70,7 +69,8 @@ impl LeaderSide {
         };
         Ok(Served {
             read_index,
-            refused,
+            refused: ids(answer.refused),
+            unheard: ids(answer.unheard),
         })
     }
 }

@@ -29,7 +29,7 @@
 //! and send their unanswered requests again, which the replicated state
 //! answers at most once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_proto::SessionId;
@@ -189,20 +189,23 @@ impl ToLeader {
 #[derive(Default)]
 struct Pending {
     proposals: Vec<Proposal>,
-    heard: HashSet<SessionId>,
-    barriers: Vec<oneshot::Sender<Result<(), NotLeading>>>,
+    /// Each with the session it hears from, if any.
+    barriers: Vec<Waiting>,
 }
+
+/// A barrier waiting for its call, and the session it hears from.
+type Waiting = (Option<SessionId>, oneshot::Sender<Result<(), NotLeading>>);
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.proposals.is_empty() && self.heard.is_empty() && self.barriers.is_empty()
+        self.proposals.is_empty() && self.barriers.is_empty()
     }
 
     /// Fails what was waiting, and forgets the sessions whose changes are
     /// lost: their connections are closed, so that their clients resume
     /// and send them again.
     fn fail(&mut self, applier: &Applier) {
-        for b in self.barriers.drain(..) {
+        for (_, b) in self.barriers.drain(..) {
             let _ = b.send(Err(NotLeading));
         }
         let lost: Vec<SessionId> = self
@@ -213,7 +216,6 @@ impl Pending {
         if !lost.is_empty() {
             applier.lost(&lost);
         }
-        self.heard.clear();
     }
 }
 
@@ -249,10 +251,7 @@ async fn link<D: Dial>(
             match up {
                 None => return,
                 Some(Up::Propose(p)) => pending.proposals.push(p),
-                Some(Up::Barrier { heard, done }) => {
-                    pending.heard.extend(heard);
-                    pending.barriers.push(done);
-                }
+                Some(Up::Barrier { heard, done }) => pending.barriers.push((heard, done)),
                 Some(Up::Leader(l)) => {
                     if l != leader {
                         pending.fail(&applier);
@@ -278,12 +277,19 @@ async fn link<D: Dial>(
         let link = peer.as_mut().expect("set above");
         let take = pending.proposals.len().min(CALL_PROPOSALS);
         let proposals: Vec<Proposal> = pending.proposals.drain(..take).collect();
-        let heard: Vec<u64> = pending.heard.drain().map(|s| s.0).collect();
-        let barriers = if pending.proposals.is_empty() {
+        let mut barriers = if pending.proposals.is_empty() {
             std::mem::take(&mut pending.barriers)
         } else {
             Vec::new() // after the rest of the proposals
         };
+        // The sessions heard from go with their barriers: the leader's
+        // answer about each decides its own barrier.
+        let mut heard: Vec<u64> = barriers
+            .iter()
+            .filter_map(|(s, _)| s.map(|s| s.0))
+            .collect();
+        heard.sort_unstable();
+        heard.dedup();
         let confirm = !barriers.is_empty();
         let sessions: Vec<SessionId> = proposals
             .iter()
@@ -300,10 +306,21 @@ async fn link<D: Dial>(
             Ok(Ok(Served {
                 read_index,
                 refused,
+                unheard,
             })) => {
                 if !refused.is_empty() {
                     let refused: Vec<SessionId> = refused.into_iter().map(SessionId).collect();
                     applier.lost(&refused);
+                }
+                if !unheard.is_empty() {
+                    // Expiring or ended at the leader: a ping or a resume
+                    // answered here would tell the client its session is
+                    // alive, its deadline moved past the leader's.
+                    let (gone, kept) = std::mem::take(&mut barriers)
+                        .into_iter()
+                        .partition(|(s, _)| s.is_some_and(|s| unheard.contains(&s.0)));
+                    fail_call(&applier, &[], gone);
+                    barriers = kept;
                 }
                 read_index
             }
@@ -335,7 +352,7 @@ async fn link<D: Dial>(
                     .map(|r| r.is_ok())
                     .await;
                 let result = if caught_up { Ok(()) } else { Err(NotLeading) };
-                for b in barriers {
+                for (_, b) in barriers {
                     let _ = b.send(result.clone());
                 }
             });
@@ -345,12 +362,8 @@ async fn link<D: Dial>(
 
 /// A call failed: its barriers fail, and the sessions whose changes it
 /// carried are closed (they send them again once resumed).
-fn fail_call(
-    applier: &Applier,
-    sessions: &[SessionId],
-    barriers: Vec<oneshot::Sender<Result<(), NotLeading>>>,
-) {
-    for b in barriers {
+fn fail_call(applier: &Applier, sessions: &[SessionId], barriers: Vec<Waiting>) {
+    for (_, b) in barriers {
         let _ = b.send(Err(NotLeading));
     }
     if !sessions.is_empty() {

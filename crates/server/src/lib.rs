@@ -42,5 +42,5 @@ mod watches;
 
 pub use config::{Config, ConfigError};
 pub use server::{run, Server, ServerError};
-pub use shared::{Applier, ServerHandle};
+pub use shared::{Applier, FromFollower, ServerHandle};
 pub use stats::StatsSnapshot;

@@ -152,20 +152,26 @@ impl Applier {
         self.shared.core().lost(sessions);
     }
 
-    /// On the leader: a follower heard from these sessions.
-    pub fn heard_elsewhere(&self, sessions: &[SessionId]) {
-        self.shared.core().heard_elsewhere(sessions, Now::real());
-    }
-
-    /// On the leader: proposes changes a follower forwarded, in order.
-    /// Returns the sessions whose changes were refused (see
-    /// `Core::forwarded`): the follower closes their connections.
+    /// On the leader: what a follower that serves clients sends it, taken
+    /// in one hold of the core. The follower heard from the sessions in
+    /// `heard` (see `Core::heard_elsewhere`), and forwarded `proposals`
+    /// for its clients, which are proposed in order (see
+    /// `Core::forwarded`).
     ///
     /// # Errors
-    /// [`NotLeading`] if this member does not lead (none is proposed).
-    pub fn forwarded(&self, proposals: Vec<Proposal>) -> Result<Vec<SessionId>, NotLeading> {
+    /// [`NotLeading`] unless this member serves as the leader: nothing is
+    /// counted or proposed, even for a call that only asks for a read
+    /// barrier. A member restarted within its own term leads in the log's
+    /// eyes before it has applied its whole log, and the read index it
+    /// would give may be behind what the cluster has acknowledged.
+    pub fn from_follower(
+        &self,
+        heard: &[SessionId],
+        proposals: Vec<Proposal>,
+    ) -> Result<FromFollower, NotLeading> {
         let mut core = self.shared.core();
         let now = Now::real();
+        let unheard = core.heard_elsewhere(heard, now)?;
         let mut refused = Vec::new();
         for proposal in proposals {
             let session = proposal.origin.map(|o| o.session);
@@ -173,7 +179,7 @@ impl Applier {
                 refused.extend(session);
             }
         }
-        Ok(refused)
+        Ok(FromFollower { unheard, refused })
     }
 
     /// Sets how this member proposes changes.
@@ -195,6 +201,17 @@ impl Applier {
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
+}
+
+/// The leader's answer to what a follower sent ([`Applier::from_follower`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FromFollower {
+    /// Sessions it could not count as heard (expiring or ended): the
+    /// follower tells their clients nothing that shows them alive.
+    pub unheard: Vec<SessionId>,
+    /// Sessions whose changes it refused (not proposed): the follower
+    /// closes their connections.
+    pub refused: Vec<SessionId>,
 }
 
 /// A cheap handle to a running server, for reading its counters.

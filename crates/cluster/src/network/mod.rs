@@ -23,7 +23,8 @@
 //!                                     entries it had acknowledged)
 //!   Serve { change, heard, confirm, applied }
 //!                                  -> Served(Result<{ applied index?,
-//!                                     sessions refused }, error>)
+//!                                     sessions refused,
+//!                                     sessions not heard }, error>)
 //!                                     (a follower that serves clients to
 //!                                     its leader: see `serving`)
 //! ```

@@ -15,7 +15,7 @@ use tokio_util::codec::LengthDelimitedCodec;
 use crate::types::{LogId, Member, NodeId, Raft, TypeConfig};
 
 pub(super) const MAGIC: [u8; 8] = *b"BATNPEER";
-pub(super) const VERSION: u16 = 7;
+pub(super) const VERSION: u16 = 8;
 /// Largest frame between members: a batch of entries (each at most the
 /// largest node data) or a snapshot chunk.
 pub(super) const MAX_FRAME: usize = 256 << 20;
@@ -157,6 +157,10 @@ pub struct Served {
     /// Sessions whose changes it refused (not proposed): ended, expiring,
     /// or not yet opened as far as the leader has applied.
     pub refused: Vec<u64>,
+    /// Sessions the follower heard from that the leader could not count as
+    /// heard (expiring or ended): their barriers fail, so that nothing
+    /// answered there shows them alive.
+    pub unheard: Vec<u64>,
 }
 
 /// What a member says of itself, for `baton cluster status`.

@@ -641,22 +641,38 @@ impl Core {
     }
 
     /// On the leader: a follower heard from these sessions (it serves
-    /// them), so they are as alive as if they had sent a request here. A
-    /// session whose expiry is proposed stays expiring.
-    pub(crate) fn heard_elsewhere(&mut self, sessions: &[SessionId], now: Now) {
+    /// them), so they are as alive as if they had sent a request here.
+    /// Returns those it could not count as heard: a session whose expiry
+    /// is proposed stays expiring, and one that ended (or that this leader
+    /// never opened) stays gone. The follower must not tell their clients
+    /// that they are alive: a ping answered there would move the client's
+    /// deadline past the moment this leader expires the session.
+    ///
+    /// # Errors
+    /// [`NotLeading`](crate::replicate::NotLeading) if this server does not
+    /// serve as the leader (none is counted).
+    pub(crate) fn heard_elsewhere(
+        &mut self,
+        sessions: &[SessionId],
+        now: Now,
+    ) -> Result<Vec<SessionId>, crate::replicate::NotLeading> {
         self.now = now;
         if self.role != Role::Leader {
-            return;
+            return Err(crate::replicate::NotLeading);
         }
         let heard = self.stamp(now.at);
+        let mut unheard = Vec::new();
         for id in sessions {
-            if self.expiring.contains_key(id) {
-                continue;
-            }
-            if let Some(live) = self.live.get_mut(id) {
-                live.last_heard = heard;
-            }
+            let live = match self.live.get_mut(id) {
+                Some(live) if !self.expiring.contains_key(id) => live,
+                _ => {
+                    unheard.push(*id);
+                    continue;
+                }
+            };
+            live.last_heard = heard;
         }
+        Ok(unheard)
     }
 
     /// On the leader: proposes a change a follower forwarded for a client

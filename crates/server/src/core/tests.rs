@@ -146,8 +146,9 @@ fn the_timer_deletes_a_lock_delay_tombstone_when_it_is_due() {
 /// follower sends it: their forwarded changes and the sessions it heard
 /// from keep them alive past their timeout, stamped with the leader's
 /// clock; a change of a session the leader does not keep alive (unknown,
-/// or expiring) is refused, not proposed; and a server that does not lead
-/// proposes nothing forwarded.
+/// or expiring) is refused, not proposed, and a ping of one is reported
+/// unheard; and a server that does not lead proposes nothing forwarded and
+/// counts nothing heard.
 #[test]
 fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
     let start = Now {
@@ -197,7 +198,7 @@ fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
         core.state().node("/kept").expect("created").stat().ctime,
         2_000_000
     );
-    core.heard_elsewhere(&[heard], at_900);
+    assert_eq!(core.heard_elsewhere(&[heard], at_900), Ok(vec![]));
     // At +1000 ms only the silent session is due.
     assert_eq!(core.expire_due(later(start, 1_000, 2_000_100)), 1);
     let state = core.state();
@@ -216,8 +217,19 @@ fn a_leader_keeps_alive_the_sessions_a_follower_serves_and_refuses_the_rest() {
     );
     assert!(core.state().node("/late").is_none());
     assert!(core.state().node("/stranger").is_none());
-    // A follower proposes nothing forwarded to it.
+    // Nor is a ping the follower heard of either counted: the follower
+    // must not answer it as if the session were alive.
+    assert_eq!(
+        core.heard_elsewhere(&[kept, silent, SessionId(999)], at_1100),
+        Ok(vec![silent, SessionId(999)])
+    );
+    // A follower proposes nothing forwarded to it, and counts nothing
+    // heard.
     core.follow(Some("127.0.0.1:1".into()), true);
+    assert_eq!(
+        core.heard_elsewhere(&[kept], at_1100),
+        Err(crate::replicate::NotLeading)
+    );
     assert_eq!(
         core.forwarded(create(kept, "/follower", 2), at_1100),
         Err(crate::replicate::NotLeading)
