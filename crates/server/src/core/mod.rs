@@ -78,6 +78,10 @@ impl Live {
     }
 }
 
+/// A watch event held back until the answer to the change that fired it
+/// is queued: the connection, the event and its path.
+type LaterEvent = (Arc<Outbox>, EventKind, Arc<str>);
+
 /// A session's replies in request order: a change proposed and not yet
 /// applied holds back the replies to requests made after it.
 type Replies = VecDeque<Owed>;
@@ -129,6 +133,10 @@ pub(crate) struct Core {
     config: Arc<Config>,
     stats: Arc<Stats>,
     fired: Vec<SessionId>,
+    /// While a committed change is applied ([`Core::apply_committed`]): the
+    /// session that made it, and the watch events the change fires for
+    /// other sessions, queued only once its answer is (see there).
+    later_events: Option<(SessionId, Vec<LaterEvent>)>,
     /// Set when the server stops: new handshakes are refused.
     shutting_down: bool,
     /// How changes reach the state machine.
@@ -200,6 +208,7 @@ impl Core {
             config,
             stats,
             fired: Vec::new(),
+            later_events: None,
             shutting_down: false,
             log,
             mark,
@@ -278,6 +287,15 @@ impl Core {
         self.now = now;
         let applied = self.sm.apply_proposal(proposal);
         let revision = applied.revision;
+        // The answer to the request goes before the watch events of other
+        // sessions: connections are woken in the order their frames are
+        // queued, and a member's runtime runs them in that order, so a
+        // change that fires thousands of watches would otherwise be
+        // answered only once every one of those connections had run. Its
+        // own session's events still come before its answer, and the
+        // others keep their order among themselves; nothing can be asked
+        // of the core in between (invariant 7).
+        self.later_events = proposal.origin.map(|o| (o.session, Vec::new()));
         // The replies the request's session is owed, taken before a close
         // ends the session.
         let owed = proposal.origin.and_then(|o| {
@@ -292,6 +310,10 @@ impl Core {
             if closes {
                 conn.close(None, 0);
             }
+        }
+        let later = self.later_events.take().map(|(_, later)| later);
+        for (conn, kind, path) in later.unwrap_or_default() {
+            self.notify(&conn, kind, revision, path);
         }
         revision
     }

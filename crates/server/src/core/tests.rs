@@ -353,6 +353,129 @@ fn a_container_that_keeps_emptying_leaves_a_bounded_trail() {
     assert!(core.state().node("/c").is_none(), "deleted after its grace");
 }
 
+/// A log that commits later: it keeps what is proposed, for the test to
+/// apply as committed.
+#[derive(Default)]
+struct CommitsLater(std::sync::Mutex<Vec<Proposal>>);
+
+impl crate::replicate::Replicator for CommitsLater {
+    fn propose(&self, proposal: &Proposal) -> crate::replicate::Proposed {
+        self.0.lock().unwrap().push(proposal.clone());
+        crate::replicate::Proposed::Later
+    }
+
+    fn applies_at_once(&self) -> bool {
+        false
+    }
+}
+
+/// Records the order in which connections are woken.
+struct WakeOrder(&'static str, Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl std::task::Wake for WakeOrder {
+    fn wake(self: Arc<Self>) {
+        self.1.lock().unwrap().push(self.0);
+    }
+}
+
+/// On a cluster member, the answer to a committed change is queued (and
+/// its connection woken) before the watch events it fires for other
+/// sessions, which are queued before the core is let go: a change that
+/// fires many watches is not answered only after all their connections.
+#[test]
+fn a_committed_change_is_answered_before_other_sessions_events() {
+    let (mut core, start, writer_box, writer) = with_session(1_000_000, 10_000);
+    let watcher_box = Outbox::new();
+    let Ok(Connecting::Done(watcher)) =
+        core.connect(&ConnectRequest::new(10_000), &watcher_box, start)
+    else {
+        panic!("a session opens");
+    };
+    let watcher = watcher.grant.session_id;
+    let create = Request::Create {
+        path: "/x".into(),
+        data: bytes::Bytes::new(),
+        mode: CreateMode::Persistent,
+        fence: None,
+        acl: baton_proto::Acl::OPEN,
+    };
+    core.handle(
+        writer.session_id,
+        RequestFrame {
+            xid: 1,
+            request: create,
+        },
+        &writer_box,
+        None,
+        start,
+    );
+    let read = Request::GetData {
+        path: "/x".into(),
+        watch: true,
+    };
+    core.handle(
+        watcher,
+        RequestFrame {
+            xid: 9,
+            request: read,
+        },
+        &watcher_box,
+        None,
+        start,
+    );
+    let log = Arc::new(CommitsLater::default());
+    core.set_log(log.clone());
+    let set = Request::SetData {
+        path: "/x".into(),
+        data: bytes::Bytes::from_static(b"v"),
+        version: None,
+        fence: None,
+    };
+    core.handle(
+        writer.session_id,
+        RequestFrame {
+            xid: 10,
+            request: set,
+        },
+        &writer_box,
+        None,
+        start,
+    );
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for (name, outbox) in [("writer", &writer_box), ("watcher", &watcher_box)] {
+        let mut buf = bytes::BytesMut::new();
+        outbox.drain_into(&mut buf, 1 << 16, u64::MAX);
+        let waker = std::task::Waker::from(Arc::new(WakeOrder(name, order.clone())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        while outbox.poll_woken(&mut cx).is_ready() {}
+    }
+    let proposed = std::mem::take(&mut *log.0.lock().unwrap());
+    assert_eq!(proposed.len(), 1);
+    core.apply_committed(&proposed[0], start);
+    assert_eq!(*order.lock().unwrap(), ["writer", "watcher"]);
+    let frames = |outbox: &Arc<Outbox>| {
+        let mut buf = bytes::BytesMut::new();
+        outbox.drain_into(&mut buf, 1 << 16, u64::MAX);
+        let mut frames = Vec::new();
+        while buf.len() >= 4 {
+            let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+            let frame = buf.split_to(4 + len).split_off(4).freeze();
+            frames.push(baton_proto::ServerMessage::decode(frame).unwrap());
+        }
+        frames
+    };
+    let mine = frames(&writer_box);
+    assert!(
+        matches!(&mine[..], [baton_proto::ServerMessage::Reply(r)] if r.xid == 10),
+        "{mine:?}"
+    );
+    let theirs = frames(&watcher_box);
+    assert!(
+        matches!(&theirs[..], [baton_proto::ServerMessage::Event(_)]),
+        "{theirs:?}"
+    );
+}
+
 /// What the core keeps per session, side by side in its ordered maps: the
 /// live-session entry (32 bytes a session, where an `Instant` took 40) and
 /// the deadline (16, where it took 24). A field added carelessly shows up

@@ -221,6 +221,26 @@ impl Core {
         }
     }
 
+    /// Queues an event for `session`'s connection, if it has one. While a
+    /// committed change is applied, an event of another session than the
+    /// one that made the change waits until the change's answer is queued
+    /// (see `Core::apply_committed`).
+    fn notify_session(
+        &mut self,
+        session: SessionId,
+        kind: EventKind,
+        revision: u64,
+        path: Arc<str>,
+    ) {
+        let Some(conn) = self.live.get(&session).and_then(|l| l.conn.as_ref()) else {
+            return;
+        };
+        match &mut self.later_events {
+            Some((origin, later)) if *origin != session => later.push((conn.clone(), kind, path)),
+            _ => self.notify(conn, kind, revision, path),
+        }
+    }
+
     /// Queues the events a change made by `actor` fired, one per watching
     /// session (`actor` is `None` for a session's expiry or close).
     pub(super) fn dispatch(&mut self, triggers: &[Trigger], actor: Option<SessionId>) {
@@ -238,9 +258,7 @@ impl Core {
                     if kind == EventKind::Head {
                         self.granted(&node);
                     }
-                    if let Some(conn) = self.live.get(&session).and_then(|l| l.conn.as_ref()) {
-                        self.notify(conn, kind, revision, node);
-                    }
+                    self.notify_session(session, kind, revision, node);
                 }
             }
             self.fired.clear();
@@ -253,11 +271,9 @@ impl Core {
                 self.fired.sort_unstable();
                 self.fired.dedup();
             }
-            for session in &self.fired {
-                let Some(conn) = self.live.get(session).and_then(|l| l.conn.as_ref()) else {
-                    continue;
-                };
-                self.notify(conn, trigger.kind, revision, trigger.path.clone());
+            for i in 0..self.fired.len() {
+                let session = self.fired[i];
+                self.notify_session(session, trigger.kind, revision, trigger.path.clone());
             }
         }
     }
