@@ -260,7 +260,7 @@ fn bench_reads_reports_each_run_and_read_mode_as_json() {
     for run in &runs {
         assert!(run["failed"].is_null(), "{run}");
         assert!(run["reads_per_s"].as_f64().unwrap() > 0.0, "{run}");
-        assert!(run["fanout_ms"]["p50_us"].as_f64().is_some(), "{run}");
+        assert!(run["fanout"]["p50_us"].as_f64().is_some(), "{run}");
     }
 }
 
@@ -309,7 +309,7 @@ fn bench_reads_raw_watchers_are_told_and_follow_the_leader() {
     for run in &runs {
         assert!(run["failed"].is_null(), "{run}");
         assert_eq!(run["watcher_client"], "raw", "{run}");
-        assert_eq!(run["fanout_ms"]["count"].as_u64(), Some(2), "{run}");
+        assert_eq!(run["fanout"]["count"].as_u64(), Some(2), "{run}");
     }
 }
 

@@ -128,11 +128,11 @@ pub struct ReadRun {
     /// How the watchers listen: `library` (a client library's sessions) or
     /// `raw` (the wire protocol on a socket each, `--raw-watchers`).
     pub watcher_client: &'static str,
-    /// From sending a change until its last watcher is told, in ms, over
-    /// the changes made.
-    pub fanout_ms: Option<Summary>,
-    /// The writer's own wait for its change to be acknowledged, in ms.
-    pub fanout_write_ms: Option<Summary>,
+    /// From sending a change until its last watcher is told, over the
+    /// changes made (in µs, as every summary).
+    pub fanout: Option<Summary>,
+    /// The writer's own wait for its change to be acknowledged (µs).
+    pub fanout_write: Option<Summary>,
     pub failed: Option<String>,
 }
 
@@ -404,8 +404,8 @@ async fn measure_into(
     close_many(readers).await;
     if args.watchers > 0 && args.fanouts > 0 {
         let (fanout, writes) = fanout_run(run, target, &setup, args).await?;
-        run.fanout_ms = Some(fanout);
-        run.fanout_write_ms = Some(writes);
+        run.fanout = Some(fanout);
+        run.fanout_write = Some(writes);
     }
     setup.close().await;
     Ok(())
@@ -669,13 +669,7 @@ async fn fanout_run(
     let _ = super::each_bounded(raw, |w| async move { w.close().await }).await;
     close_many(watchers).await;
     result?;
-    let ms = |s: Summary| Summary {
-        p50_us: s.p50_us / 1e3,
-        p99_us: s.p99_us / 1e3,
-        max_us: s.max_us / 1e3,
-        ..s
-    };
-    Ok((ms(Summary::of(&mut fanouts)), ms(Summary::of(&mut writes))))
+    Ok((Summary::of(&mut fanouts), Summary::of(&mut writes)))
 }
 
 /// Polls `done` until it holds, for at most [`ROUND_LIMIT`]; else fails
@@ -691,8 +685,9 @@ async fn until(done: impl Fn() -> bool, why: impl Fn() -> String) -> Result<(), 
     Ok(())
 }
 
+/// A summary's median in ms.
 fn ms(s: &Option<Summary>) -> String {
-    s.map_or("-".into(), |s| format!("{:.1}", s.p50_us))
+    s.map_or("-".into(), |s| format!("{:.1}", s.p50_us / 1e3))
 }
 
 fn cpu(r: &ReadRun) -> String {
@@ -739,8 +734,8 @@ fn print_table(runs: &[ReadRun]) {
             cpu(r),
             r.watched_reads_per_s,
             r.watchers,
-            ms(&r.fanout_ms),
-            ms(&r.fanout_write_ms)
+            ms(&r.fanout),
+            ms(&r.fanout_write)
         );
         if let Some(why) = &r.failed {
             println!("           FAILED: {why}");
@@ -766,8 +761,8 @@ fn print_markdown(runs: &[ReadRun]) {
             r.read.p50_us,
             cpu(r),
             r.watched_reads_per_s,
-            ms(&r.fanout_ms),
-            ms(&r.fanout_write_ms)
+            ms(&r.fanout),
+            ms(&r.fanout_write)
         );
     }
     for r in runs.iter().filter(|r| r.failed.is_some()) {
