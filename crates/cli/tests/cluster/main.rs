@@ -1753,7 +1753,7 @@ async fn a_member_added_to_a_busy_cluster_catches_up_and_stays() {
 /// with --join, `baton cluster add` it under its old id) after the cluster
 /// went through a membership naming it the only voter: it does not lead
 /// while it catches up through that membership, and no write is lost.
-/// (`crates/cli/tests/chaos.rs` pins the defect this once had, which needs
+/// (`crates/cli/tests/commands/chaos.rs` pins the defect this once had, which needs
 /// the load of a chaos run to show.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_wiped_and_added_again_under_its_old_id_keeps_every_write() {

@@ -23,8 +23,6 @@ use openraft::ServerState;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-mod common;
-
 struct Running {
     raft: baton_cluster::types::Raft,
     stop: Option<oneshot::Sender<()>>,
@@ -84,7 +82,7 @@ async fn leader_of(members: &BTreeMap<u64, Running>) -> u64 {
 async fn a_voter_wiped_and_added_again_without_a_removal_is_told_it_went_back() {
     let root = std::env::temp_dir().join(format!("baton-wiped-voter-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let (listeners, initial) = common::bind_members(3).await;
+    let (listeners, initial) = crate::common::bind_members(3).await;
     let mut members = BTreeMap::new();
     for (id, (clients, peers)) in listeners {
         let mut c = config(id, &root);
@@ -92,7 +90,7 @@ async fn a_voter_wiped_and_added_again_without_a_removal_is_told_it_went_back() 
         members.insert(id, start(c, clients, peers).await);
     }
     let addrs: Vec<String> = initial.values().map(|m| m.client.clone()).collect();
-    let client = common::client_of(&addrs).await;
+    let client = crate::common::client_of(&addrs).await;
     // Enough entries for a few snapshots: the leader purges its log behind
     // them (it keeps `snapshot_every` entries behind the last one).
     for i in 0..100 {

@@ -1,11 +1,9 @@
 //! `baton elect` and `baton leader`, end to end.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
 
-use common::{baton, eventually, Served};
+use crate::common::{baton, eventually, Served};
 
 #[test]
 fn elect_runs_the_command_as_leader_and_leader_shows_it() {

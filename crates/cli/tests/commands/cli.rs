@@ -1,12 +1,10 @@
 //! The `baton` binary end to end: a `baton serve` child process and the
 //! client commands against it.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
-use common::{baton, free_addr, Served};
+use crate::common::{baton, free_addr, Served};
 
 #[test]
 fn client_commands_create_read_change_and_remove_nodes() {

@@ -1,12 +1,10 @@
 //! `baton lock`, `baton locks` and `baton set --fence`, end to end.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{baton, eventually, exit_within, running, Served};
+use crate::common::{baton, eventually, exit_within, running, Served};
 
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill has no memory effects.

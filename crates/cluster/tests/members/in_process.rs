@@ -4,13 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common::Running;
 use baton_client::{Client, CreateMode, Lock};
 use baton_cluster::network::PeerTls;
 use baton_cluster::{ClusterMember, Member, MemberConfig};
-use common::Running;
 use tokio::net::TcpListener;
-
-mod common;
 
 struct Cluster {
     members: Vec<Running>,
@@ -34,7 +32,7 @@ async fn cluster_opts(
 ) -> (Cluster, std::path::PathBuf) {
     let root = std::env::temp_dir().join(format!("baton-inproc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let (listeners, initial) = common::bind_members(n).await;
+    let (listeners, initial) = crate::common::bind_members(n).await;
     let mut running = Vec::new();
     let peer_addrs = initial.values().map(|m| m.peer.clone()).collect();
     for (id, (clients, peers)) in listeners {
@@ -44,7 +42,7 @@ async fn cluster_opts(
         config.peer_tls = tls.clone();
         config.followers_serve = followers_serve;
         config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
-        running.push(common::run_member(config, clients, peers).await);
+        running.push(crate::common::run_member(config, clients, peers).await);
     }
     (
         Cluster {
@@ -219,7 +217,7 @@ async fn followers_serve_reads_watches_and_locks_and_forward_changes() {
         .chain(&addrs[..follower])
         .cloned()
         .collect();
-    let survivor = common::client_of(&rotated).await;
+    let survivor = crate::common::client_of(&rotated).await;
     survivor
         .create("/s", "", CreateMode::Ephemeral)
         .await
@@ -300,7 +298,7 @@ async fn members_with_mutual_tls_replicate_and_refuse_strangers() {
 async fn three_members_serve_locks_and_survive_the_loss_of_the_leader() {
     let (mut members, root) = cluster(3, "basic").await;
     let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
-    let client = common::client_of(&addrs).await;
+    let client = crate::common::client_of(&addrs).await;
     client
         .create("/a", "one", CreateMode::Persistent)
         .await
@@ -509,8 +507,8 @@ async fn a_member_whose_replicated_log_stops_stops_with_an_error() {
 async fn a_persistent_watch_misses_nothing_across_the_loss_of_the_leader() {
     let (mut members, root) = cluster(3, "persistent").await;
     let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
-    let watcher = common::client_of(&addrs).await;
-    let writer = common::client_of(&addrs).await;
+    let watcher = crate::common::client_of(&addrs).await;
+    let writer = crate::common::client_of(&addrs).await;
     writer
         .create("/w", "", CreateMode::Persistent)
         .await
@@ -593,7 +591,7 @@ async fn a_semaphore_keeps_its_permits_across_the_loss_of_the_leader() {
     let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
     let mut clients = Vec::new();
     for _ in 0..3 {
-        clients.push(common::client_of(&addrs).await);
+        clients.push(crate::common::client_of(&addrs).await);
     }
     let a = Semaphore::new(&clients[0], "/sem", 2)
         .acquire()
@@ -662,8 +660,8 @@ async fn a_semaphore_keeps_its_permits_across_the_loss_of_the_leader() {
 async fn a_lock_delay_under_way_is_finished_by_the_next_leader() {
     let (mut members, root) = cluster(3, "lock-delay").await;
     let addrs: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
-    let store = common::client_of(&addrs).await;
-    let waiter = common::client_of(&addrs).await;
+    let store = crate::common::client_of(&addrs).await;
+    let waiter = crate::common::client_of(&addrs).await;
     store
         .create("/l", "", CreateMode::Persistent)
         .await

@@ -2,12 +2,10 @@
 //! alike (what a terminal, a service manager or a closed terminal sends),
 //! then exits with status 0: nothing it held lingers for a session timeout.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
 
-use common::{baton, exit_within, Served};
+use crate::common::{baton, exit_within, Served};
 
 const SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 

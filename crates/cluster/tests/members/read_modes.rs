@@ -9,13 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common::Running;
 use baton_client::{Client, CreateMode, ReadMode};
 use baton_cluster::MemberConfig;
 use baton_testkit::Proxy;
-use common::Running;
 use tokio::time::{timeout, Instant};
-
-mod common;
 
 /// Three members serving clients, whose peer traffic between every pair
 /// passes a proxy of its own (`(from, to)`: the connections `from` dials
@@ -42,7 +40,7 @@ async fn cluster_with(
 ) {
     let root = std::env::temp_dir().join(format!("baton-modes-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let (listeners, initial) = common::bind_members(3).await;
+    let (listeners, initial) = crate::common::bind_members(3).await;
     let mut proxies = BTreeMap::new();
     for from in 1..=3u64 {
         for (&to, member) in &initial {
@@ -68,7 +66,7 @@ async fn cluster_with(
         if id == 3 {
             config.election_timeout = Duration::from_secs(60);
         }
-        running.push(common::run_member(config, clients, peers).await);
+        running.push(crate::common::run_member(config, clients, peers).await);
     }
     (running, proxies, root)
 }

@@ -1,12 +1,10 @@
 //! `baton serve`'s settings: a TOML file, `BATON_*` variables and flags, in
 //! rising order of precedence, and a clear refusal of anything wrong.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{baton, free_addr, scratch, stop};
+use crate::common::{baton, free_addr, scratch, stop};
 
 /// A fresh directory for one test's files.
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -107,7 +105,7 @@ fn the_file_sets_the_server_and_the_environment_and_flags_override_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let addr = common::listening_addr(&mut child);
+    let addr = crate::common::listening_addr(&mut child);
     let create = |name: &str, size: usize| {
         baton()
             .args(["--server", &addr, "create", name])
@@ -256,7 +254,7 @@ fn identities_in_the_file_guard_the_server_and_tokens_are_not_printed() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let addr = common::listening_addr(&mut child);
+    let addr = crate::common::listening_addr(&mut child);
     let run = |token: Option<&str>, token_file: Option<&Path>, args: &[&str]| {
         let mut cmd = baton();
         cmd.env_remove("BATON_TOKEN").args(["--server", &addr]);

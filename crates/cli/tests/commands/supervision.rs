@@ -1,12 +1,10 @@
 //! A command run under `baton lock` dies with its supervisor, however
 //! `baton` itself ends (DESIGN.md invariant 6).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
-use common::{baton, eventually, exit_within, running, Served};
+use crate::common::{baton, eventually, exit_within, running, Served};
 
 /// A command that ignores every polite signal, starts a grandchild that
 /// does the same and a daemon that does too (forked twice, in a session of

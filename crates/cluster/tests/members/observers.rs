@@ -8,14 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common::Running;
 use baton_client::{Client, CreateMode, ReadMode};
 use baton_cluster::admin::Change;
 use baton_cluster::{Member, MemberConfig};
-use common::Running;
 use tokio::net::TcpListener;
 use tokio::time::{timeout, Instant};
-
-mod common;
 
 fn config(id: u64, root: &std::path::Path) -> MemberConfig {
     let mut config = MemberConfig::new(id, root.join(format!("m{id}")));
@@ -132,12 +130,12 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
     use zookeeper_client as zk;
     let root = std::env::temp_dir().join(format!("baton-observers-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let (listeners, initial) = common::bind_members(3).await;
+    let (listeners, initial) = crate::common::bind_members(3).await;
     let mut members: BTreeMap<u64, Running> = BTreeMap::new();
     for (id, (clients, peers)) in listeners {
         let mut c = config(id, &root);
         c.initial = Some(initial.clone());
-        members.insert(id, common::run_member(c, clients, peers).await);
+        members.insert(id, crate::common::run_member(c, clients, peers).await);
     }
     let mut addrs: BTreeMap<u64, String> = initial
         .iter()
@@ -153,7 +151,7 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
         peer: peers.local_addr().unwrap().to_string(),
         client: clients.local_addr().unwrap().to_string(),
     };
-    let mut observer = common::run_member(config(4, &root), clients, peers).await;
+    let mut observer = crate::common::run_member(config(4, &root), clients, peers).await;
     addrs.insert(4, observer.client.clone());
     let writer = session(&addrs[&first], ReadMode::Linearizable).await;
     writer
@@ -290,7 +288,7 @@ async fn an_observer_serves_clients_never_votes_and_can_be_made_a_voter_and_back
     .unwrap();
     let clients = TcpListener::bind(&member4.client).await.unwrap();
     let peers = TcpListener::bind(&member4.peer).await.unwrap();
-    observer = common::run_member(config(4, &root), clients, peers).await;
+    observer = crate::common::run_member(config(4, &root), clients, peers).await;
     serving_observer(&observer.client).await;
     let again = session(&observer.client, ReadMode::Sequential).await;
     timeout(Duration::from_secs(20), again.sync())

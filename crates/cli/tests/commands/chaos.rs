@@ -3,9 +3,7 @@
 //! cut, must find every promise kept, and leave a history the checkers read
 //! back and a timeline.
 
-mod common;
-
-use common::{baton, scratch, Served};
+use crate::common::{baton, scratch, Served};
 
 fn chaos(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let out = baton()

@@ -1,16 +1,14 @@
 //! `baton snapshot save` under load and `baton snapshot restore` into a new
 //! server, and what a damaged backup or a used data directory get.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::common::{baton, free_addr, scratch, stop, Served};
 use baton_client::{Client, CreateMode};
-use common::{baton, free_addr, scratch, stop, Served};
 
 /// A `baton serve` on `data_dir`.
 fn serve_on(data_dir: &Path) -> OnDir {
@@ -21,7 +19,7 @@ fn serve_on(data_dir: &Path) -> OnDir {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let addr = common::listening_addr(&mut child);
+    let addr = crate::common::listening_addr(&mut child);
     OnDir {
         child: Some(child),
         addr,
@@ -95,7 +93,7 @@ fn a_backup_taken_under_load_restores_every_change_acknowledged_before_it() {
         }));
     }
     // Let the load get going, then save twice while it runs.
-    common::eventually(30, "the writers to make 200 changes", || {
+    crate::common::eventually(30, "the writers to make 200 changes", || {
         acked_all.lock().unwrap().len() >= 200
     });
     saving.store(true, Ordering::SeqCst);

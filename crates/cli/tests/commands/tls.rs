@@ -2,13 +2,11 @@
 //! TLS flags, end to end: a plaintext command is told what to do, and
 //! SIGHUP makes the server load a renewed certificate.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
 
+use crate::common::{baton, eventually, scratch, stop};
 use baton_testkit::pki::make_pki;
-use common::{baton, eventually, scratch, stop};
 
 /// `baton serve` with TLS from `cert` and `key` (and client certificates
 /// checked against `client_ca`), and its address.
@@ -26,7 +24,7 @@ fn serve_tls(dir: &Path, cert: &Path, key: &Path, client_ca: Option<&Path>) -> (
         .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    let addr = common::listening_addr(&mut child);
+    let addr = crate::common::listening_addr(&mut child);
     (child, addr)
 }
 
@@ -141,7 +139,7 @@ fn sighup_loads_a_renewed_certificate_and_a_bad_one_changes_nothing() {
     eventually(10, "the failed reload in the log", || {
         log().contains("TLS certificate not reloaded")
     });
-    assert!(common::running(server.id()));
+    assert!(crate::common::running(server.id()));
     assert!(works(&old.ca));
     assert!(!works(&new.ca));
 
@@ -190,7 +188,7 @@ fn tls_messages_name_the_cause_and_the_server_has_its_own_variables() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let plain_addr = common::listening_addr(&mut plain);
+    let plain_addr = crate::common::listening_addr(&mut plain);
     let out = baton()
         .env_remove("BATON_TLS_CA")
         .args(["--server", &plain_addr, "create", "/plain"])
@@ -212,7 +210,7 @@ fn tls_messages_name_the_cause_and_the_server_has_its_own_variables() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let own_addr = common::listening_addr(&mut own);
+    let own_addr = crate::common::listening_addr(&mut own);
     let out = run(&own_addr, &[&ours.ca], &["create", "/tls"]);
     assert!(
         out.status.success(),
