@@ -33,6 +33,16 @@ fn one_seed() {
     assert!(findings.is_empty(), "seed {seed} broke a promise");
 }
 
+/// Fails, naming the seed, its findings and its faults, unless the run
+/// broke no promise.
+fn keeps_every_promise(seed: u64, (world, findings): (super::World, Vec<baton_chaos::Finding>)) {
+    assert!(
+        findings.is_empty(),
+        "seed {seed}: {findings:?}\n{:?}",
+        world.journal.history.faults
+    );
+}
+
 /// The same seed makes the same run.
 #[test]
 fn a_seed_runs_the_same_every_time() {
@@ -104,12 +114,7 @@ fn a_leader_back_in_its_own_term_after_losing_its_commit_index_serves_nothing_st
     // 8 of seeds 1 to 300 found it before the fix (54, 78, 118, 144 and
     // 148 among the first 150).
     for seed in 1..=150 {
-        let (world, findings) = super::run_script(seed, own_term_crashes());
-        assert!(
-            findings.is_empty(),
-            "seed {seed}: {findings:?}\n{:?}",
-            world.journal.history.faults
-        );
+        keeps_every_promise(seed, super::run_script(seed, own_term_crashes()));
     }
 }
 
@@ -139,12 +144,7 @@ fn own_term_crashes() -> Vec<(u64, super::Event)> {
 #[test]
 fn a_leader_still_applying_its_log_confirms_no_followers_read() {
     for seed in [480, 1392, 1430, 1499, 1812, 2578, 2750, 2862] {
-        let (world, findings) = super::run_script(seed, own_term_crashes());
-        assert!(
-            findings.is_empty(),
-            "seed {seed}: {findings:?}\n{:?}",
-            world.journal.history.faults
-        );
+        keeps_every_promise(seed, super::run_script(seed, own_term_crashes()));
     }
 }
 
@@ -158,12 +158,7 @@ fn a_leader_still_applying_its_log_confirms_no_followers_read() {
 /// Fails before the fix.
 #[test]
 fn a_follower_answers_no_ping_of_a_session_the_leader_is_expiring() {
-    let (world, findings) = run_seed(13293, false);
-    assert!(
-        findings.is_empty(),
-        "{findings:?}\n{:?}",
-        world.journal.history.faults
-    );
+    keeps_every_promise(13293, run_seed(13293, false));
 }
 
 /// A follower that serves clients lets a read go once it has applied the
@@ -178,10 +173,5 @@ fn a_follower_answers_no_ping_of_a_session_the_leader_is_expiring() {
 /// acknowledgement with the counter before it. Fails before the fix.
 #[test]
 fn a_follower_reads_what_the_leaders_read_index_covers() {
-    let (world, findings) = run_seed(10372, false);
-    assert!(
-        findings.is_empty(),
-        "{findings:?}\n{:?}",
-        world.journal.history.faults
-    );
+    keeps_every_promise(10372, run_seed(10372, false));
 }
