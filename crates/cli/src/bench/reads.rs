@@ -30,8 +30,10 @@ use crate::CliError;
 ///   made --fanouts times, and the time from sending the change until the
 ///   last watcher is told of it is reported (the median over the changes).
 ///
-/// Client N is given the members' addresses starting from member N (mod
-/// the number of members), so clients are spread over every member that
+/// With --observers, each cluster also gets that many observers (members
+/// that serve clients but never vote) once a member leads. Client N is
+/// given the members' addresses, observers included, starting from member
+/// N (mod their number), so clients are spread over every member that
 /// serves them. A cluster is measured once for each of --read-modes (a
 /// single server answers reads the same way in both). Server CPU is the servers' user and system time from /proc
 /// over each timed run.
@@ -41,6 +43,11 @@ pub struct ReadsArgs {
     /// single server only).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
     members: u64,
+    /// Observers added to each cluster measured (not to the single
+    /// server): members that serve clients (with --followers-serve true)
+    /// but never vote. The table shows them as members+observers.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=9))]
+    observers: u64,
     /// Reading clients, each its own session.
     #[arg(long, default_value_t = 32)]
     clients: usize,
@@ -111,7 +118,10 @@ pub struct ReadsArgs {
 pub struct ReadRun {
     /// `baton` or `zookeeper`.
     pub server: &'static str,
+    /// Voting members (1: a single server).
     pub members: u64,
+    /// Non-voting members that serve clients (`--observers`).
+    pub observers: u64,
     /// Whether followers served clients (ZooKeeper's always do).
     pub followers_serve: bool,
     /// The clients' read mode: `linearizable` or `sequential` (ZooKeeper's
@@ -275,6 +285,7 @@ pub async fn run(args: ReadsArgs) -> Result<(), CliError> {
         if members > 1 {
             extra.extend(["--followers-serve".to_string(), followers_serve.to_string()]);
         }
+        let observers = if members > 1 { args.observers } else { 0 };
         let what = match (members, followers_serve) {
             (1, _) => "a single server".to_string(),
             (n, false) => {
@@ -284,12 +295,19 @@ pub async fn run(args: ReadsArgs) -> Result<(), CliError> {
         };
         progress(format!("starting {what}"));
         let dir = root.join(format!("members-{members}-{followers_serve}"));
-        let cluster = LocalCluster::launch(members, &dir, &extra, members == 1, None)?;
+        let mut cluster = LocalCluster::launch(members, &dir, &extra, members == 1, None)?;
         let result = async {
             cluster
                 .wait_leader(Duration::from_secs(30))
                 .await
                 .ok_or_else(|| CliError::msg(format!("no member of {what} leads after 30 s")))?;
+            for id in members + 1..=members + observers {
+                progress(format!("adding observer {id}"));
+                cluster
+                    .add_observer(id)
+                    .await
+                    .map_err(|e| CliError::msg(format!("adding observer {id} to {what}: {e}")))?;
+            }
             let addrs: Vec<String> = cluster.clients().split(',').map(str::to_owned).collect();
             let pids: Vec<u32> = cluster.members.values().map(|m| m.pid).collect();
             let modes = if members == 1 {
@@ -303,6 +321,7 @@ pub async fn run(args: ReadsArgs) -> Result<(), CliError> {
                 let target = Target::Baton(addrs.clone(), mode);
                 let mut run = measure(&target, &pids, &args).await;
                 run.followers_serve = followers_serve;
+                (run.members, run.observers) = (members, observers);
                 emit(&run, args.json);
                 measured.push(run);
             }
@@ -697,6 +716,14 @@ fn cpu(r: &ReadRun) -> String {
 
 /// Who serves a run's clients: `one` server, the `leader` alone, or
 /// `all` members.
+/// Voting members, and observers if any (`3+2`).
+fn members(r: &ReadRun) -> String {
+    match r.observers {
+        0 => r.members.to_string(),
+        n => format!("{}+{n}", r.members),
+    }
+}
+
 fn serving(r: &ReadRun) -> &'static str {
     match (r.members, r.followers_serve) {
         (1, _) => "one",
@@ -725,7 +752,7 @@ fn print_table(runs: &[ReadRun]) {
         println!(
             "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10.0} {:>7.0}µs {:>12} {:>12.0} {:>9} {:>10}ms {:>8}ms",
             r.server,
-            r.members,
+            members(r),
             serving(r),
             r.read_mode,
             r.clients,
@@ -754,7 +781,7 @@ fn print_markdown(runs: &[ReadRun]) {
         println!(
             "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {} | {} |",
             r.server,
-            r.members,
+            members(r),
             serving(r),
             r.read_mode,
             r.reads_per_s,

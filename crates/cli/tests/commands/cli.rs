@@ -204,9 +204,10 @@ fn bench_ops_reports_every_measurement_as_json() {
     assert_eq!(report["memory"]["sessions"].as_u64(), Some(200));
 }
 
-/// `bench reads` on one server and a 3-member cluster whose followers
-/// serve: one JSON object per run, the cluster once per read mode, each
-/// having read and told its watchers.
+/// `bench reads` on one server and a 3-member cluster (and an observer)
+/// whose followers serve: one JSON object per run, the cluster once per
+/// read mode, each having read and told its watchers, two of which are
+/// the observer's.
 #[test]
 fn bench_reads_reports_each_run_and_read_mode_as_json() {
     let out = baton()
@@ -215,6 +216,8 @@ fn bench_reads_reports_each_run_and_read_mode_as_json() {
             "reads",
             "--members",
             "3",
+            "--observers",
+            "1",
             "--followers-serve",
             "true",
             "--clients",
@@ -259,6 +262,8 @@ fn bench_reads_reports_each_run_and_read_mode_as_json() {
         assert!(run["failed"].is_null(), "{run}");
         assert!(run["reads_per_s"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["fanout"]["p50_us"].as_f64().is_some(), "{run}");
+        let observers = u64::from(run["members"] == 3);
+        assert_eq!(run["observers"].as_u64(), Some(observers), "{run}");
     }
 }
 
