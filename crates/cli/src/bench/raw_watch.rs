@@ -109,16 +109,7 @@ impl RawWatcher {
     /// A ZooKeeper session with `timeout` at `addr`.
     pub(super) async fn zookeeper(addr: &str, timeout: Duration) -> Result<RawWatcher, CliError> {
         let mut stream = dial(addr).await?;
-        let mut buf = BytesMut::new();
-        baton_zk::ConnectRequest {
-            protocol_version: 0,
-            last_zxid_seen: 0,
-            timeout_ms: timeout.as_millis() as i32,
-            session_id: 0,
-            passwd: Bytes::from_static(&[0; 16]),
-            read_only: Some(false),
-        }
-        .encode(&mut buf);
+        let buf = super::zk_client::new_session_request(timeout);
         stream
             .write_all(&buf)
             .await

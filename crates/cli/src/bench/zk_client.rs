@@ -63,6 +63,21 @@ async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Byte
     Ok(Bytes::from(body))
 }
 
+/// A ZooKeeper handshake asking for a new session with `timeout`, framed.
+pub(super) fn new_session_request(timeout: Duration) -> BytesMut {
+    let mut buf = BytesMut::new();
+    ConnectRequest {
+        protocol_version: 0,
+        last_zxid_seen: 0,
+        timeout_ms: timeout.as_millis() as i32,
+        session_id: 0,
+        passwd: Bytes::from_static(&[0; 16]),
+        read_only: Some(false),
+    }
+    .encode(&mut buf);
+    buf
+}
+
 impl ZkClient {
     /// Opens a session at `addr` with `timeout`.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Arc<ZkClient>, CliError> {
@@ -72,16 +87,7 @@ impl ZkClient {
         stream.set_nodelay(true).map_err(|e| io("nodelay", e))?;
         let (read, mut write) = stream.into_split();
         let mut read = BufReader::new(read);
-        let mut buf = BytesMut::new();
-        ConnectRequest {
-            protocol_version: 0,
-            last_zxid_seen: 0,
-            timeout_ms: timeout.as_millis() as i32,
-            session_id: 0,
-            passwd: Bytes::from_static(&[0; 16]),
-            read_only: Some(false),
-        }
-        .encode(&mut buf);
+        let buf = new_session_request(timeout);
         write.write_all(&buf).await.map_err(|e| io("connect", e))?;
         let answer = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut read))
             .await

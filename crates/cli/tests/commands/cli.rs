@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
-use crate::common::{baton, free_addr, Served};
+use crate::common::{baton, free_addr, scratch, stop, Served};
 
 #[test]
 fn client_commands_create_read_change_and_remove_nodes() {
@@ -314,6 +314,85 @@ fn bench_reads_raw_watchers_are_told_and_follow_the_leader() {
         assert_eq!(run["watcher_client"], "raw", "{run}");
         assert_eq!(run["fanout"]["count"].as_u64(), Some(2), "{run}");
     }
+}
+
+/// `bench reads --zookeeper`, with raw watchers and without, measures a
+/// ZooKeeper server as ZooKeeper's clients see it: here Baton's own
+/// ZooKeeper listener, so that the ZooKeeper side of the benchmark runs
+/// wherever the tests do.
+#[test]
+fn bench_reads_measures_a_zookeeper_server_with_either_kind_of_watcher() {
+    let dir = scratch("bench-reads-zk");
+    let zk = free_addr();
+    let mut server = baton()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--zk-listen",
+            &zk,
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _addr = crate::common::listening_addr(&mut server);
+    for raw in [false, true] {
+        let mut args = vec![
+            "bench",
+            "reads",
+            "--members",
+            "1",
+            "--zookeeper",
+            &zk,
+            "--clients",
+            "2",
+            "--nodes",
+            "2",
+            "--duration-ms",
+            "100",
+            "--watchers",
+            "6",
+            "--fanouts",
+            "2",
+            "--json",
+        ];
+        if raw {
+            args.push("--raw-watchers");
+        }
+        let out = baton()
+            .args(&args)
+            .env_remove("BATON_SERVER")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let runs: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let zookeeper = runs.iter().find(|r| r["server"] == "zookeeper");
+        let zookeeper = zookeeper.unwrap_or_else(|| panic!("no ZooKeeper run: {runs:?}"));
+        assert!(zookeeper["failed"].is_null(), "{zookeeper}");
+        assert!(
+            zookeeper["reads_per_s"].as_f64().unwrap() > 0.0,
+            "{zookeeper}"
+        );
+        assert_eq!(
+            zookeeper["fanout"]["count"].as_u64(),
+            Some(2),
+            "{zookeeper}"
+        );
+        let how = if raw { "raw" } else { "library" };
+        assert_eq!(zookeeper["watcher_client"], how, "{zookeeper}");
+    }
+    stop(server, 10);
 }
 
 #[test]
