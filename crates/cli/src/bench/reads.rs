@@ -714,8 +714,6 @@ fn cpu(r: &ReadRun) -> String {
         .map_or("-".into(), |c| format!("{c:.1}"))
 }
 
-/// Who serves a run's clients: `one` server, the `leader` alone, or
-/// `all` members.
 /// Voting members, and observers if any (`3+2`).
 fn members(r: &ReadRun) -> String {
     match r.observers {
@@ -724,6 +722,8 @@ fn members(r: &ReadRun) -> String {
     }
 }
 
+/// Who serves a run's clients: `one` server, the `leader` alone, or
+/// `all` members.
 fn serving(r: &ReadRun) -> &'static str {
     match (r.members, r.followers_serve) {
         (1, _) => "one",
