@@ -12,7 +12,7 @@ use baton_proto::{
     ConnectRequest, ErrorCode, ReadMode, Reply, Request, RequestFrame, ServerMessage,
 };
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::CliError;
@@ -44,13 +44,9 @@ async fn dial(addr: &str) -> Result<BufReader<TcpStream>, CliError> {
 }
 
 async fn frame(stream: &mut BufReader<TcpStream>) -> Result<Bytes, CliError> {
-    let read = async {
-        let len = stream.read_u32().await? as usize;
-        let mut body = vec![0u8; len];
-        stream.read_exact(&mut body).await?;
-        Ok::<_, std::io::Error>(Bytes::from(body))
-    };
-    read.await.map_err(|e| failed("read", e))
+    super::zk_client::read_frame(stream)
+        .await
+        .map_err(|e| failed("read", e))
 }
 
 async fn answer(stream: &mut BufReader<TcpStream>) -> Result<Bytes, CliError> {

@@ -56,8 +56,21 @@ fn io(what: &str, e: impl std::fmt::Display) -> CliError {
     CliError::msg(format!("ZooKeeper client: {what}: {e}"))
 }
 
-async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Bytes> {
+/// Largest frame the benchmarks' clients take from a server: a node's data
+/// is at most 64 MiB, with room for what frames it.
+const MAX_FRAME: usize = 65 << 20;
+
+/// One length-prefixed frame (ZooKeeper's framing, and Baton's): its
+/// body. A length past [`MAX_FRAME`] is refused before anything is
+/// allocated for it.
+pub(super) async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Bytes> {
     let len = r.read_u32().await? as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the server sent a frame of {len} bytes, over the {MAX_FRAME} a benchmark client takes"),
+        ));
+    }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
     Ok(Bytes::from(body))
@@ -329,5 +342,25 @@ async fn answer_all(
             }
             _ => return, // out of order: the connection is not usable
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame is read whole; a length past the bound is refused before
+    /// anything is allocated for it, naming what came.
+    #[tokio::test]
+    async fn a_frame_is_read_whole_and_an_oversized_one_refused() {
+        let mut ok: &[u8] = &[0, 0, 0, 3, b'a', b'b', b'c'];
+        assert_eq!(
+            read_frame(&mut ok).await.unwrap(),
+            Bytes::from_static(b"abc")
+        );
+        let mut huge: &[u8] = &[0xff, 0xff, 0xff, 0xff];
+        let e = read_frame(&mut huge).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("4294967295 bytes"), "{e}");
     }
 }
