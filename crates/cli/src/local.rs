@@ -336,17 +336,61 @@ impl LocalCluster {
 
     /// Starts member `id` on new loopback ports, waiting to be added
     /// (`--join`), and asks the leader to add it as an observer; what the
-    /// leader says of it.
+    /// leader says of it. Fails as soon as the new member's process ends
+    /// (a port it cannot listen on, say), naming its log and its last line.
     pub async fn add_observer(&mut self, id: u64) -> Result<String, CliError> {
         let (client, peer) = (bind("127.0.0.1:0")?, bind("127.0.0.1:0")?);
         self.spawn(id, client, peer, true)?;
+        let mut child = self
+            .members
+            .get_mut(&id)
+            .and_then(|m| m.child.take())
+            .expect("the member just started");
+        let outcome = tokio::select! {
+            said = self.ask_to_add_observer(id) => Ok(said),
+            status = child.wait() => Err(status),
+        };
+        // Back where supervision and `stop` look for it, ended or not.
+        if let Some(m) = self.members.get_mut(&id) {
+            m.child = Some(child);
+        }
+        match outcome {
+            Ok(said) => said,
+            Err(status) => {
+                let how = match status {
+                    Ok(s) => match (s.code(), s.signal()) {
+                        (Some(code), _) => format!("exited with status {code}"),
+                        (None, Some(signal)) => format!("was killed by signal {signal}"),
+                        (None, None) => "ended".to_string(),
+                    },
+                    Err(e) => format!("could not be waited for ({e})"),
+                };
+                let log = self.dir.join(format!("member-{id}.log"));
+                let last = std::fs::read_to_string(&log)
+                    .ok()
+                    .and_then(|text| {
+                        text.lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .map(str::to_owned)
+                    })
+                    .unwrap_or_default();
+                Err(CliError::msg(format!(
+                    "member {id} {how} before it was added; its log {} ends: {last}",
+                    log.display()
+                )))
+            }
+        }
+    }
+
+    /// Asks the member that leads to add member `id` as an observer; again
+    /// of the next one if the lead moves meanwhile.
+    async fn ask_to_add_observer(&self, id: u64) -> Result<String, CliError> {
         let change = baton_cluster::admin::Change::Add {
             id,
             member: self.member(id),
             observer: true,
         };
-        // Asked of the member that leads; again of the next one if the
-        // lead moves meanwhile.
         let tls = crate::peer_tls()?;
         let mut last = String::from("no member leads");
         for _ in 0..3 {

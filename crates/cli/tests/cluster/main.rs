@@ -1002,17 +1002,25 @@ fn members_of_a_local_cluster_die_with_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The first of `n` consecutive loopback ports that are free now.
+/// The first of `n` consecutive loopback ports that are free now, below
+/// the kernel's range of ephemeral ports, so that no connection another
+/// test opens meanwhile is given one of them before the process they are
+/// meant for listens on it.
 fn free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if first > u16::MAX - n {
-            continue;
-        }
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral.saturating_sub(n).max(10_001));
+    // Where to start looking: a different place for each process and call.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        ^ std::process::id();
+    for i in 0..200u32 {
+        let first =
+            low + ((seed.wrapping_add(i.wrapping_mul(7919)) % u32::from(high - low)) as u16);
         let held: Vec<_> = (first..first + n)
             .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
             .collect();
@@ -1020,7 +1028,51 @@ fn free_ports(n: u16) -> u16 {
             return first;
         }
     }
-    panic!("no {n} consecutive free ports");
+    panic!("no {n} consecutive free ports between {low} and {high}");
+}
+
+/// Pins: an observer that cannot start (here its ZooKeeper port is taken)
+/// makes `baton cluster local` fail at once, naming the member, its log
+/// and why it stopped, rather than wait on a membership change nobody is
+/// left to complete.
+#[test]
+fn cluster_local_fails_fast_when_an_observer_cannot_start() {
+    let zk = free_ports(4);
+    // Member 4, the observer, listens for ZooKeeper clients on zk + 3.
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", zk + 3)).unwrap();
+    let dir = std::env::temp_dir().join(format!("baton-observer-fails-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = common::baton()
+        .args(["cluster", "local", "--members", "3", "--observers", "1"])
+        .args(["--zk", &zk.to_string(), "--data-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut local = Local(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = local.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "baton cluster local still running 60 s after its observer could not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(local.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("adding observer 4: member 4 exited with status")
+            && stderr.contains("member-4.log")
+            && stderr.contains("--zk-listen")
+            && stderr.contains(&format!("127.0.0.1:{}", zk + 3)),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `baton --server SERVERS cluster add` of member `id` at `peer` and
