@@ -339,7 +339,24 @@ impl LocalCluster {
     /// leader says of it. Fails as soon as the new member's process ends
     /// (a port it cannot listen on, say), naming its log and its last line.
     pub async fn add_observer(&mut self, id: u64) -> Result<String, CliError> {
+        self.add_observer_behind(id, |_, client, peer| {
+            Ok((client.to_owned(), peer.to_owned()))
+        })
+        .await
+    }
+
+    /// [`LocalCluster::add_observer`], with what stands in front of its
+    /// ports (as [`LocalCluster::launch_behind`] is given): the addresses
+    /// the cluster and its clients are told.
+    pub async fn add_observer_behind(
+        &mut self,
+        id: u64,
+        front: impl FnOnce(u64, &str, &str) -> Result<(String, String), CliError>,
+    ) -> Result<String, CliError> {
         let (client, peer) = (bind("127.0.0.1:0")?, bind("127.0.0.1:0")?);
+        let (client_front, peer_front) = front(id, &local_addr(&client)?, &local_addr(&peer)?)?;
+        self.fronts.insert(id, client_front);
+        self.peer_fronts.insert(id, peer_front);
         self.spawn(id, client, peer, true)?;
         let mut child = self
             .members

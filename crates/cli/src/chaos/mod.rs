@@ -80,6 +80,15 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     followers_serve: bool,
 
+    /// Observers to add to the cluster once a member leads: members that
+    /// serve clients (the workloads' clients spread over them too) but
+    /// never vote. The faults act on them as on any member, but those that
+    /// are about the majority (two at once, lag or slow then crash, a
+    /// stale copy) pick voters only; one removed is added back as an
+    /// observer (a cluster only).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    observers: u64,
+
     /// The members' election timeout (a cluster only).
     #[arg(long, value_name = "DURATION", default_value = "150ms", value_parser = crate::duration::millis)]
     election_timeout: u64,
@@ -93,7 +102,7 @@ pub struct ChaosArgs {
     /// Check the history an earlier run wrote (its history.jsonl) instead
     /// of running: the same checkers, summary and exit status; the
     /// timeline is written again beside the history.
-    #[arg(long, value_name = "HISTORY", conflicts_with_all = ["members", "seconds", "workloads", "nemesis", "no_faults", "seed", "dir", "election_timeout", "server_binary", "followers_serve"])]
+    #[arg(long, value_name = "HISTORY", conflicts_with_all = ["members", "observers", "seconds", "workloads", "nemesis", "no_faults", "seed", "dir", "election_timeout", "server_binary", "followers_serve"])]
     check: Option<PathBuf>,
 }
 
@@ -101,6 +110,8 @@ pub struct ChaosArgs {
 struct RunInfo {
     seed: u64,
     members: u64,
+    /// Of them, the observers.
+    observers: u64,
     seconds: u64,
     json: bool,
 }
@@ -109,9 +120,20 @@ impl RunInfo {
     /// The line a run's history begins with.
     fn begins(&self) -> String {
         format!(
-            "run begins: seed {}, {} member(s), {} s",
-            self.seed, self.members, self.seconds
+            "run begins: seed {}, {}, {} s",
+            self.seed,
+            self.members_said(),
+            self.seconds
         )
+    }
+
+    /// `3 member(s)`, or `5 member(s) (2 observers)` (of the five).
+    fn members_said(&self) -> String {
+        match self.observers {
+            0 => format!("{} member(s)", self.members),
+            1 => format!("{} member(s) (1 observer)", self.members),
+            n => format!("{} member(s) ({n} observers)", self.members),
+        }
     }
 
     /// Read back from a history's first line ([`RunInfo::begins`]).
@@ -123,10 +145,19 @@ impl RunInfo {
         let mut words = line.split([',', ' ']).filter(|w| !w.is_empty());
         let seed = words.next()?.parse().ok()?;
         let members = words.next()?.parse().ok()?;
-        let seconds = words.nth(1)?.parse().ok()?;
+        let _ = words.next()?; // member(s)
+        let mut observers = 0;
+        let mut next = words.next()?;
+        if let Some(n) = next.strip_prefix('(') {
+            observers = n.parse().ok()?;
+            let _ = words.next()?; // observer(s))
+            next = words.next()?;
+        }
+        let seconds = next.parse().ok()?;
         Some(RunInfo {
             seed,
             members,
+            observers,
             seconds,
             json,
         })
@@ -148,8 +179,10 @@ fn check_again(path: &std::path::Path, json: bool) -> CliResult {
     let findings = baton_chaos::check(&history);
     let timeline_path = path.with_file_name("timeline.html");
     let title = format!(
-        "baton chaos, seed {}, {} member(s), {} s",
-        info.seed, info.members, info.seconds
+        "baton chaos, seed {}, {}, {} s",
+        info.seed,
+        info.members_said(),
+        info.seconds
     );
     std::fs::write(&timeline_path, timeline::html(&history, &findings, &title))
         .map_err(|e| CliError::msg(format!("cannot write {}: {e}", timeline_path.display())))?;
@@ -205,9 +238,9 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
         return check_again(path, args.json);
     }
     if let Some(servers) = &server {
-        if args.members != 1 || args.server_binary.is_some() {
+        if args.members != 1 || args.observers > 0 || args.server_binary.is_some() {
             return Err(CliError::msg(
-                "--members and --server-binary are for the servers baton chaos starts; with --server (or BATON_SERVER) it uses those named",
+                "--members, --observers and --server-binary are for the servers baton chaos starts; with --server (or BATON_SERVER) it uses those named",
             ));
         }
         let theirs: Vec<String> = args
@@ -225,6 +258,11 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
                 theirs.join(", ")
             )));
         }
+    }
+    if args.observers > 0 && args.members == 1 {
+        return Err(CliError::msg(
+            "--observers needs a cluster to add them to: give --members 3 or 5 too",
+        ));
     }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -310,7 +348,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
         return run_on(
             &args,
             seed,
-            members,
+            (members, 0),
             &dir,
             &servers,
             None,
@@ -353,10 +391,10 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
     };
     eprintln!(
         "baton chaos: seed {seed}; {} for {} s; workloads {:?}; faults {:?}; files in {}",
-        if args.members == 1 {
-            "a single server".to_string()
-        } else {
-            format!("{} members", args.members)
+        match (args.members, args.observers) {
+            (1, _) => "a single server".to_string(),
+            (n, 0) => format!("{n} members"),
+            (n, o) => format!("{n} members and {o} observers"),
         },
         args.seconds,
         workloads,
@@ -366,20 +404,21 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
     // Proxies in front of every port, when links are to be cut.
     let net = net::Net::new();
     let behind = kinds.iter().any(|k| k.needs_network());
-    let cluster = LocalCluster::launch_behind(
+    let front = |id: u64, client: &str, peer: &str| -> Result<(String, String), CliError> {
+        if behind {
+            Ok((net.front_client(id, client)?, net.front_peer(id, peer)?))
+        } else {
+            Ok((client.to_owned(), peer.to_owned()))
+        }
+    };
+    let mut cluster = LocalCluster::launch_behind(
         args.members,
         &dir,
         &extra,
         args.members == 1,
         args.server_binary.clone(),
         kinds.iter().any(|k| k.needs_disk_faults()),
-        |id, client, peer| {
-            if behind {
-                Ok((net.front_client(id, client)?, net.front_peer(id, peer)?))
-            } else {
-                Ok((client.to_owned(), peer.to_owned()))
-            }
-        },
+        &front,
     )?;
     if cluster.wait_leader(Duration::from_secs(20)).await.is_none() {
         cluster.stop().await;
@@ -387,17 +426,27 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
             "no member of the cluster led within 20 s; see the member logs",
         ));
     }
+    let observers: std::collections::BTreeSet<u64> =
+        (args.members + 1..=args.members + args.observers).collect();
+    for &id in &observers {
+        if let Err(e) = cluster.add_observer_behind(id, &front).await {
+            cluster.stop().await;
+            return Err(CliError::msg(format!("adding observer {id}: {e}")));
+        }
+        eprintln!("baton chaos: member {id} added as an observer");
+    }
     let servers = cluster.clients();
     let target = Arc::new(tokio::sync::Mutex::new(Target::new(
         cluster,
         net,
         // As `baton serve` sets it: a third of the election timeout.
         Duration::from_millis((args.election_timeout / 3).max(10)),
+        observers,
     )));
     let result = run_on(
         &args,
         seed,
-        args.members,
+        (args.members + args.observers, args.observers),
         &dir,
         &servers,
         Some(&target),
@@ -417,7 +466,7 @@ async fn run_all(server: Option<String>, args: ChaosArgs) -> CliResult {
 async fn run_on(
     args: &ChaosArgs,
     seed: u64,
-    members: u64,
+    (members, observers): (u64, u64),
     dir: &std::path::Path,
     servers: &str,
     target: Option<&Arc<tokio::sync::Mutex<Target>>>,
@@ -450,6 +499,7 @@ async fn run_on(
     let info = RunInfo {
         seed,
         members,
+        observers,
         seconds: args.seconds,
         json: args.json,
     };
@@ -547,8 +597,9 @@ async fn run_on(
     let findings = baton_chaos::check(&history);
     let timeline_path = dir.join("timeline.html");
     let title = format!(
-        "baton chaos, seed {seed}, {} member(s), {} s",
-        args.members, args.seconds
+        "baton chaos, seed {seed}, {}, {} s",
+        info.members_said(),
+        args.seconds
     );
     let _ = std::fs::write(&timeline_path, timeline::html(&history, &findings, &title));
     report(&info, &history, &findings, &history_path, &timeline_path);
@@ -709,6 +760,7 @@ fn report(
     let RunInfo {
         seed,
         members,
+        observers,
         seconds,
         json,
     } = *info;
@@ -716,6 +768,7 @@ fn report(
         let out = serde_json::json!({
             "seed": seed,
             "members": members,
+            "observers": observers,
             "seconds": seconds,
             "operations": by_kind.iter().map(|(k, (ok, fail, unknown))| (k.clone(), serde_json::json!({"ok": ok, "fail": fail, "unknown": unknown}))).collect::<serde_json::Map<_, _>>(),
             "faults": faults,
@@ -733,7 +786,10 @@ fn report(
         println!("{out}");
         return;
     }
-    println!("baton chaos: seed {seed}, {members} member(s), {seconds} s");
+    println!(
+        "baton chaos: seed {seed}, {}, {seconds} s",
+        info.members_said()
+    );
     println!(
         "{:<16} {:>9} {:>9} {:>9}",
         "operation", "ok", "failed", "unknown"

@@ -232,6 +232,10 @@ pub struct Target {
     /// Members counted as running that the leader's membership left out,
     /// since when (see [`Unlisted`]).
     unlisted: Unlisted,
+    /// The members added as observers (they never vote): one removed is
+    /// added back as an observer, and the faults that are about the
+    /// majority leave them out.
+    observers: BTreeSet<u64>,
 }
 
 /// How long a member counted as running may be missing from the leader's
@@ -335,7 +339,12 @@ impl Drop for Claim {
 }
 
 impl Target {
-    pub fn new(cluster: LocalCluster, net: Arc<Net>, heartbeat: Duration) -> Target {
+    pub fn new(
+        cluster: LocalCluster,
+        net: Arc<Net>,
+        heartbeat: Duration,
+        observers: BTreeSet<u64>,
+    ) -> Target {
         let state = cluster
             .members
             .keys()
@@ -350,7 +359,13 @@ impl Target {
             copying: None,
             claims: Claims::default(),
             unlisted: Unlisted::default(),
+            observers,
         }
+    }
+
+    /// Whether member `id` was added as an observer.
+    fn observes(&self, id: u64) -> bool {
+        self.observers.contains(&id)
     }
 
     /// Sets the disk fault member `id` plays (`None`: none).
@@ -459,15 +474,13 @@ impl Target {
                     continue;
                 }
                 State::Removed => {
-                    let servers = self.real_clients();
                     if rejoin(self, id, recorder, "heal").await {
-                        add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                        self.add_back(id, recorder).await;
                     }
                 }
                 State::Unadded => {
                     if self.started_to_join(id, recorder).await {
-                        let servers = self.real_clients();
-                        add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                        self.add_back(id, recorder).await;
                     }
                 }
                 State::Running => {}
@@ -510,10 +523,17 @@ impl Target {
                 "heal: member {id} is not in the cluster's membership; it is wiped and added again"
             ));
             if rejoin(self, id, recorder, "heal").await {
-                let servers = self.real_clients();
-                add_again(&servers, self.cluster.member(id), id, recorder, "heal").await;
+                self.add_back(id, recorder).await;
             }
         }
+    }
+
+    /// At the heal: adds member `id`, started empty, to the cluster again,
+    /// as what it was (a voter or an observer).
+    async fn add_back(&mut self, id: u64, recorder: &Recorder) {
+        let servers = self.real_clients();
+        let (member, observer) = (self.cluster.member(id), self.observes(id));
+        add_again(&servers, member, id, observer, recorder, "heal").await;
     }
 }
 
@@ -522,7 +542,7 @@ impl Target {
 /// since a membership change may take long).
 async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
     left_out(target, recorder).await;
-    let unadded: Vec<(u64, String, baton_cluster::Member, Claim)> = {
+    let unadded: Vec<(u64, String, baton_cluster::Member, bool, Claim)> = {
         let mut t = target.lock().await;
         t.ended_on_their_own(recorder);
         let stranded: Vec<u64> = t
@@ -550,12 +570,18 @@ async fn retry_failed(target: &Arc<Mutex<Target>>, recorder: &Recorder) {
             if !t.started_to_join(id, recorder).await {
                 continue;
             }
-            unadded.push((id, t.real_clients(), t.cluster.member(id), claim));
+            unadded.push((
+                id,
+                t.real_clients(),
+                t.cluster.member(id),
+                t.observes(id),
+                claim,
+            ));
         }
         unadded
     };
-    for (id, servers, member, _claim) in unadded {
-        if add_again_tries(&servers, member, id, recorder, "again", 1).await {
+    for (id, servers, member, observer, _claim) in unadded {
+        if add_again_tries(&servers, member, id, observer, recorder, "again", 1).await {
             let mut t = target.lock().await;
             if t.state.get(&id) == Some(&State::Unadded) {
                 t.state.insert(id, State::Running);
@@ -1347,14 +1373,14 @@ async fn out_and_in(
     }
     recorder.fault(format!("{fault}: member {id} removed"));
     tokio::time::sleep(out).await;
-    let member = {
+    let (member, observer) = {
         let mut t = target.lock().await;
         if t.state.get(&id) != Some(&State::Removed) || !rejoin(&mut t, id, recorder, fault).await {
             return;
         }
-        t.cluster.member(id)
+        (t.cluster.member(id), t.observes(id))
     };
-    let added = add_again(&servers, member, id, recorder, fault).await;
+    let added = add_again(&servers, member, id, observer, recorder, fault).await;
     let mut t = target.lock().await;
     if t.state.get(&id) == Some(&State::Removed) {
         t.state.insert(
@@ -1513,15 +1539,17 @@ async fn rejoin(t: &mut Target, id: u64, recorder: &Recorder, fault: &str) -> bo
     }
 }
 
-/// Adds member `id` to the cluster again (a few tries); whether it was.
+/// Adds member `id` to the cluster again (a few tries), as a voter or as
+/// an `observer`; whether it was.
 async fn add_again(
     servers: &str,
     member: baton_cluster::Member,
     id: u64,
+    observer: bool,
     recorder: &Recorder,
     fault: &str,
 ) -> bool {
-    add_again_tries(servers, member, id, recorder, fault, 5).await
+    add_again_tries(servers, member, id, observer, recorder, fault, 5).await
 }
 
 /// [`add_again`], with at most `tries` tries.
@@ -1529,6 +1557,7 @@ async fn add_again_tries(
     servers: &str,
     member: baton_cluster::Member,
     id: u64,
+    observer: bool,
     recorder: &Recorder,
     fault: &str,
     tries: usize,
@@ -1538,7 +1567,7 @@ async fn add_again_tries(
         let change = baton_cluster::admin::Change::Add {
             id,
             member: member.clone(),
-            observer: false,
+            observer,
         };
         match crate::cluster::change_membership(servers, change).await {
             Ok(_) => {
@@ -1584,7 +1613,8 @@ async fn restart(t: &mut Target, id: u64, recorder: &Recorder, fault: &str) -> b
 }
 
 /// `count` running members, the leader first half the time; each with a
-/// note of whether it leads, for the history.
+/// note of whether it leads, for the history. Two or more are faults
+/// about the majority: voters only.
 async fn choose(
     target: &Arc<Mutex<Target>>,
     count: usize,
@@ -1602,6 +1632,7 @@ async fn choose(
         .iter()
         .filter(|(id, s)| **s == State::Running && !t.claims.contains(**id))
         .map(|(id, _)| *id)
+        .filter(|id| count < 2 || !t.observes(*id))
         .collect();
     let mut chosen = Vec::new();
     if let Some(l) = leader.filter(|l| running.contains(l)) {
@@ -1615,9 +1646,10 @@ async fn choose(
     chosen
 }
 
-/// The member that says it leads and the running members that follow it,
+/// The member that says it leads and the running voters that follow it,
 /// held (see [`Claims`]) until the claim is dropped; `None` if no member
-/// says it leads, or the leader is under a fault.
+/// says it leads, or the leader is under a fault. Observers are left out:
+/// the faults that ask for these are about the majority.
 async fn leader_and_followers(target: &Arc<Mutex<Target>>) -> Option<(u64, Vec<u64>, Claim)> {
     let addrs = target.lock().await.addrs();
     let leader = leader_among(&addrs).await?;
@@ -1629,7 +1661,7 @@ async fn leader_and_followers(target: &Arc<Mutex<Target>>) -> Option<(u64, Vec<u
     let followers: Vec<u64> = t
         .state
         .iter()
-        .filter(|(id, s)| **id != leader && free(id, s))
+        .filter(|(id, s)| **id != leader && free(id, s) && !t.observes(**id))
         .map(|(id, _)| *id)
         .collect();
     let mut all = followers.clone();

@@ -154,6 +154,45 @@ fn a_short_run_with_followers_serving_keeps_every_promise() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Observers (members that serve clients but never vote) under the faults
+/// that act on any member, their clients reading sequentially and
+/// linearizably: every promise kept; one removed is added back as an
+/// observer, and the summary and the history say how many there were.
+#[test]
+fn a_short_run_with_observers_keeps_every_promise() {
+    let dir_kept = scratch("chaos-observers");
+    let dir = dir_kept.path().to_path_buf();
+    let summary = chaos(
+        &dir,
+        &[
+            "--members",
+            "3",
+            "--observers",
+            "1",
+            "--seconds",
+            "10",
+            "--seed",
+            "11",
+            "--workloads",
+            "register,sequential,ephemeral,queue",
+            "--nemesis",
+            "pause,kill,partition,cut-clients,membership",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert_eq!(summary["members"], 4, "{summary}");
+    assert_eq!(summary["observers"], 1, "{summary}");
+    assert!(ops(&summary, "read") > 0, "{summary}");
+    assert!(ops(&summary, "sequential-read") > 0, "{summary}");
+    let history = dir.join("history.jsonl");
+    let text = std::fs::read_to_string(&history).unwrap();
+    assert!(text.contains("4 member(s) (1 observer)"), "{summary}");
+    // Read back, the history is still taken for one of 4 members.
+    let again = check_again(&history);
+    assert!(again.status.success(), "{again:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Links cut between members (a deposed leader still reached by its
 /// clients) and between the clients and a member: every promise kept.
 #[test]
