@@ -6,7 +6,7 @@
 //! per path; setting one twice is the same as once. A watch is removed when it
 //! fires or when its session ends.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use baton_proto::{EventKind, SessionId};
@@ -55,17 +55,22 @@ pub(crate) fn watch_cost(path: &str) -> usize {
     path.len() + WATCH_OVERHEAD
 }
 
+/// The sessions that watch each path, in the order they set their watch
+/// there, and for each session the kinds it holds on each of its paths: a
+/// watch is set or looked up at the same cost however many other sessions
+/// watch the same path (10,000 sessions watching one node, say).
 #[derive(Debug, Default)]
 pub(crate) struct Watches {
-    by_path: HashMap<Arc<str>, Vec<(SessionId, Kinds)>>,
+    by_path: HashMap<Arc<str>, Vec<SessionId>>,
     by_session: HashMap<SessionId, SessionWatches>,
     count: usize,
 }
 
-/// The paths one session watches, and what they count for.
+/// The paths one session watches, the kinds on each, and what they count
+/// for.
 #[derive(Debug, Default)]
 struct SessionWatches {
-    paths: HashSet<Arc<str>>,
+    paths: HashMap<Arc<str>, Kinds>,
     bytes: usize,
 }
 
@@ -89,11 +94,13 @@ impl Watches {
         kind: Kinds,
         budget: usize,
     ) -> Result<(), OverBudget> {
-        if let Some(entries) = self.by_path.get_mut(path) {
-            if let Some((_, kinds)) = entries.iter_mut().find(|(s, _)| *s == session) {
-                kinds.0 |= kind.0;
-                return Ok(());
-            }
+        if let Some(kinds) = self
+            .by_session
+            .get_mut(&session)
+            .and_then(|mine| mine.paths.get_mut(path))
+        {
+            *kinds = kinds.union(kind);
+            return Ok(());
         }
         let cost = watch_cost(path);
         let held = self.bytes(session);
@@ -104,13 +111,10 @@ impl Watches {
             Some((k, _)) => k.clone(),
             None => Arc::from(path),
         };
-        self.by_path
-            .entry(key.clone())
-            .or_default()
-            .push((session, kind));
+        self.by_path.entry(key.clone()).or_default().push(session);
         self.count += 1;
         let mine = self.by_session.entry(session).or_default();
-        mine.paths.insert(key);
+        mine.paths.insert(key, kind);
         mine.bytes += cost;
         Ok(())
     }
@@ -119,15 +123,16 @@ impl Watches {
     pub(crate) fn watches(&self, session: SessionId, path: &str) -> bool {
         self.by_session
             .get(&session)
-            .is_some_and(|w| w.paths.contains(path))
+            .is_some_and(|w| w.paths.contains_key(path))
     }
 
     /// The kinds of watch `session` holds on `path`.
     pub(crate) fn kinds(&self, session: SessionId, path: &str) -> Kinds {
-        self.by_path
-            .get(path)
-            .and_then(|entries| entries.iter().find(|(s, _)| *s == session))
-            .map_or(Kinds::default(), |&(_, kinds)| kinds)
+        self.by_session
+            .get(&session)
+            .and_then(|w| w.paths.get(path))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Bytes `session`'s watches count for against its budget.
@@ -135,64 +140,48 @@ impl Watches {
         self.by_session.get(&session).map_or(0, |w| w.bytes)
     }
 
-    /// Forgets that `session` watches `path`.
-    fn forget(&mut self, session: SessionId, path: &str) {
-        if let Some(mine) = self.by_session.get_mut(&session) {
-            if mine.paths.remove(path) {
-                mine.bytes -= watch_cost(path);
-            }
-            if mine.paths.is_empty() {
-                self.by_session.remove(&session);
-            }
-        }
-    }
-
     /// Removes and returns the sessions whose watches on `path` the event
-    /// fires, each once.
+    /// fires, each once, in the order they set them.
     pub(crate) fn fire(&mut self, path: &str, kind: EventKind, out: &mut Vec<SessionId>) {
         let fired = Kinds::fired_by(kind);
-        let Some(entries) = self.by_path.get_mut(path) else {
+        let Some(sessions) = self.by_path.get_mut(path) else {
             return;
         };
-        let mut emptied = Vec::new();
-        entries.retain_mut(|(session, kinds)| {
-            if kinds.0 & fired.0 == 0 {
+        let by_session = &mut self.by_session;
+        let before = sessions.len();
+        sessions.retain(|&session| {
+            let Some(held) = by_session
+                .get(&session)
+                .and_then(|mine| mine.paths.get(path))
+            else {
+                return false;
+            };
+            if held.0 & fired.0 == 0 {
                 return true;
             }
-            out.push(*session);
-            kinds.0 &= !fired.0;
-            if kinds.is_empty() {
-                emptied.push(*session);
-                false
-            } else {
-                true
-            }
+            out.push(session);
+            !take_off(by_session, session, path, fired)
         });
-        if entries.is_empty() {
+        self.count -= before - sessions.len();
+        if sessions.is_empty() {
             self.by_path.remove(path);
-        }
-        self.count -= emptied.len();
-        for session in emptied {
-            self.forget(session, path);
         }
     }
 
     /// Removes `session`'s watches of `kind` on `path`.
     pub(crate) fn remove(&mut self, session: SessionId, path: &str, kind: Kinds) {
-        let Some(entries) = self.by_path.get_mut(path) else {
+        if !self.watches(session, path) || !take_off(&mut self.by_session, session, path, kind) {
+            return;
+        }
+        let Some(sessions) = self.by_path.get_mut(path) else {
             return;
         };
-        let Some(i) = entries.iter().position(|(s, _)| *s == session) else {
-            return;
-        };
-        entries[i].1 .0 &= !kind.0;
-        if entries[i].1.is_empty() {
-            entries.swap_remove(i);
+        if let Some(i) = sessions.iter().position(|s| *s == session) {
+            sessions.remove(i);
             self.count -= 1;
-            if entries.is_empty() {
-                self.by_path.remove(path);
-            }
-            self.forget(session, path);
+        }
+        if sessions.is_empty() {
+            self.by_path.remove(path);
         }
     }
 
@@ -201,12 +190,12 @@ impl Watches {
         let Some(mine) = self.by_session.remove(&session) else {
             return;
         };
-        for path in mine.paths {
-            if let Some(entries) = self.by_path.get_mut(&path) {
-                let before = entries.len();
-                entries.retain(|(s, _)| *s != session);
-                self.count -= before - entries.len();
-                if entries.is_empty() {
+        for path in mine.paths.into_keys() {
+            if let Some(sessions) = self.by_path.get_mut(&path) {
+                let before = sessions.len();
+                sessions.retain(|s| *s != session);
+                self.count -= before - sessions.len();
+                if sessions.is_empty() {
                     self.by_path.remove(&path);
                 }
             }
@@ -217,6 +206,34 @@ impl Watches {
     pub(crate) fn len(&self) -> usize {
         self.count
     }
+}
+
+/// Takes `kinds` off `session`'s watch on `path`; whether none is left
+/// (the session then no longer watches the path, and its budget has the
+/// path's cost back).
+fn take_off(
+    by_session: &mut HashMap<SessionId, SessionWatches>,
+    session: SessionId,
+    path: &str,
+    kinds: Kinds,
+) -> bool {
+    let Some(mine) = by_session.get_mut(&session) else {
+        return true;
+    };
+    let emptied = match mine.paths.get_mut(path) {
+        Some(held) => {
+            held.0 &= !kinds.0;
+            held.is_empty()
+        }
+        None => true,
+    };
+    if emptied && mine.paths.remove(path).is_some() {
+        mine.bytes -= watch_cost(path);
+    }
+    if mine.paths.is_empty() {
+        by_session.remove(&session);
+    }
+    emptied
 }
 
 #[cfg(test)]
@@ -318,5 +335,96 @@ mod tests {
         w.fire("/x", EventKind::Created, &mut out);
         w.fire("/y", EventKind::ChildrenChanged, &mut out);
         assert_eq!(out, [b]);
+    }
+
+    /// Against a plain map of (session, path) to kinds, over a long run of
+    /// random adds, removals, fires and ended sessions: the same sessions
+    /// fire, in the order they first set their watch, and every count and
+    /// budget agrees.
+    #[test]
+    fn watches_agree_with_a_plain_model() {
+        use std::collections::BTreeMap;
+        let mut w = Watches::default();
+        let mut model: BTreeMap<(u64, &str), (u64, Kinds)> = BTreeMap::new();
+        let paths = ["/a", "/b", "/a/c"];
+        let kinds = [Kinds::DATA, Kinds::CHILD, Kinds::DATA.union(Kinds::CHILD)];
+        let events = [
+            EventKind::Created,
+            EventKind::DataChanged,
+            EventKind::ChildrenChanged,
+            EventKind::Deleted,
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut order = 0u64;
+        for _ in 0..20_000 {
+            let session = next(8);
+            let path = paths[next(3) as usize];
+            match next(10) {
+                0..=4 => {
+                    let kind = kinds[next(3) as usize];
+                    w.add(SessionId(session), path, kind, usize::MAX).unwrap();
+                    order += 1;
+                    let entry = model
+                        .entry((session, path))
+                        .or_insert((order, Kinds::default()));
+                    entry.1 = entry.1.union(kind);
+                }
+                5 => {
+                    let kind = kinds[next(3) as usize];
+                    w.remove(SessionId(session), path, kind);
+                    if let Some(entry) = model.get_mut(&(session, path)) {
+                        entry.1 .0 &= !kind.0;
+                        if entry.1.is_empty() {
+                            model.remove(&(session, path));
+                        }
+                    }
+                }
+                6 => {
+                    w.remove_session(SessionId(session));
+                    model.retain(|(s, _), _| *s != session);
+                }
+                _ => {
+                    let event = events[next(4) as usize];
+                    let fired = Kinds::fired_by(event);
+                    let mut out = Vec::new();
+                    w.fire(path, event, &mut out);
+                    let mut want: Vec<(u64, u64)> = Vec::new();
+                    model.retain(|(s, p), (when, held)| {
+                        if *p != path || held.0 & fired.0 == 0 {
+                            return true;
+                        }
+                        want.push((*when, *s));
+                        held.0 &= !fired.0;
+                        !held.is_empty()
+                    });
+                    want.sort();
+                    let want: Vec<SessionId> =
+                        want.into_iter().map(|(_, s)| SessionId(s)).collect();
+                    assert_eq!(out, want, "{event:?} on {path}");
+                }
+            }
+            assert_eq!(w.len(), model.len());
+            for session in 0..8 {
+                let held: usize = model
+                    .keys()
+                    .filter(|(s, _)| *s == session)
+                    .map(|(_, p)| watch_cost(p))
+                    .sum();
+                assert_eq!(w.bytes(SessionId(session)), held);
+                for path in paths {
+                    let want = model
+                        .get(&(session, path))
+                        .map_or(Kinds::default(), |e| e.1);
+                    assert_eq!(w.kinds(SessionId(session), path), want);
+                }
+            }
+        }
+        assert_eq!(w.by_path.values().map(Vec::len).sum::<usize>(), model.len());
     }
 }

@@ -143,6 +143,9 @@ pub struct ReadRun {
     pub fanout: Option<Summary>,
     /// The writer's own wait for its change to be acknowledged (µs).
     pub fanout_write: Option<Summary>,
+    /// Before each change: from asking every watcher to set its watch
+    /// again until the last one is set (µs; polled every millisecond).
+    pub fanout_watch: Option<Summary>,
     pub failed: Option<String>,
 }
 
@@ -422,9 +425,10 @@ async fn measure_into(
     run.watched_reads_per_s = watched as f64 / duration.as_secs_f64();
     close_many(readers).await;
     if args.watchers > 0 && args.fanouts > 0 {
-        let (fanout, writes) = fanout_run(run, target, &setup, args).await?;
+        let (fanout, writes, watches) = fanout_run(run, target, &setup, args).await?;
         run.fanout = Some(fanout);
         run.fanout_write = Some(writes);
+        run.fanout_watch = Some(watches);
     }
     setup.close().await;
     Ok(())
@@ -562,14 +566,15 @@ async fn open_raw(target: &Target, n: usize) -> Result<Vec<RawWatcher>, CliError
 const ROUND_LIMIT: Duration = Duration::from_secs(120);
 
 /// `args.watchers` sessions watch one node; it is changed `args.fanouts`
-/// times. The time until the last watcher is told of each change, and the
-/// writer's wait for each change.
+/// times. The time until the last watcher is told of each change, the
+/// writer's wait for each change, and the time to set every watch before
+/// each.
 async fn fanout_run(
     run: &ReadRun,
     target: &Target,
     writer: &Session,
     args: &ReadsArgs,
-) -> Result<(Summary, Summary), CliError> {
+) -> Result<(Summary, Summary, Summary), CliError> {
     let path = format!("{ROOT}/fan");
     writer.ensure(&path).await?;
     progress(format!(
@@ -630,8 +635,10 @@ async fn fanout_run(
     let n = args.watchers;
     let mut fanouts = Vec::new();
     let mut writes = Vec::new();
+    let mut watch_sets = Vec::new();
     let result = async {
         for round in 1..=rounds {
+            let asked = Instant::now();
             open.send_replace(round);
             until(
                 || fan.ready.load(Ordering::SeqCst) >= n * round,
@@ -644,6 +651,7 @@ async fn fanout_run(
                 },
             )
             .await?;
+            watch_sets.push(asked.elapsed());
             fan.last_ns.store(0, Ordering::SeqCst);
             let sent = base.elapsed();
             writer
@@ -688,7 +696,11 @@ async fn fanout_run(
     let _ = super::each_bounded(raw, |w| async move { w.close().await }).await;
     close_many(watchers).await;
     result?;
-    Ok((Summary::of(&mut fanouts), Summary::of(&mut writes)))
+    Ok((
+        Summary::of(&mut fanouts),
+        Summary::of(&mut writes),
+        Summary::of(&mut watch_sets),
+    ))
 }
 
 /// Polls `done` until it holds, for at most [`ROUND_LIMIT`]; else fails
@@ -734,7 +746,7 @@ fn serving(r: &ReadRun) -> &'static str {
 
 fn print_table(runs: &[ReadRun]) {
     println!(
-        "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>10}",
+        "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>10} {:>10}",
         "server",
         "members",
         "serving",
@@ -746,11 +758,12 @@ fn print_table(runs: &[ReadRun]) {
         "watched/s",
         "watchers",
         "fan-out p50",
-        "write p50"
+        "write p50",
+        "watch p50"
     );
     for r in runs {
         println!(
-            "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10.0} {:>7.0}µs {:>12} {:>12.0} {:>9} {:>10}ms {:>8}ms",
+            "{:<10} {:>7} {:>7} {:>12} {:>8} {:>10.0} {:>7.0}µs {:>12} {:>12.0} {:>9} {:>10}ms {:>8}ms {:>8}ms",
             r.server,
             members(r),
             serving(r),
@@ -762,7 +775,8 @@ fn print_table(runs: &[ReadRun]) {
             r.watched_reads_per_s,
             r.watchers,
             ms(&r.fanout),
-            ms(&r.fanout_write)
+            ms(&r.fanout_write),
+            ms(&r.fanout_watch)
         );
         if let Some(why) = &r.failed {
             println!("           FAILED: {why}");
@@ -775,11 +789,11 @@ fn print_markdown(runs: &[ReadRun]) {
         .first()
         .map_or((0, "library"), |r| (r.watchers, r.watcher_client));
     let how = if how == "raw" { " (raw)" } else { "" };
-    println!("| server | members | clients served by | reads | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {watchers} watchers{how}, p50 ms | its write, p50 ms |");
-    println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| server | members | clients served by | reads | reads/s | read p50 µs | server CPU µs/read | watched reads/s | fan-out to {watchers} watchers{how}, p50 ms | its write, p50 ms | every watch set again, p50 ms |");
+    println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in runs {
         println!(
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {} | {} | {} |",
             r.server,
             members(r),
             serving(r),
@@ -789,7 +803,8 @@ fn print_markdown(runs: &[ReadRun]) {
             cpu(r),
             r.watched_reads_per_s,
             ms(&r.fanout),
-            ms(&r.fanout_write)
+            ms(&r.fanout_write),
+            ms(&r.fanout_watch)
         );
     }
     for r in runs.iter().filter(|r| r.failed.is_some()) {
