@@ -57,13 +57,26 @@ pub(crate) fn watch_cost(path: &str) -> usize {
 
 /// The sessions that watch each path, in the order they set their watch
 /// there, and for each session the kinds it holds on each of its paths: a
-/// watch is set or looked up at the same cost however many other sessions
-/// watch the same path (10,000 sessions watching one node, say).
+/// watch is set or looked up, and a session's watches forgotten when it
+/// ends, at the same cost however many other sessions watch the same path
+/// (10,000 sessions watching one node, say).
 #[derive(Debug, Default)]
 pub(crate) struct Watches {
-    by_path: HashMap<Arc<str>, Vec<SessionId>>,
+    by_path: HashMap<Arc<str>, Watchers>,
     by_session: HashMap<SessionId, SessionWatches>,
+    /// (session, path) pairs watched: the sessions of every path's
+    /// [`Watchers`], less those that have ended.
     count: usize,
+}
+
+/// The sessions that watch one path, in the order they set their watch.
+/// A session that ends is left in the list, counted in `ended`, until the
+/// path fires or the ended outnumber the rest: the list is then rebuilt
+/// without them, so it holds at most twice the sessions that still watch.
+#[derive(Debug, Default)]
+struct Watchers {
+    sessions: Vec<SessionId>,
+    ended: usize,
 }
 
 /// The paths one session watches, the kinds on each, and what they count
@@ -111,7 +124,11 @@ impl Watches {
             Some((k, _)) => k.clone(),
             None => Arc::from(path),
         };
-        self.by_path.entry(key.clone()).or_default().push(session);
+        self.by_path
+            .entry(key.clone())
+            .or_default()
+            .sessions
+            .push(session);
         self.count += 1;
         let mine = self.by_session.entry(session).or_default();
         mine.paths.insert(key, kind);
@@ -144,26 +161,29 @@ impl Watches {
     /// fires, each once, in the order they set them.
     pub(crate) fn fire(&mut self, path: &str, kind: EventKind, out: &mut Vec<SessionId>) {
         let fired = Kinds::fired_by(kind);
-        let Some(sessions) = self.by_path.get_mut(path) else {
+        let Some(watchers) = self.by_path.get_mut(path) else {
             return;
         };
         let by_session = &mut self.by_session;
-        let before = sessions.len();
-        sessions.retain(|&session| {
+        let mut unwatched = 0;
+        watchers.sessions.retain(|&session| {
             let Some(held) = by_session
                 .get(&session)
                 .and_then(|mine| mine.paths.get(path))
             else {
-                return false;
+                return false; // ended
             };
             if held.0 & fired.0 == 0 {
                 return true;
             }
             out.push(session);
-            !take_off(by_session, session, path, fired)
+            let emptied = take_off(by_session, session, path, fired);
+            unwatched += usize::from(emptied);
+            !emptied
         });
-        self.count -= before - sessions.len();
-        if sessions.is_empty() {
+        watchers.ended = 0;
+        self.count -= unwatched;
+        if watchers.sessions.is_empty() {
             self.by_path.remove(path);
         }
     }
@@ -173,14 +193,15 @@ impl Watches {
         if !self.watches(session, path) || !take_off(&mut self.by_session, session, path, kind) {
             return;
         }
-        let Some(sessions) = self.by_path.get_mut(path) else {
+        let Some(watchers) = self.by_path.get_mut(path) else {
             return;
         };
-        if let Some(i) = sessions.iter().position(|s| *s == session) {
-            sessions.remove(i);
+        // The last: the one it set since it last watched the path.
+        if let Some(i) = watchers.sessions.iter().rposition(|s| *s == session) {
+            watchers.sessions.remove(i);
             self.count -= 1;
         }
-        if sessions.is_empty() {
+        if watchers.tidy(&self.by_session, path) {
             self.by_path.remove(path);
         }
     }
@@ -191,13 +212,13 @@ impl Watches {
             return;
         };
         for path in mine.paths.into_keys() {
-            if let Some(sessions) = self.by_path.get_mut(&path) {
-                let before = sessions.len();
-                sessions.retain(|s| *s != session);
-                self.count -= before - sessions.len();
-                if sessions.is_empty() {
-                    self.by_path.remove(&path);
-                }
+            self.count -= 1;
+            let Some(watchers) = self.by_path.get_mut(&path) else {
+                continue;
+            };
+            watchers.ended += 1;
+            if watchers.tidy(&self.by_session, &path) {
+                self.by_path.remove(&path);
             }
         }
     }
@@ -205,6 +226,25 @@ impl Watches {
     /// Number of (session, path) pairs watched.
     pub(crate) fn len(&self) -> usize {
         self.count
+    }
+}
+
+impl Watchers {
+    /// Drops the sessions that ended once they outnumber the rest (of
+    /// `by_session`, the sessions that watch `path`); whether none is left.
+    fn tidy(&mut self, by_session: &HashMap<SessionId, SessionWatches>, path: &str) -> bool {
+        if 2 * self.ended > self.sessions.len() {
+            self.sessions.retain(|s| {
+                by_session
+                    .get(s)
+                    .is_some_and(|mine| mine.paths.contains_key(path))
+            });
+            self.ended = 0;
+            if self.sessions.capacity() > 4 * self.sessions.len().max(4) {
+                self.sessions.shrink_to_fit();
+            }
+        }
+        self.sessions.is_empty()
     }
 }
 
@@ -340,9 +380,16 @@ mod tests {
     /// Against a plain map of (session, path) to kinds, over a long run of
     /// random adds, removals, fires and ended sessions: the same sessions
     /// fire, in the order they first set their watch, and every count and
-    /// budget agrees.
+    /// budget agrees, and a path lists at most twice the sessions that
+    /// still watch it.
     #[test]
     fn watches_agree_with_a_plain_model() {
+        for seed in [0x9e37_79b9_7f4a_7c15, 7, 0x1234_5678_9abc_def1] {
+            agree_with_a_plain_model(seed);
+        }
+    }
+
+    fn agree_with_a_plain_model(seed: u64) {
         use std::collections::BTreeMap;
         let mut w = Watches::default();
         let mut model: BTreeMap<(u64, &str), (u64, Kinds)> = BTreeMap::new();
@@ -354,7 +401,7 @@ mod tests {
             EventKind::ChildrenChanged,
             EventKind::Deleted,
         ];
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut x: u64 = seed;
         let mut next = move |n: u64| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -362,8 +409,12 @@ mod tests {
             x % n
         };
         let mut order = 0u64;
+        // Eight sessions at a time; one that ends is followed by a new one,
+        // as session ids are never used again.
+        let mut live: Vec<u64> = (0..8).collect();
         for _ in 0..20_000 {
-            let session = next(8);
+            let slot = next(8) as usize;
+            let session = live[slot];
             let path = paths[next(3) as usize];
             match next(10) {
                 0..=4 => {
@@ -388,6 +439,7 @@ mod tests {
                 6 => {
                     w.remove_session(SessionId(session));
                     model.retain(|(s, _), _| *s != session);
+                    live[slot] = live.iter().max().unwrap() + 1;
                 }
                 _ => {
                     let event = events[next(4) as usize];
@@ -410,7 +462,16 @@ mod tests {
                 }
             }
             assert_eq!(w.len(), model.len());
-            for session in 0..8 {
+            for path in paths {
+                let live = model.keys().filter(|(_, p)| *p == path).count();
+                let (listed, ended) = w
+                    .by_path
+                    .get(path)
+                    .map_or((0, 0), |l| (l.sessions.len(), l.ended));
+                assert_eq!(listed - ended, live, "{path}");
+                assert!(2 * ended <= listed, "{path}: {ended} of {listed} ended");
+            }
+            for &session in &live {
                 let held: usize = model
                     .keys()
                     .filter(|(s, _)| *s == session)
@@ -425,6 +486,33 @@ mod tests {
                 }
             }
         }
-        assert_eq!(w.by_path.values().map(Vec::len).sum::<usize>(), model.len());
+        assert!(model.is_empty() || !w.by_path.is_empty());
+    }
+
+    /// 1,000 sessions watch one path and end one by one: the path's list
+    /// never holds more than twice the sessions still watching, and is gone
+    /// with the last; one that still watches fires, and only it.
+    #[test]
+    fn ended_sessions_are_dropped_from_a_busy_path() {
+        let mut w = Watches::default();
+        for s in 0..1000 {
+            w.add(SessionId(s), "/config", Kinds::DATA, usize::MAX)
+                .unwrap();
+        }
+        for s in 0..999 {
+            w.remove_session(SessionId(s));
+            let listed = &w.by_path["/config"];
+            assert!(listed.sessions.len() <= 2 * (1000 - s as usize - 1));
+            assert_eq!(w.len(), 1000 - s as usize - 1);
+        }
+        let mut out = Vec::new();
+        w.fire("/config", EventKind::DataChanged, &mut out);
+        assert_eq!(out, [SessionId(999)]);
+        assert_eq!(w.len(), 0);
+        assert!(w.by_path.is_empty() && w.by_session.is_empty());
+        w.add(SessionId(1000), "/config", Kinds::DATA, usize::MAX)
+            .unwrap();
+        w.remove_session(SessionId(1000));
+        assert!(w.by_path.is_empty() && w.by_session.is_empty());
     }
 }
