@@ -28,14 +28,46 @@ use crate::watches::watch_cost;
 /// One watch: its session and whether it covers the subtree.
 type Entry = (SessionId, bool);
 
+/// Each path's watches, in the order they were set, and each session's
+/// watches with what they count for: a watch is set, looked up, and a
+/// session's watches forgotten when it ends, at the same cost however many
+/// other sessions watch the same path (every client of a fleet watching
+/// one subtree, say).
 #[derive(Debug, Default)]
 pub(crate) struct PersistentWatches {
-    by_path: HashMap<Arc<str>, Vec<Entry>>,
+    by_path: HashMap<Arc<str>, Watchers>,
     /// How many recursive watches there are (none: no ancestor walk).
     recursive: usize,
-    by_session: HashMap<SessionId, Vec<(Arc<str>, bool)>>,
-    bytes: HashMap<SessionId, usize>,
+    by_session: HashMap<SessionId, Mine>,
     count: usize,
+}
+
+/// The watches set on one path, in the order they were set. Those of a
+/// session that ended stay, counted in `ended`, until they outnumber the
+/// rest: the list is then rebuilt without them, so it holds at most twice
+/// the watches that are still set. Firing skips them.
+#[derive(Debug, Default)]
+struct Watchers {
+    entries: Vec<Entry>,
+    ended: usize,
+}
+
+/// One session's persistent watches: for each path, which of the two
+/// kinds (see [`bit`]), and the bytes they count for.
+#[derive(Debug, Default)]
+struct Mine {
+    paths: HashMap<Arc<str>, u8>,
+    bytes: usize,
+}
+
+/// The bit of a session's kinds on a path that stands for a recursive
+/// watch, or a plain one.
+fn bit(recursive: bool) -> u8 {
+    if recursive {
+        2
+    } else {
+        1
+    }
 }
 
 impl PersistentWatches {
@@ -53,13 +85,12 @@ impl PersistentWatches {
         self.by_path
             .entry(key.clone())
             .or_default()
+            .entries
             .push((session, recursive));
-        self.by_session
-            .entry(session)
-            .or_default()
-            .push((key, recursive));
         let cost = watch_cost(path);
-        *self.bytes.entry(session).or_default() += cost;
+        let mine = self.by_session.entry(session).or_default();
+        *mine.paths.entry(key).or_default() |= bit(recursive);
+        mine.bytes += cost;
         self.count += 1;
         self.recursive += recursive as usize;
         cost
@@ -67,51 +98,38 @@ impl PersistentWatches {
 
     /// Whether `session` has this watch.
     pub(crate) fn has(&self, session: SessionId, path: &str, recursive: bool) -> bool {
-        self.by_path
-            .get(path)
-            .is_some_and(|e| e.contains(&(session, recursive)))
+        self.by_session
+            .get(&session)
+            .and_then(|mine| mine.paths.get(path))
+            .is_some_and(|kinds| kinds & bit(recursive) != 0)
     }
 
     /// The bytes `session`'s persistent watches count for.
     pub(crate) fn bytes(&self, session: SessionId) -> usize {
-        self.bytes.get(&session).copied().unwrap_or(0)
+        self.by_session.get(&session).map_or(0, |mine| mine.bytes)
     }
 
     /// Removes `session`'s persistent watches on `path` (both kinds).
     pub(crate) fn remove(&mut self, session: SessionId, path: &str) {
-        let Some(entries) = self.by_path.get_mut(path) else {
+        let Some(mine) = self.by_session.get_mut(&session) else {
             return;
         };
-        let mut gone = Vec::new();
-        entries.retain(|e| {
-            let mine = e.0 == session;
-            if mine {
-                gone.push(e.1);
-            }
-            !mine
-        });
-        if entries.is_empty() {
+        let Some(kinds) = mine.paths.remove(path) else {
+            return;
+        };
+        let set = kinds.count_ones() as usize;
+        mine.bytes -= set * watch_cost(path);
+        if mine.paths.is_empty() {
+            self.by_session.remove(&session);
+        }
+        self.count -= set;
+        self.recursive -= usize::from(kinds & bit(true) != 0);
+        let Some(watchers) = self.by_path.get_mut(path) else {
+            return;
+        };
+        watchers.entries.retain(|e| e.0 != session);
+        if watchers.tidy(&self.by_session, path) {
             self.by_path.remove(path);
-        }
-        for recursive in gone {
-            self.forget(session, path, recursive);
-        }
-    }
-
-    fn forget(&mut self, session: SessionId, path: &str, recursive: bool) {
-        self.count -= 1;
-        self.recursive -= recursive as usize;
-        if let Some(mine) = self.by_session.get_mut(&session) {
-            mine.retain(|(p, r)| !(&**p == path && *r == recursive));
-            if mine.is_empty() {
-                self.by_session.remove(&session);
-            }
-        }
-        if let Some(bytes) = self.bytes.get_mut(&session) {
-            *bytes -= watch_cost(path);
-            if *bytes == 0 {
-                self.bytes.remove(&session);
-            }
         }
     }
 
@@ -120,15 +138,16 @@ impl PersistentWatches {
         let Some(mine) = self.by_session.remove(&session) else {
             return;
         };
-        self.bytes.remove(&session);
-        for (path, recursive) in mine {
-            self.count -= 1;
-            self.recursive -= recursive as usize;
-            if let Some(entries) = self.by_path.get_mut(&path) {
-                entries.retain(|e| e.0 != session);
-                if entries.is_empty() {
-                    self.by_path.remove(&path);
-                }
+        for (path, kinds) in mine.paths {
+            let set = kinds.count_ones() as usize;
+            self.count -= set;
+            self.recursive -= usize::from(kinds & bit(true) != 0);
+            let Some(watchers) = self.by_path.get_mut(&path) else {
+                continue;
+            };
+            watchers.ended += set;
+            if watchers.tidy(&self.by_session, &path) {
+                self.by_path.remove(&path);
             }
         }
     }
@@ -140,13 +159,17 @@ impl PersistentWatches {
         if self.count == 0 {
             return;
         }
-        if let Some(entries) = self.by_path.get(target) {
+        // A watch of a session that ended is skipped: its session has no
+        // watches left (session ids are never used again).
+        let set = |s: &SessionId| self.by_session.contains_key(s);
+        if let Some(watchers) = self.by_path.get(target) {
             // A plain watch reports every change to its node; a recursive
             // one all but changes to children lists.
             out.extend(
-                entries
+                watchers
+                    .entries
                     .iter()
-                    .filter(|(_, r)| !*r || kind != EventKind::ChildrenChanged)
+                    .filter(|(s, r)| (!*r || kind != EventKind::ChildrenChanged) && set(s))
                     .map(|(s, _)| *s),
             );
         }
@@ -155,8 +178,14 @@ impl PersistentWatches {
         }
         let mut at = target;
         while let Some(parent) = path::parent(at) {
-            if let Some(entries) = self.by_path.get(parent) {
-                out.extend(entries.iter().filter(|(_, r)| *r).map(|(s, _)| *s));
+            if let Some(watchers) = self.by_path.get(parent) {
+                out.extend(
+                    watchers
+                        .entries
+                        .iter()
+                        .filter(|(s, r)| *r && set(s))
+                        .map(|(s, _)| *s),
+                );
             }
             at = parent;
         }
@@ -174,6 +203,27 @@ impl PersistentWatches {
     /// Number of persistent watches.
     pub(crate) fn len(&self) -> usize {
         self.count
+    }
+}
+
+impl Watchers {
+    /// Drops the watches of sessions that ended once they outnumber the
+    /// rest (of `by_session`, the watches still set on `path`); whether none
+    /// is left.
+    fn tidy(&mut self, by_session: &HashMap<SessionId, Mine>, path: &str) -> bool {
+        if 2 * self.ended > self.entries.len() {
+            self.entries.retain(|(s, recursive)| {
+                by_session
+                    .get(s)
+                    .and_then(|mine| mine.paths.get(path))
+                    .is_some_and(|kinds| kinds & bit(*recursive) != 0)
+            });
+            self.ended = 0;
+            if self.entries.capacity() > 4 * self.entries.len().max(4) {
+                self.entries.shrink_to_fit();
+            }
+        }
+        self.entries.is_empty()
     }
 }
 
@@ -316,7 +366,86 @@ mod tests {
         w.remove_session(SessionId(3));
         w.remove_session(SessionId(1));
         assert_eq!((w.len(), w.recursive), (0, 0));
-        assert!(w.by_path.is_empty() && w.bytes.is_empty());
+        assert!(w.by_path.is_empty() && w.by_session.is_empty());
+    }
+
+    /// Against a plain set of (session, path, recursive), over a long run
+    /// of random adds, removals and ended sessions (each followed by a new
+    /// one, as session ids are never used again): every event concerns the
+    /// same watches, counts and budgets agree, and a path lists at most
+    /// twice the watches still set on it.
+    #[test]
+    fn persistent_watches_agree_with_a_plain_model() {
+        use std::collections::BTreeSet;
+        for seed in [0x9e37_79b9_7f4a_7c15u64, 11, 0xdead_beef_cafe_f00d] {
+            let mut w = PersistentWatches::default();
+            let mut model: BTreeSet<(u64, &str, bool)> = BTreeSet::new();
+            let paths = ["/a", "/a/b", "/a/b/c", "/d"];
+            let kinds = [
+                EventKind::Created,
+                EventKind::DataChanged,
+                EventKind::ChildrenChanged,
+                EventKind::Deleted,
+            ];
+            let mut x = seed;
+            let mut next = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut live: Vec<u64> = (0..6).collect();
+            for _ in 0..20_000 {
+                let slot = next(6) as usize;
+                let session = live[slot];
+                let path = paths[next(4) as usize];
+                match next(10) {
+                    0..=5 => {
+                        let recursive = next(2) == 1;
+                        let added = w.add(SessionId(session), path, recursive);
+                        let new = model.insert((session, path, recursive));
+                        assert_eq!(added, if new { watch_cost(path) } else { 0 });
+                    }
+                    6 => {
+                        w.remove(SessionId(session), path);
+                        model.retain(|(s, p, _)| !(*s == session && *p == path));
+                    }
+                    _ => {
+                        w.remove_session(SessionId(session));
+                        model.retain(|(s, _, _)| *s != session);
+                        live[slot] = live.iter().max().unwrap() + 1;
+                    }
+                }
+                let target = paths[next(4) as usize];
+                let kind = kinds[next(4) as usize];
+                let mut want: Vec<u64> = model
+                    .iter()
+                    .filter(|(_, p, r)| PersistentWatches::covers(p, *r, target, kind))
+                    .map(|(s, _, _)| *s)
+                    .collect();
+                want.sort_unstable();
+                assert_eq!(fired(&w, target, kind), want, "{kind:?} on {target}");
+                assert_eq!(w.len(), model.len());
+                assert_eq!(w.recursive, model.iter().filter(|(_, _, r)| *r).count());
+                for &session in &live {
+                    let held: usize = model
+                        .iter()
+                        .filter(|(s, _, _)| *s == session)
+                        .map(|(_, p, _)| watch_cost(p))
+                        .sum();
+                    assert_eq!(w.bytes(SessionId(session)), held);
+                }
+                for path in paths {
+                    let set = model.iter().filter(|(_, p, _)| *p == path).count();
+                    let (listed, ended) = w
+                        .by_path
+                        .get(path)
+                        .map_or((0, 0), |l| (l.entries.len(), l.ended));
+                    assert_eq!(listed - ended, set, "{path}");
+                    assert!(2 * ended <= listed, "{path}: {ended} of {listed} ended");
+                }
+            }
+        }
     }
 
     #[test]
