@@ -89,6 +89,9 @@ pub(crate) enum Event {
     Cut(usize, u64),
     /// A client's process stops until `until`.
     Pause(usize, u64),
+    /// The leader is asked to add the observer, unless the membership
+    /// names it already; asked again later until it does.
+    AddObserver,
 }
 
 /// Which member a fault strikes, chosen when it strikes.
@@ -236,8 +239,11 @@ fn address(id: NodeId) -> String {
     format!("member-{id}")
 }
 
+/// The observer's id, in a run with one.
+const OBSERVER: NodeId = MEMBERS + 1;
+
 impl World {
-    async fn new(seed: u64, keep_trace: bool, defect: Option<Defect>) -> World {
+    async fn new(seed: u64, keep_trace: bool, defect: Option<Defect>, observer: bool) -> World {
         let mut rng = Rng::new(seed);
         let start = Instant::now();
         let n = client::KINDS.len();
@@ -302,17 +308,36 @@ impl World {
                 run: None,
             });
         }
+        if observer {
+            // Not in the first membership: it waits, empty, to be added.
+            world.nodes.push(Node {
+                id: OBSERVER,
+                disk: Arc::new(Mutex::new(Disk::new(
+                    defect == Some(Defect::StoredBeforeSync),
+                ))),
+                election_ms: 300,
+                life: 0,
+                run: None,
+            });
+            world.fault(format!("member {OBSERVER} is to be added as an observer"));
+        }
         for node in &world.nodes {
             tokio::spawn(sync_now_and_then(node.disk.clone(), world.rng.fork()));
         }
-        for i in 0..MEMBERS as usize {
-            world.boot(i, true).await;
+        for i in 0..world.nodes.len() {
+            world.boot(i, (i as u64) < MEMBERS).await;
+        }
+        if observer {
+            let at = world.rng.between(50_000, 400_000);
+            world.at(at, Event::AddObserver);
         }
         for (i, kind) in client::KINDS.into_iter().enumerate() {
             world
                 .clients
                 .push(Client::new(100 + i as u64, kind, rng.fork()));
-            world.target.push(world.rng.below(MEMBERS) as usize);
+            world
+                .target
+                .push(world.rng.below(world.nodes.len() as u64) as usize);
             let at = world.rng.between(0, 2_000);
             world.at(at, Event::Tick(i));
         }
@@ -647,7 +672,7 @@ impl World {
                     for_us / 1_000
                 ));
                 let mut links = lock(&self.links);
-                for other in 1..=MEMBERS {
+                for other in 1..=self.nodes.len() as u64 {
                     if other != id {
                         links.cut.insert((id, other), until);
                         if both {
@@ -687,7 +712,47 @@ impl World {
                 ));
                 self.clients[c].pause_until(until);
             }
+            Event::AddObserver => self.add_observer(),
         }
+    }
+
+    /// Asks the leader, if one is known, to add the observer as a learner,
+    /// as `baton cluster add --observer` does, unless the leader's
+    /// membership names it already; and asks again later until it does.
+    fn add_observer(&mut self) {
+        let Some(l) = self.leader() else {
+            self.after(100_000, Event::AddObserver);
+            return;
+        };
+        let raft = self.nodes[l]
+            .run
+            .as_ref()
+            .expect("leads, so up")
+            .raft
+            .clone();
+        let named = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&OBSERVER)
+            .is_some();
+        if named {
+            self.fault(format!("member {OBSERVER} is an observer"));
+            return;
+        }
+        self.fault(format!(
+            "member {} is asked to add member {OBSERVER} as an observer",
+            self.nodes[l].id
+        ));
+        let member = Member {
+            peer: address(OBSERVER),
+            client: address(OBSERVER),
+        };
+        tokio::spawn(async move {
+            let _ = raft.add_learner(OBSERVER, member, false).await;
+        });
+        self.after(500_000, Event::AddObserver);
     }
 
     /// Member `m`'s process dies; with `lose`, its disk loses what it had
@@ -941,7 +1006,12 @@ pub(crate) fn run_seed_with(
     keep_trace: bool,
     defect: Option<Defect>,
 ) -> (World, Vec<baton_chaos::Finding>) {
-    run(seed, keep_trace, defect, None)
+    run(seed, keep_trace, defect, None, false)
+}
+
+/// [`run_seed`], with an observer added to the cluster early in the run.
+pub(crate) fn run_seed_observed(seed: u64, keep_trace: bool) -> (World, Vec<baton_chaos::Finding>) {
+    run(seed, keep_trace, None, None, true)
 }
 
 /// Runs `seed` with the faults of `script` (each at its time, in µs)
@@ -950,7 +1020,7 @@ pub(crate) fn run_script(
     seed: u64,
     script: Vec<(u64, Event)>,
 ) -> (World, Vec<baton_chaos::Finding>) {
-    run(seed, false, None, Some(script))
+    run(seed, false, None, Some(script), false)
 }
 
 fn run(
@@ -958,6 +1028,7 @@ fn run(
     keep_trace: bool,
     defect: Option<Defect>,
     script: Option<Vec<(u64, Event)>>,
+    observer: bool,
 ) -> (World, Vec<baton_chaos::Finding>) {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all().start_paused(true);
@@ -966,7 +1037,7 @@ fn run(
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let runtime = builder.build().expect("a runtime");
     let world = runtime.block_on(async {
-        let mut world = World::new(seed, keep_trace, defect).await;
+        let mut world = World::new(seed, keep_trace, defect, observer).await;
         match script {
             None => world.plan_faults(),
             Some(faults) => {

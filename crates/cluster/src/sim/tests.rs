@@ -1,6 +1,6 @@
 //! Seeds of the cluster's simulation, each checked.
 
-use super::run_seed;
+use super::{run_seed, run_seed_observed};
 use baton_server::sim::seeds;
 
 fn repro(seed: u64) -> String {
@@ -21,14 +21,36 @@ fn every_seed_keeps_every_promise() {
     );
 }
 
+/// Every seed keeps every promise with an observer added to the cluster
+/// early in the run, serving clients as the followers do (when they do),
+/// crashed and cut off as any member: `BATON_SIM_SEEDS` seeds (300 if
+/// unset) from `BATON_SIM_FIRST` (1).
+#[test]
+fn every_seed_with_an_observer_keeps_every_promise() {
+    seeds::check_all(
+        seeds::from_env(300),
+        |seed| {
+            let (world, findings) = run_seed_observed(seed, false);
+            (world.journal, findings)
+        },
+        |seed| format!("BATON_SIM_OBSERVER=1 {}", repro(seed)),
+    );
+}
+
 /// One seed, from `BATON_SIM_SEED`, with its trace and findings printed
-/// (and every operation on the key `BATON_SIM_KEY` names, if set).
+/// (and every operation on the key `BATON_SIM_KEY` names, if set); with
+/// `BATON_SIM_OBSERVER=1`, the run with an observer.
 #[test]
 fn one_seed() {
     let Some(seed) = seeds::one_from_env() else {
         return;
     };
-    let (world, findings) = run_seed(seed, true);
+    let observed = std::env::var("BATON_SIM_OBSERVER").is_ok_and(|v| v == "1");
+    let (world, findings) = if observed {
+        run_seed_observed(seed, true)
+    } else {
+        run_seed(seed, true)
+    };
     seeds::print(&world.journal, &findings);
     assert!(findings.is_empty(), "seed {seed} broke a promise");
 }
