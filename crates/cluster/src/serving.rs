@@ -302,6 +302,7 @@ async fn link<D: Dial>(
         let answer = link
             .serve(Change(proposals), heard, confirm, applied, CALL_LIMIT)
             .await;
+        let mut unheard_barriers: Vec<Waiting> = Vec::new();
         let read_index = match answer {
             Ok(Ok(Served {
                 read_index,
@@ -313,13 +314,13 @@ async fn link<D: Dial>(
                     applier.lost(&refused);
                 }
                 if !unheard.is_empty() {
-                    // Expiring or ended at the leader: a ping or a resume
-                    // answered here would tell the client its session is
-                    // alive, its deadline moved past the leader's.
+                    // Expiring or ended at the leader, or opened by an entry
+                    // it has not applied yet: decided below, once this
+                    // member has applied the leader's read.
                     let (gone, kept) = std::mem::take(&mut barriers)
                         .into_iter()
                         .partition(|(s, _)| s.is_some_and(|s| unheard.contains(&s.0)));
-                    fail_call(&applier, &[], gone);
+                    unheard_barriers = gone;
                     barriers = kept;
                 }
                 read_index
@@ -344,7 +345,7 @@ async fn link<D: Dial>(
             // The reads may go once this member has applied the leader's
             // read (nothing: at once).
             let index = read_index.unwrap_or(0);
-            let raft = raft.clone();
+            let (raft, applier) = (raft.clone(), applier.clone());
             tokio::spawn(async move {
                 let caught_up = raft
                     .wait(Some(CALL_LIMIT))
@@ -355,7 +356,25 @@ async fn link<D: Dial>(
                 for (_, b) in barriers {
                     let _ = b.send(result.clone());
                 }
+                // A session the leader did not count as heard: a ping or a
+                // resume answered here would tell its client it is alive,
+                // its deadline moved past the leader's. If this member's
+                // state, now holding everything committed before the
+                // leader answered (the session's opening among it: no
+                // client holds a session before its opening is
+                // committed), no longer holds the session, it ended: the
+                // request goes on and is answered that the session expired,
+                // as a ZooKeeper client whose connect string names only
+                // this member must be told. Else (the leader is expiring
+                // it, or has not applied its opening yet) it is refused:
+                // the client tries again, or goes to the leader.
+                for (session, b) in unheard_barriers {
+                    let ended = caught_up && session.is_some_and(|s| !applier.has_session(s));
+                    let _ = b.send(if ended { Ok(()) } else { Err(NotLeading) });
+                }
             });
+        } else {
+            fail_call(&applier, &[], unheard_barriers);
         }
     }
 }

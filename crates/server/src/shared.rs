@@ -187,6 +187,12 @@ impl Applier {
         self.shared.core().set_log(log);
     }
 
+    /// Whether the state applied here holds session `id` (it was opened by
+    /// an applied change and has not ended).
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.shared.core().state_has_session(id)
+    }
+
     /// The state's revision now.
     pub fn revision(&self) -> u64 {
         self.shared.core().revision()

@@ -91,6 +91,8 @@ pub(crate) fn open(mode: zk::CreateMode) -> zk::CreateOptions<'static> {
 pub(crate) struct ZkCluster {
     /// Each member's ZooKeeper address, in member order.
     pub(crate) zk: Vec<SocketAddr>,
+    /// Each member's peer address, in member order.
+    peers: Vec<String>,
     stops: Vec<Option<tokio::sync::oneshot::Sender<()>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: baton_testkit::TempDir,
@@ -115,6 +117,7 @@ impl ZkCluster {
             listeners.push((id, clients, peers));
         }
         let (mut zk, mut stops, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        let peer_addrs = initial.values().map(|m| m.peer.clone()).collect();
         for (id, clients, peers) in listeners {
             let mut config = MemberConfig::new(id, dir.path().join(format!("m{id}")));
             config.initial = Some(initial.clone());
@@ -135,10 +138,73 @@ impl ZkCluster {
         }
         ZkCluster {
             zk,
+            peers: peer_addrs,
             stops,
             tasks,
             _dir: dir,
         }
+    }
+
+    /// Starts one more member, empty, and has the cluster add it as an
+    /// observer (a member that serves clients but never votes), asking each
+    /// member until the one that leads does; its ZooKeeper address, once it
+    /// is added (also pushed to `zk`).
+    pub(crate) async fn add_observer(&mut self) -> SocketAddr {
+        use baton::cluster::admin::Change;
+        use baton::cluster::{ClusterMember, Member, MemberConfig};
+        let id = self.zk.len() as u64 + 1;
+        let clients = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let member = Member {
+            peer: peers.local_addr().unwrap().to_string(),
+            client: clients.local_addr().unwrap().to_string(),
+        };
+        // No initial membership: it waits to be added.
+        let mut config = MemberConfig::new(id, self._dir.path().join(format!("m{id}")));
+        config.server.min_session_timeout = Duration::from_millis(500);
+        config.server.zk_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.server.zk_words = vec!["*".into()];
+        let running = ClusterMember::start(config, clients, peers).await.unwrap();
+        let zk = running.zk_addr().expect("a ZooKeeper listener");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        self.stops.push(Some(stop));
+        self.tasks.push(tokio::spawn(async move {
+            let _ = running
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }));
+        let change = Change::Add {
+            id,
+            member: member.clone(),
+            observer: true,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut said = Vec::new();
+        'added: loop {
+            for peer in &self.peers {
+                let asked = baton::cluster::network::ask_change(
+                    peer,
+                    change.clone(),
+                    Duration::from_secs(30),
+                    None,
+                )
+                .await;
+                match asked {
+                    Ok(_) => break 'added,
+                    Err(e) => said.push(e.to_string()),
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "member {id} not added as an observer: {said:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.peers.push(member.peer);
+        self.zk.push(zk);
+        zk
     }
 
     /// Stops the member that leads now (it says `Mode: leader` to `srvr`),

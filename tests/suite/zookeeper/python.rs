@@ -1,5 +1,6 @@
 //! kazoo's own recipes (tests/kazoo/recipes.py) against Baton's ZooKeeper
-//! listener, on one server and on a 3-member cluster. `.ci/run` installs
+//! listener, on one server, on a 3-member cluster, and through an observer
+//! of one. `.ci/run` installs
 //! kazoo in a virtual environment and sets `BATON_TEST_KAZOO_PYTHON` to its
 //! python; without it these tests skip and say so.
 
@@ -45,5 +46,17 @@ async fn kazoo_recipes_on_a_three_member_cluster() {
     let Some(python) = kazoo_python() else { return };
     let cluster = ZkCluster::start(3).await;
     run_recipes(&python, &cluster.hosts()).await;
+    cluster.stop().await;
+}
+
+/// Every client of kazoo's recipes on one observer (a member that never
+/// votes): its reads and watches served there, its changes, locks,
+/// elections and sessions forwarded to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_recipes_through_an_observer() {
+    let Some(python) = kazoo_python() else { return };
+    let mut cluster = ZkCluster::start(3).await;
+    let observer = cluster.add_observer().await;
+    run_recipes(&python, &observer.to_string()).await;
     cluster.stop().await;
 }

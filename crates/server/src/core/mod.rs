@@ -568,6 +568,11 @@ impl Core {
         self.sm.clone()
     }
 
+    /// Whether the state holds session `id`.
+    pub(crate) fn state_has_session(&self, id: SessionId) -> bool {
+        self.sm.session(id).is_some()
+    }
+
     /// Replaces the state with one installed from a snapshot. Sessions are
     /// tracked again from it if this server leads.
     pub(crate) fn install(&mut self, sm: StateMachine, now: Now) {
