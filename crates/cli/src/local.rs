@@ -78,6 +78,9 @@ pub struct LocalCluster {
     dir: PathBuf,
     /// The member list of `--peers`; empty for a single server.
     peers: String,
+    /// The members that list names (the cluster's first): a member added
+    /// later is started again from its data directory alone.
+    first: std::collections::BTreeSet<u64>,
     extra: Vec<String>,
     /// The `baton` binary the members run; `None`: this one.
     pub exe: Option<PathBuf>,
@@ -201,6 +204,11 @@ impl LocalCluster {
             } else {
                 peers.join(",")
             },
+            first: if single {
+                Default::default()
+            } else {
+                listeners.keys().copied().collect()
+            },
             extra: extra.to_vec(),
             exe,
             fronts,
@@ -273,9 +281,15 @@ impl LocalCluster {
             command
                 .args(["--node-id", &id.to_string(), "--join"])
                 .args(["--peer-listen-fd", &peer_fd.to_string()]);
-        } else if !self.peers.is_empty() {
+        } else if self.first.contains(&id) {
             command
                 .args(["--node-id", &id.to_string(), "--peers", &self.peers])
+                .args(["--peer-listen-fd", &peer_fd.to_string()]);
+        } else if !self.peers.is_empty() {
+            // Added later (an observer, say): its data directory holds the
+            // membership, and `--peers` would not name it.
+            command
+                .args(["--node-id", &id.to_string()])
                 .args(["--peer-listen-fd", &peer_fd.to_string()]);
         }
         command
