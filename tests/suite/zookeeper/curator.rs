@@ -1,10 +1,11 @@
 //! Apache Curator's own recipes (tests/curator/CuratorRecipes.java: its
 //! mutex with 30 contenders, leader latch, atomic long, semaphore and cache)
-//! against Baton's ZooKeeper listener, on one server and on a 3-member
-//! cluster; and ZooKeeper's own Java client keeping its watches across the
-//! loss of the cluster's leader (tests/curator/WatchFailover.java). `.ci/run` installs Curator and a JDK from Debian's packages and
-//! sets `BATON_TEST_CURATOR_CLASSPATH`; without it these tests skip and say
-//! so.
+//! against Baton's ZooKeeper listener, on one server, on a 3-member cluster
+//! and through an observer of one; and ZooKeeper's own Java client keeping
+//! its watches across the loss of the cluster's leader
+//! (tests/curator/WatchFailover.java). `.ci/run` installs Curator and a JDK
+//! from Debian's packages and sets `BATON_TEST_CURATOR_CLASSPATH`; without
+//! it these tests skip and say so.
 
 use std::time::Duration;
 
@@ -52,6 +53,20 @@ async fn curator_recipes_on_a_three_member_cluster() {
     };
     let cluster = ZkCluster::start(3).await;
     run_recipes(&classpath, &cluster.hosts()).await;
+    cluster.stop().await;
+}
+
+/// Every client of Curator's recipes on one observer (a member that never
+/// votes): its reads, watches and caches served there, its changes, locks,
+/// latches and sessions forwarded to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_recipes_through_an_observer() {
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let mut cluster = ZkCluster::start(3).await;
+    let observer = cluster.add_observer().await;
+    run_recipes(&classpath, &observer.to_string()).await;
     cluster.stop().await;
 }
 
