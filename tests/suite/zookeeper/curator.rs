@@ -79,12 +79,39 @@ async fn the_java_client_keeps_its_watches_across_the_loss_of_the_leader() {
         return;
     };
     let mut cluster = ZkCluster::start(3).await;
+    let hosts = cluster.hosts();
+    watches_across_the_loss_of_the_leader(&classpath, &mut cluster, &hosts).await;
+    cluster.stop().await;
+}
+
+/// The same with only an observer in the client's connect string: the
+/// observer, which follows the new leader, serves the client throughout,
+/// and its watches report a change made after the leader is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_java_client_on_an_observer_keeps_its_watches_across_the_loss_of_the_leader() {
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let mut cluster = ZkCluster::start(3).await;
+    let observer = cluster.add_observer().await.to_string();
+    watches_across_the_loss_of_the_leader(&classpath, &mut cluster, &observer).await;
+    cluster.stop().await;
+}
+
+/// Runs tests/curator/WatchFailover.java against `hosts`, stops the
+/// cluster's leader once it has set its watches, and checks that they
+/// reported the change it then makes.
+async fn watches_across_the_loss_of_the_leader(
+    classpath: &str,
+    cluster: &mut ZkCluster,
+    hosts: &str,
+) {
     let source = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/curator/WatchFailover.java"
     );
     let mut child = Command::new("java")
-        .args(["-cp", &classpath, source, &cluster.hosts()])
+        .args(["-cp", classpath, source, hosts])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -120,5 +147,4 @@ async fn the_java_client_keeps_its_watches_across_the_loss_of_the_leader() {
     let status = child.wait().await.unwrap();
     assert!(status.success(), "{said:?} {rest:?}");
     assert!(rest.iter().any(|l| l.starts_with("ok")), "{rest:?}");
-    cluster.stop().await;
 }
