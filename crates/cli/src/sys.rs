@@ -31,6 +31,21 @@ pub fn raise_fd_limit() {
     }
 }
 
+/// How many files this process may have open now (its soft limit; 1,024
+/// if it cannot be read).
+pub fn fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    }
+}
+
 /// Resident set size of a process in bytes, from /proc/PID/status.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -536,7 +536,7 @@ async fn memory_run(
         .parse()
         .map_err(|e| CliError::msg(format!("memory run needs an IP:port address: {e}")))?;
     // Each connected session costs a descriptor here and one in the server.
-    let fd_limit = fd_soft_limit();
+    let fd_limit = crate::sys::fd_limit();
     let connected = total.min(fd_limit.saturating_sub(1_000) as usize);
     if connected < total {
         progress(format!(
@@ -764,19 +764,6 @@ async fn wait_for(
             last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn fd_soft_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur
-    } else {
-        1024
     }
 }
 

@@ -271,8 +271,27 @@ fn node(i: usize) -> String {
     format!("{ROOT}/n{i}")
 }
 
+/// Open files the benchmark keeps for itself beyond its sessions' sockets
+/// (the runtime, the servers' pipes, files it reads).
+const FD_MARGIN: u64 = 256;
+
 pub async fn run(args: ReadsArgs) -> Result<(), CliError> {
     crate::sys::raise_fd_limit();
+    // Every watcher and reader is a session with a socket here, and one in
+    // the server it reaches (a single server reaches them all): refused
+    // now, rather than after a long wait for sockets that cannot be made.
+    let sessions = (args.watchers + args.clients) as u64;
+    let limit = crate::sys::fd_limit();
+    if sessions + FD_MARGIN > limit {
+        return Err(CliError::msg(format!(
+            "--watchers {} and --clients {} need about {} open files in this process and in a \
+             single server, but a process here may open {limit} (ulimit -n; its hard limit \
+             is ulimit -Hn): give fewer watchers, or raise the limit",
+            args.watchers,
+            args.clients,
+            sessions + FD_MARGIN
+        )));
+    }
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let root = base.join(format!("baton-bench-reads-{}", std::process::id()));
     let mut runs = Vec::new();

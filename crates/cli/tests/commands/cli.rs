@@ -204,6 +204,30 @@ fn bench_ops_reports_every_measurement_as_json() {
     assert_eq!(report["memory"]["sessions"].as_u64(), Some(200));
 }
 
+/// `bench reads` asked for more watchers than this process may open files
+/// for says so at once, naming the limit, and starts no server.
+#[test]
+fn bench_reads_refuses_more_watchers_than_open_files_allow() {
+    let out = baton()
+        .args([
+            "bench",
+            "reads",
+            "--members",
+            "1",
+            "--watchers",
+            "100000000",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--watchers 100000000") && stderr.contains("ulimit -n"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("bench: starting"), "{stderr}");
+}
+
 /// `bench reads` on one server and a 3-member cluster (and an observer)
 /// whose followers serve: one JSON object per run, the cluster once per
 /// read mode, each having read and told its watchers, two of which are
