@@ -367,6 +367,27 @@ fn the_clock_fault_without_libfaketime_says_what_to_install() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Observers asked of a single server, or of servers this run did not
+/// start: refused at once (status 3), saying what to give instead.
+#[test]
+fn observers_need_a_cluster_this_run_starts() {
+    let out = baton()
+        .args(["chaos", "--observers", "1", "--seconds", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--members 3 or 5"), "{err}");
+    let out = baton()
+        .args(["--server", "127.0.0.1:1", "chaos", "--observers", "1"])
+        .args(["--seconds", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--observers"), "{err}");
+}
+
 /// Pins the defect this fault found: a member removed, wiped and added
 /// again under its old id caught up from the oldest entries first, reached
 /// a membership of its past that named it the only voter, elected itself
