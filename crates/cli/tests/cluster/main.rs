@@ -927,7 +927,7 @@ fn members_of_a_local_cluster_die_with_it() {
     // An observer too (`--observers 1`): it is added once a member leads,
     // and dies with the rest. And ZooKeeper ports, read sequentially: each
     // member is started with them.
-    let zk = free_ports(4);
+    let zk = common::free_ports(4);
     let zk_arg = zk.to_string();
     let (dir, mut local, lines) = local_cluster(
         "cluster-local-dies",
@@ -1002,42 +1002,13 @@ fn members_of_a_local_cluster_die_with_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The first of `n` consecutive loopback ports that are free now, below
-/// the kernel's range of ephemeral ports, so that no connection another
-/// test opens meanwhile is given one of them before the process they are
-/// meant for listens on it.
-fn free_ports(n: u16) -> u16 {
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let (low, high) = (10_000u16, ephemeral.saturating_sub(n).max(10_001));
-    // Where to start looking: a different place for each process and call.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        ^ std::process::id();
-    for i in 0..200u32 {
-        let first =
-            low + ((seed.wrapping_add(i.wrapping_mul(7919)) % u32::from(high - low)) as u16);
-        let held: Vec<_> = (first..first + n)
-            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
-            .collect();
-        if held.len() == usize::from(n) {
-            return first;
-        }
-    }
-    panic!("no {n} consecutive free ports between {low} and {high}");
-}
-
 /// Pins: an observer that cannot start (here its ZooKeeper port is taken)
 /// makes `baton cluster local` fail at once, naming the member, its log
 /// and why it stopped, rather than wait on a membership change nobody is
 /// left to complete.
 #[test]
 fn cluster_local_fails_fast_when_an_observer_cannot_start() {
-    let zk = free_ports(4);
+    let zk = common::free_ports(4);
     // Member 4, the observer, listens for ZooKeeper clients on zk + 3.
     let _taken = std::net::TcpListener::bind(("127.0.0.1", zk + 3)).unwrap();
     let dir = std::env::temp_dir().join(format!("baton-observer-fails-{}", std::process::id()));

@@ -96,14 +96,46 @@ pub fn listening_addr(child: &mut Child) -> String {
         .to_owned()
 }
 
-/// A loopback address whose port was free a moment ago.
+/// A loopback address whose port was free a moment ago (see
+/// [`free_ports`]).
 pub fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+    format!("127.0.0.1:{}", free_ports(1))
+}
+
+/// The first of `n` consecutive loopback ports that are free now, below
+/// the kernel's range of ephemeral ports: a port the kernel hands out is
+/// free again once probed, and a connection another test opens meanwhile
+/// could be given it before the process it is meant for listens on it.
+pub fn free_ports(n: u16) -> u16 {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral.saturating_sub(n).max(10_001));
+    // Where to start looking: a different place for each process, and
+    // calls of one process (tests run side by side) 211 ports apart.
+    static BASE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+            ^ std::process::id().wrapping_mul(2_654_435_761)
+    });
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = base.wrapping_add(call.wrapping_mul(211));
+    for i in 0..200u32 {
+        let first =
+            low + ((seed.wrapping_add(i.wrapping_mul(7919)) % u32::from(high - low)) as u16);
+        let held: Vec<_> = (first..first + n)
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == usize::from(n) {
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports between {low} and {high}");
 }
 
 /// A fresh, empty directory for one test's files, removed when the guard
