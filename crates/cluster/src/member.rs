@@ -502,6 +502,18 @@ fn start_proposer(
         let mut pending: Vec<Proposal> = Vec::new();
         loop {
             if !pending.is_empty() && in_flight.len() < ENTRIES_IN_FLIGHT {
+                // Let the runtime poll the sockets once more before the
+                // entry is made: a request that arrived meanwhile (in a
+                // handover, the next holder's release a few microseconds
+                // after the last holder's enqueue) shares this entry and
+                // its sync instead of waiting behind it for one of its own.
+                tokio::task::yield_now().await;
+                while let Ok(message) = rx.try_recv() {
+                    file(message, &mut pending, &mut in_flight);
+                }
+                if pending.is_empty() {
+                    continue;
+                }
                 let mut take = 0;
                 let mut bytes = 0;
                 while take < pending.len().min(ENTRY_PROPOSALS)
@@ -522,26 +534,10 @@ fn start_proposer(
             }
             tokio::select! {
                 message = rx.recv() => {
-                    let mut message = message;
-                    loop {
-                        match message {
-                            Some(ToProposer::Propose(p)) => pending.push(p),
-                            Some(ToProposer::Drop) => {
-                                // openraft answers an entry only once it is
-                                // applied or cut from the log, and an entry
-                                // of a deposed leader that a snapshot later
-                                // passes over is neither: the answers are of
-                                // no use, and waiting for them could hold up
-                                // the next term's proposals for good.
-                                pending.clear();
-                                in_flight = FuturesUnordered::new();
-                            }
-                            None => return,
-                        }
-                        match rx.try_recv() {
-                            Ok(m) => message = Some(m),
-                            Err(_) => break,
-                        }
+                    let Some(message) = message else { return };
+                    file(message, &mut pending, &mut in_flight);
+                    while let Ok(message) = rx.try_recv() {
+                        file(message, &mut pending, &mut in_flight);
                     }
                 }
                 Some(_) = in_flight.next(), if !in_flight.is_empty() => {}
@@ -550,6 +546,22 @@ fn start_proposer(
         }
     });
     tx
+}
+
+/// Takes one message for the proposer.
+fn file<F>(message: ToProposer, pending: &mut Vec<Proposal>, in_flight: &mut FuturesUnordered<F>) {
+    match message {
+        ToProposer::Propose(p) => pending.push(p),
+        ToProposer::Drop => {
+            // openraft answers an entry only once it is applied or cut from
+            // the log, and an entry of a deposed leader that a snapshot
+            // later passes over is neither: the answers are of no use, and
+            // waiting for them could hold up the next term's proposals for
+            // good.
+            pending.clear();
+            *in_flight = FuturesUnordered::new();
+        }
+    }
 }
 
 /// Tells the member's server when it leads, and whom clients should go to
