@@ -26,6 +26,23 @@ use crate::state::StateMachine;
 struct Entry {
     session: SessionId,
     waiting: Waiting,
+    /// Told apart from every other watch this server sets, so that a
+    /// watch left behind in a [`Behind`] list is known for what it is.
+    token: u64,
+}
+
+/// The watches waiting on one member of a queue, in the order they were
+/// set. A watch that stops waiting is left in the list and counted, rather
+/// than searched for: the readers of a read-write lock behind one writer may
+/// be many, and each leaving would cost a search of them all. The list is
+/// rebuilt once those left behind outnumber the others, so it holds at most
+/// twice the watches still waiting.
+#[derive(Debug)]
+struct Behind {
+    /// Each watch's node and token; some no longer wait here.
+    nodes: Vec<(Arc<str>, u64)>,
+    /// How many of `nodes` no longer wait here.
+    gone: usize,
 }
 
 /// What a queue watch waits for.
@@ -43,13 +60,15 @@ enum Waiting {
 #[derive(Debug, Default)]
 pub(crate) struct QueueWatches {
     by_node: HashMap<Arc<str>, Entry>,
-    by_predecessor: HashMap<Arc<str>, Vec<Arc<str>>>,
+    by_predecessor: HashMap<Arc<str>, Behind>,
     /// Watches waiting for a permit, by queue, in queue order. The members
     /// that wait for a permit all hold the same number (the state machine
     /// refuses others), so once one of them must go on waiting, so must
     /// every one behind it.
     by_queue: HashMap<Arc<str>, BTreeMap<u64, Arc<str>>>,
     by_session: HashMap<SessionId, HashSet<Arc<str>>>,
+    /// The token of the next watch set.
+    next_token: u64,
 }
 
 impl QueueWatches {
@@ -67,19 +86,40 @@ impl QueueWatches {
             .entry(session)
             .or_default()
             .insert(node.clone());
-        let waiting = self.wait(&node, czxid, standing);
-        self.by_node.insert(node, Entry { session, waiting });
+        let token = self.next_token;
+        self.next_token += 1;
+        let waiting = self.wait(&node, token, czxid, standing);
+        self.by_node.insert(
+            node,
+            Entry {
+                session,
+                waiting,
+                token,
+            },
+        );
     }
 
     /// Files `node` under what it now waits for.
-    fn wait(&mut self, node: &Arc<str>, czxid: u64, standing: Standing<Arc<str>>) -> Waiting {
+    fn wait(
+        &mut self,
+        node: &Arc<str>,
+        token: u64,
+        czxid: u64,
+        standing: Standing<Arc<str>>,
+    ) -> Waiting {
         match standing {
             Standing::Heads => Waiting::Nothing,
             Standing::Waits { on } => {
+                // Room for one: a lock's waiter is the only one on its
+                // predecessor.
                 self.by_predecessor
                     .entry(on.clone())
-                    .or_default()
-                    .push(node.clone());
+                    .or_insert_with(|| Behind {
+                        nodes: Vec::with_capacity(1),
+                        gone: 0,
+                    })
+                    .nodes
+                    .push((node.clone(), token));
                 Waiting::On(on)
             }
             Standing::Queued { .. } => {
@@ -95,14 +135,23 @@ impl QueueWatches {
 
     /// Removes the watch on `node`, if any, returning its session.
     fn forget(&mut self, node: &str) -> Option<SessionId> {
-        let (key, entry) = self.by_node.remove_entry(node)?;
+        let entry = self.by_node.remove(node)?;
         match &entry.waiting {
             Waiting::Nothing => {}
             Waiting::On(p) => {
-                if let Some(waiters) = self.by_predecessor.get_mut(p) {
-                    waiters.retain(|w| w != &key);
-                    if waiters.is_empty() {
+                if let Some(behind) = self.by_predecessor.get_mut(p) {
+                    behind.gone += 1;
+                    if behind.gone >= behind.nodes.len() {
                         self.by_predecessor.remove(p);
+                    } else if 2 * behind.gone > behind.nodes.len() {
+                        let by_node = &self.by_node;
+                        behind
+                            .nodes
+                            .retain(|(n, t)| by_node.get(n).is_some_and(|e| e.token == *t));
+                        behind.gone = 0;
+                        if behind.nodes.capacity() > 4 * behind.nodes.len() {
+                            behind.nodes.shrink_to(2 * behind.nodes.len());
+                        }
                     }
                 }
             }
@@ -153,9 +202,13 @@ impl QueueWatches {
                 out.push((owner, EventKind::Deleted, path.clone()));
             }
         }
-        if let Some(waiters) = self.by_predecessor.remove(&**path) {
-            for node in waiters {
-                self.reconsider(&node, sm, out);
+        if let Some(behind) = self.by_predecessor.remove(&**path) {
+            for (node, token) in behind.nodes {
+                // Only the watches still waiting on `path`: one set again
+                // since waits elsewhere, or heads, and must not hear twice.
+                if self.by_node.get(&node).is_some_and(|e| e.token == token) {
+                    self.reconsider(&node, sm, out);
+                }
             }
         }
         let Some(queue) = path::parent(path) else {
@@ -356,6 +409,144 @@ mod tests {
         assert_eq!(t.delete(&readers[5], 7), [head(8, &w2)]);
         assert!(!t.heads(&late), "the reader behind the writer waits for it");
         assert_eq!(t.delete(&w2, 8), [head(9, &late)]);
+    }
+
+    /// Many readers behind one writer leaving one by one, each watch
+    /// dropped with its session (as when their client goes): the list of
+    /// watches waiting on the writer never holds more than twice those
+    /// still in it, and the writer leaving wakes exactly the readers left.
+    #[test]
+    fn readers_leaving_one_by_one_are_not_searched_for() {
+        let n = 1_000;
+        let mut t = Queue::new(n + 2);
+        let w = t.join(1, QueueRule::Exclusive);
+        let readers: Vec<Arc<str>> = (2..n as u64 + 2)
+            .map(|s| t.join(s, QueueRule::Shared))
+            .collect();
+        for s in 2..n as u64 - 8 {
+            t.q.remove_session(SessionId(s));
+            let behind = &t.q.by_predecessor[&w];
+            let live = behind.nodes.len() - behind.gone;
+            assert_eq!(live, n + 1 - s as usize);
+            assert!(behind.nodes.len() <= 2 * live + 1, "{s}");
+        }
+        let woken = t.delete(&w, 1);
+        let want: Vec<_> = (n as u64 - 8..n as u64 + 2)
+            .map(|s| head(s, &readers[s as usize - 2]))
+            .collect();
+        assert_eq!(woken, want);
+        assert!(t.q.by_predecessor.is_empty());
+    }
+
+    /// Over a long run of random joins (exclusive and shared), deletions by
+    /// the owner, by another session and by an expiry, watches set again
+    /// (as after a resume) and watches dropped with their session: every
+    /// *head* goes to a node that heads, no node hears it twice, every
+    /// watched node that heads has heard it (or headed when its watch was
+    /// set), and the lists of waiting watches keep their bound.
+    #[test]
+    fn queue_watches_keep_their_promises_over_random_runs() {
+        for seed in [0x9e37_79b9_7f4a_7c15, 11, 0x0bad_cafe_f00d_d00d] {
+            random_run(seed);
+        }
+    }
+
+    fn random_run(seed: u64) {
+        let sessions = 40u64;
+        let mut t = Queue::new(sessions as usize + 1);
+        let mut x: u64 = seed;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        // Each node in the queue, with its owner.
+        let mut nodes: Vec<(Arc<str>, u64)> = Vec::new();
+        // The watched nodes told they head, or that headed when set.
+        let mut told: HashSet<Arc<str>> = HashSet::new();
+        for step in 0..6_000 {
+            let owner = 1 + next(sessions);
+            match next(12) {
+                0..=3 => {
+                    let rule = if next(3) == 0 {
+                        QueueRule::Exclusive
+                    } else {
+                        QueueRule::Shared
+                    };
+                    let node = t.join(owner, rule);
+                    if t.heads(&node) {
+                        told.insert(node.clone());
+                    }
+                    nodes.push((node, owner));
+                }
+                4..=7 if !nodes.is_empty() => {
+                    let (node, owner) = nodes.remove(next(nodes.len() as u64) as usize);
+                    let actor = match next(3) {
+                        0 => Some(SessionId(owner)),
+                        1 => Some(SessionId(sessions + 1)),
+                        _ => None,
+                    };
+                    t.sm.apply(
+                        &Command::Delete {
+                            path: node.to_string(),
+                            version: None,
+                            fence: None,
+                        },
+                        0,
+                    )
+                    .result
+                    .unwrap();
+                    t.q.on_deleted(&node, actor, &t.sm, &mut t.out);
+                    told.remove(&node);
+                }
+                8..=9 if !nodes.is_empty() => {
+                    // The owner sets its watch again, as after a resume.
+                    let (node, owner) = nodes[next(nodes.len() as u64) as usize].clone();
+                    let czxid = t.sm.node(&node).unwrap().czxid();
+                    let standing = t.sm.standing(&node).unwrap().map(|(p, _)| p.clone());
+                    told.remove(&node);
+                    if standing.heads() {
+                        told.insert(node.clone());
+                    }
+                    t.q.set(SessionId(owner), node, czxid, standing);
+                }
+                10 => {
+                    t.q.remove_session(SessionId(owner));
+                    for (node, o) in &nodes {
+                        if *o == owner {
+                            told.remove(node);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            for (session, kind, node) in std::mem::take(&mut t.out) {
+                if kind != EventKind::Head {
+                    continue;
+                }
+                assert!(t.heads(&node), "step {step}: {node} told head, but waits");
+                assert_eq!(t.q.by_node[&node].session, session, "step {step}");
+                assert!(told.insert(node.clone()), "step {step}: {node} told twice");
+            }
+            for node in t.q.by_node.keys() {
+                assert_eq!(
+                    t.heads(node),
+                    told.contains(node),
+                    "step {step}: {node} heads, but was not told (or the other way)"
+                );
+            }
+            for (p, behind) in &t.q.by_predecessor {
+                let live =
+                    t.q.by_node
+                        .values()
+                        .filter(|e| matches!(&e.waiting, Waiting::On(q) if q == p))
+                        .count();
+                assert!(live > 0, "step {step}: {p} kept with nobody waiting");
+                assert_eq!(behind.nodes.len() - behind.gone, live, "step {step}");
+                assert!(behind.nodes.len() <= 2 * live + 1, "step {step}");
+            }
+        }
     }
 
     /// With 2 permits, each holder leaving wakes exactly the first waiter,
