@@ -92,6 +92,14 @@ pub(crate) enum Event {
     /// The leader is asked to add the observer, unless the membership
     /// names it already; asked again later until it does.
     AddObserver,
+    /// The leader is asked to make the observer a voter, as `baton cluster
+    /// add` without `--observer` does for an observer, once it holds the
+    /// membership that added it; asked again later until it votes.
+    Promote,
+    /// The leader is asked to make one of the voters (itself, perhaps) an
+    /// observer, as `baton cluster add --observer` does for a voter;
+    /// asked again later until three vote.
+    Demote,
 }
 
 /// Which member a fault strikes, chosen when it strikes.
@@ -198,6 +206,9 @@ pub(crate) struct World {
     /// leader over the simulated network), as members do by default, or
     /// send them to the leader.
     followers_serve: bool,
+    /// Whether the observer, once added, is made a voter and then one of
+    /// the voters an observer (half the runs with an observer).
+    reshape: bool,
     /// Why no member led once the faults had ended, if none did.
     stalled: Option<String>,
     /// The client whose every message a traced run shows
@@ -278,6 +289,7 @@ impl World {
             journal: Journal::new(keep_trace),
             defect,
             followers_serve,
+            reshape: false,
             stalled: None,
             traced_client: keep_trace
                 .then(|| {
@@ -320,6 +332,12 @@ impl World {
                 run: None,
             });
             world.fault(format!("member {OBSERVER} is to be added as an observer"));
+            world.reshape = world.rng.chance(50);
+            if world.reshape {
+                world.fault(format!(
+                    "member {OBSERVER} is then to vote, and a voter to become an observer"
+                ));
+            }
         }
         for node in &world.nodes {
             tokio::spawn(sync_now_and_then(node.disk.clone(), world.rng.fork()));
@@ -713,6 +731,8 @@ impl World {
                 self.clients[c].pause_until(until);
             }
             Event::AddObserver => self.add_observer(),
+            Event::Promote => self.promote(),
+            Event::Demote => self.demote(),
         }
     }
 
@@ -739,6 +759,10 @@ impl World {
             .is_some();
         if named {
             self.fault(format!("member {OBSERVER} is an observer"));
+            if self.reshape {
+                let at = self.rng.between(200_000, 2_000_000);
+                self.after(at, Event::Promote);
+            }
             return;
         }
         self.fault(format!(
@@ -753,6 +777,84 @@ impl World {
             let _ = raft.add_learner(OBSERVER, member, false).await;
         });
         self.after(500_000, Event::AddObserver);
+    }
+
+    /// The leader, if one is known, and its membership.
+    fn leader_membership(&self) -> Option<(Raft, crate::types::Metrics)> {
+        let l = self.leader()?;
+        let raft = self.nodes[l]
+            .run
+            .as_ref()
+            .expect("leads, so up")
+            .raft
+            .clone();
+        let metrics = raft.metrics().borrow().clone();
+        Some((raft, metrics))
+    }
+
+    /// Asks the leader to make the observer a voter once the observer holds
+    /// the membership that added it (as `baton cluster add` waits for),
+    /// unless it votes already; asks again later until it does.
+    fn promote(&mut self) {
+        let Some((raft, m)) = self.leader_membership() else {
+            self.after(100_000, Event::Promote);
+            return;
+        };
+        let membership = m.membership_config.membership();
+        if membership.voter_ids().any(|v| v == OBSERVER) {
+            self.fault(format!("member {OBSERVER} votes"));
+            let at = self.rng.between(200_000, 2_000_000);
+            self.after(at, Event::Demote);
+            return;
+        }
+        let added = m.membership_config.log_id().map(|l| l.index);
+        let caught_up = self.nodes.iter().any(|n| {
+            n.id == OBSERVER
+                && n.run.as_ref().is_some_and(|r| {
+                    r.raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .log_id()
+                        .map(|l| l.index)
+                        >= added
+                })
+        });
+        if caught_up {
+            self.fault(format!(
+                "member {} is asked to make member {OBSERVER} a voter",
+                m.id
+            ));
+            tokio::spawn(async move {
+                let change = openraft::ChangeMembers::AddVoterIds([OBSERVER].into());
+                let _ = raft.change_membership(change, false).await;
+            });
+        }
+        self.after(500_000, Event::Promote);
+    }
+
+    /// Asks the leader to make one of four voters, chosen by the seed, an
+    /// observer; asks again later until three vote.
+    fn demote(&mut self) {
+        let Some((raft, m)) = self.leader_membership() else {
+            self.after(100_000, Event::Demote);
+            return;
+        };
+        let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+        if voters.len() <= MEMBERS as usize {
+            self.fault(format!("voters {voters:?}"));
+            return;
+        }
+        let id = voters[self.rng.below(voters.len() as u64) as usize];
+        self.fault(format!(
+            "member {} is asked to make member {id} an observer",
+            m.id
+        ));
+        tokio::spawn(async move {
+            let change = openraft::ChangeMembers::RemoveVoters([id].into());
+            let _ = raft.change_membership(change, true).await;
+        });
+        self.after(500_000, Event::Demote);
     }
 
     /// Member `m`'s process dies; with `lose`, its disk loses what it had
