@@ -82,9 +82,9 @@ pub struct ChaosArgs {
 
     /// Observers to add to the cluster once a member leads: members that
     /// serve clients (the workloads' clients spread over them too) but
-    /// never vote. The faults act on them as on any member, but those that
-    /// are about the majority (two at once, lag or slow then crash, a
-    /// stale copy) pick voters only; one removed is added back as an
+    /// never vote. The faults act on them as on any member (a stale copy
+    /// too), but those that are about the majority (two at once, lag or
+    /// slow then crash) pick voters only; one removed is added back as an
     /// observer (a cluster only).
     #[arg(long, value_name = "N", default_value_t = 0)]
     observers: u64,

@@ -101,15 +101,17 @@ pub enum Nemesis {
     /// consensus engine stops it, and it is started again once files can
     /// be created).
     NoNewFiles,
-    /// Start one follower from an old copy of its own data directory, as
-    /// when a file-system backup is put back: it is killed, its directory
-    /// copied and it is started again; 1 to 8 s of writes later it is
-    /// killed again and started from the copy. The leader must find that
-    /// its log went back and stop it; it is then removed, emptied and added
-    /// again, as docs/operations.md says. One at a time, with every member
-    /// running; not among the defaults (see docs/reliability.md: with the
-    /// leader moving meanwhile, or the leader's own data put back, writes
-    /// may be lost, as in any Raft cluster).
+    /// Start one follower or observer from an old copy of its own data
+    /// directory, as when a file-system backup is put back: it is killed,
+    /// its directory copied and it is started again; 1 to 8 s of writes
+    /// later it is killed again and started from the copy. The leader must
+    /// find that its log went back and stop it; it is then removed, emptied
+    /// and added again, as docs/operations.md says. One at a time, with
+    /// every member running, and put back only if the leader of the copy's
+    /// time still leads in the same term; not among the defaults (see
+    /// docs/reliability.md: with the leader moving meanwhile, or the
+    /// leader's own data put back, writes may be lost, as in any Raft
+    /// cluster).
     StaleCopy,
 }
 
@@ -227,6 +229,10 @@ pub struct Target {
     /// The member being started from an old copy of its data now, if any
     /// (it is to stop on its own, and the fault then handles it).
     copying: Option<u64>,
+    /// The leader that must stay while a member is started from an old
+    /// copy: the network's faults leave its links alone meanwhile (a
+    /// claim keeps only the faults of processes and disks off it).
+    steady: Option<u64>,
     /// The members a fault of several steps holds until its last step.
     claims: Claims,
     /// Members counted as running that the leader's membership left out,
@@ -357,6 +363,7 @@ impl Target {
             heartbeat,
             faulty_disks: BTreeSet::new(),
             copying: None,
+            steady: None,
             claims: Claims::default(),
             unlisted: Unlisted::default(),
             observers,
@@ -858,9 +865,10 @@ async fn cut(
     rng: &mut Rng,
     until: Instant,
 ) {
-    let (net, ids) = {
+    let (net, ids, steady) = {
         let t = target.lock().await;
-        (t.net.clone(), t.state.keys().copied().collect::<Vec<_>>())
+        let ids = t.state.keys().copied().collect::<Vec<_>>();
+        (t.net.clone(), ids, t.steady)
     };
     if net.any_fault() {
         return;
@@ -872,6 +880,18 @@ async fn cut(
         None
     };
     let first = leader.unwrap_or_else(|| ids[rng.below(ids.len() as u64) as usize]);
+    // The links of a leader that must stay (see `Target::steady`) are left
+    // alone; cutting its clients off moves no leadership.
+    if kind != Nemesis::CutClients && steady == Some(first) {
+        return;
+    }
+    let ids: Vec<u64> = ids
+        .into_iter()
+        .filter(|id| Some(*id) != steady || *id == first)
+        .collect();
+    if ids.len() < 2 {
+        return;
+    }
     let role = if leader.is_some() {
         " (the leader)"
     } else {
@@ -1405,28 +1425,76 @@ async fn stale_copy(
     let Some((leader, followers, mut claim)) = leader_and_followers(target).await else {
         return;
     };
-    let id = {
+    // The term it leads in: the copy is put back only if it still leads in
+    // that term then.
+    let addrs = target.lock().await.addrs();
+    let Some((l, term)) = leader_and_term(&addrs).await else {
+        return;
+    };
+    if l != leader {
+        return;
+    }
+    let (id, _observer_claim) = {
         let mut t = target.lock().await;
-        if t.copying.is_some()
-            || followers.is_empty()
-            || t.state.values().any(|s| *s != State::Running)
+        // Observers too: one put back from an old copy loses no
+        // acknowledged write (it never counted towards one), but it must
+        // not serve a client its older state.
+        let observers: Vec<u64> = t
+            .state
+            .iter()
+            .filter(|(id, s)| **s == State::Running && t.observes(**id) && !t.claims.contains(**id))
+            .map(|(id, _)| *id)
+            .collect();
+        let pool: Vec<u64> = followers.iter().chain(&observers).copied().collect();
+        if t.copying.is_some() || pool.is_empty() || t.state.values().any(|s| *s != State::Running)
         {
             return;
         }
-        let id = followers[rng.below(followers.len() as u64) as usize];
+        let id = pool[rng.below(pool.len() as u64) as usize];
+        let observer_claim = if t.observes(id) {
+            match t.claims.claim(&[id]) {
+                Some(c) => Some(c),
+                None => return,
+            }
+        } else {
+            None
+        };
         t.copying = Some(id);
-        id
+        t.steady = Some(leader);
+        (id, observer_claim)
     };
-    // The leader stays while the follower is put back (see the fault).
+    // The leader stays while the member is put back (see the fault).
     claim.keep_only(&[leader, id]);
-    put_back_a_copy(target, id, recorder, rng, until).await;
-    target.lock().await.copying = None;
+    put_back_a_copy(target, id, (leader, term), recorder, rng, until).await;
+    let mut t = target.lock().await;
+    t.copying = None;
+    t.steady = None;
 }
 
-/// [`stale_copy`] of follower `id`.
+/// The member that says it leads and its term; of several (a deposed
+/// leader may not know yet), the one in the highest term.
+async fn leader_and_term(addrs: &[(u64, String)]) -> Option<(u64, u64)> {
+    let asks = addrs.iter().map(|(id, addr)| async move {
+        let answer = baton_client::probe(addr, Duration::from_millis(300), None)
+            .await
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        let term = status["cluster"]["term"].as_u64()?;
+        (status["role"].as_str() == Some("leader")).then_some((*id, term))
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .max_by_key(|(_, term)| *term)
+}
+
+/// [`stale_copy`] of follower (or observer) `id`, under `leader` in
+/// `term`.
 async fn put_back_a_copy(
     target: &Arc<Mutex<Target>>,
     id: u64,
+    (leader, term): (u64, u64),
     recorder: &Recorder,
     rng: &mut Rng,
     until: Instant,
@@ -1454,14 +1522,37 @@ async fn put_back_a_copy(
             restart(&mut t, id, recorder, "stale copy").await;
             return;
         }
+        let role = if t.observes(id) {
+            "an observer"
+        } else {
+            "a follower"
+        };
         recorder.fault(format!(
-            "stale copy: kill -9 member {id} (a follower), copy its data directory"
+            "stale copy: kill -9 member {id} ({role}), copy its data directory"
         ));
         restart(&mut t, id, recorder, "stale copy").await;
         (data, copy)
     };
     let hold = rng.between(Duration::from_secs(1), Duration::from_secs(8));
     tokio::time::sleep(hold.min(until.saturating_duration_since(Instant::now()))).await;
+    // What the fault promises holds only while the leader stays: with
+    // leadership moved since the copy (another fault cut the leader off,
+    // say), the member put back may have acknowledged entries of a term its
+    // copy does not know, or lead itself, and any Raft cluster can lose
+    // writes then. Not put back.
+    let addrs = target.lock().await.addrs();
+    let now = leader_and_term(&addrs).await;
+    if now != Some((leader, term)) {
+        let now = match now {
+            Some((l, t)) => format!("member {l} leads in term {t}"),
+            None => "no member says it leads".to_string(),
+        };
+        recorder.fault(format!(
+            "stale copy: member {id} not put back: member {leader} led in term {term} when it was copied, now {now}"
+        ));
+        let _ = std::fs::remove_dir_all(&copy);
+        return;
+    }
     let mut t = target.lock().await;
     if t.state.get(&id) != Some(&State::Running) {
         let _ = std::fs::remove_dir_all(&copy);

@@ -479,6 +479,49 @@ fn a_follower_put_back_from_an_old_copy_is_stopped_and_nothing_is_lost() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An observer started from an old copy of its data directory: the leader
+/// finds its log went back and stops it, it is added again as an observer,
+/// and no client reading through it sees the state go back meanwhile. (The
+/// seed's draws pick an observer among two followers and two observers
+/// whichever member leads.)
+#[test]
+fn an_observer_put_back_from_an_old_copy_is_stopped_and_serves_nothing_older() {
+    let dir_kept = scratch("chaos-stale-observer");
+    let dir = dir_kept.path().to_path_buf();
+    let summary = chaos(
+        &dir,
+        &[
+            "--members",
+            "3",
+            "--observers",
+            "2",
+            "--seconds",
+            "15",
+            "--seed",
+            "6",
+            "--workloads",
+            "register,sequential,counter",
+            "--nemesis",
+            "stale-copy",
+        ],
+    );
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert!(ops(&summary, "sequential-read") > 0, "{summary}");
+    let history = std::fs::read_to_string(dir.join("history.jsonl")).unwrap();
+    let observer = ["4", "5"].into_iter().find(|id| {
+        history.contains(&format!("kill -9 member {id} (an observer), copy its data"))
+            && history.contains(&format!(
+                "stale copy: member {id} stopped, its log behind what it had acknowledged"
+            ))
+            && history.contains(&format!("stale copy: member {id} added again"))
+    });
+    assert!(
+        observer.is_some(),
+        "no observer was found with its data gone back, and added again: {summary}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Pointed at a server it did not start (`--server`), it runs the workloads
 /// there with only its own clients' faults, refuses faults that need the
 /// server's process, and will not write over an earlier run's nodes.
