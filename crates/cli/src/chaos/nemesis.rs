@@ -435,13 +435,19 @@ impl Target {
 
     /// Members counted as running whose process has ended (stopped by a
     /// file it could not create, say): noted, and stranded, to be started
-    /// again at the next step of a schedule or at the heal.
+    /// again at the next step of a schedule or at the heal. Not a member
+    /// whose disk plays a fault now: that fault starts it again once it
+    /// heals (a member out of inodes stops when a snapshot cannot be
+    /// made, as it says).
     fn ended_on_their_own(&mut self, recorder: &Recorder) {
         let running: Vec<u64> = self
             .state
             .iter()
             .filter(|(id, s)| {
-                **s == State::Running && self.copying != Some(**id) && !self.claims.contains(**id)
+                **s == State::Running
+                    && self.copying != Some(**id)
+                    && !self.claims.contains(**id)
+                    && !self.faulty_disks.contains(*id)
             })
             .map(|(id, _)| *id)
             .collect();
