@@ -387,13 +387,8 @@ mod tests {
                 EventKind::ChildrenChanged,
                 EventKind::Deleted,
             ];
-            let mut x = seed;
-            let mut next = move |n: u64| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x % n
-            };
+            let mut rng = crate::sim::Rng::new(seed);
+            let mut next = move |n: u64| rng.below(n);
             let mut live: Vec<u64> = (0..6).collect();
             for _ in 0..20_000 {
                 let slot = next(6) as usize;

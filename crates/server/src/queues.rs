@@ -338,6 +338,13 @@ mod tests {
 
         /// `by` deletes `node`; returns the notifications.
         fn delete(&mut self, node: &Arc<str>, by: u64) -> Vec<(SessionId, EventKind, Arc<str>)> {
+            self.delete_as(node, Some(SessionId(by)));
+            std::mem::take(&mut self.out)
+        }
+
+        /// `actor` (`None`: an expiry) deletes `node`; the notifications
+        /// are left in `out`.
+        fn delete_as(&mut self, node: &Arc<str>, actor: Option<SessionId>) {
             self.sm
                 .apply(
                     &Command::Delete {
@@ -349,9 +356,7 @@ mod tests {
                 )
                 .result
                 .unwrap();
-            self.q
-                .on_deleted(node, Some(SessionId(by)), &self.sm, &mut self.out);
-            std::mem::take(&mut self.out)
+            self.q.on_deleted(node, actor, &self.sm, &mut self.out);
         }
 
         fn heads(&self, node: &Arc<str>) -> bool {
@@ -454,13 +459,8 @@ mod tests {
     fn random_run(seed: u64) {
         let sessions = 40u64;
         let mut t = Queue::new(sessions as usize + 1);
-        let mut x: u64 = seed;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::sim::Rng::new(seed);
+        let mut next = move |n: u64| rng.below(n);
         // Each node in the queue, with its owner.
         let mut nodes: Vec<(Arc<str>, u64)> = Vec::new();
         // The watched nodes told they head, or that headed when set.
@@ -487,17 +487,7 @@ mod tests {
                         1 => Some(SessionId(sessions + 1)),
                         _ => None,
                     };
-                    t.sm.apply(
-                        &Command::Delete {
-                            path: node.to_string(),
-                            version: None,
-                            fence: None,
-                        },
-                        0,
-                    )
-                    .result
-                    .unwrap();
-                    t.q.on_deleted(&node, actor, &t.sm, &mut t.out);
+                    t.delete_as(&node, actor);
                     told.remove(&node);
                 }
                 8..=9 if !nodes.is_empty() => {

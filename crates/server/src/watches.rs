@@ -401,13 +401,8 @@ mod tests {
             EventKind::ChildrenChanged,
             EventKind::Deleted,
         ];
-        let mut x: u64 = seed;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::sim::Rng::new(seed);
+        let mut next = move |n: u64| rng.below(n);
         let mut order = 0u64;
         // Eight sessions at a time; one that ends is followed by a new one,
         // as session ids are never used again.

@@ -253,6 +253,15 @@ fn address(id: NodeId) -> String {
 /// The observer's id, in a run with one.
 const OBSERVER: NodeId = MEMBERS + 1;
 
+/// Asks `raft` for membership change `change` (with `retain`, voters it
+/// removes stay as learners) in a task of its own; a refusal (not the
+/// leader, another change under way) is left for the next ask.
+fn ask_for(raft: Raft, change: openraft::ChangeMembers<NodeId, Member>, retain: bool) {
+    tokio::spawn(async move {
+        let _ = raft.change_membership(change, retain).await;
+    });
+}
+
 impl World {
     async fn new(seed: u64, keep_trace: bool, defect: Option<Defect>, observer: bool) -> World {
         let mut rng = Rng::new(seed);
@@ -825,10 +834,11 @@ impl World {
                 "member {} is asked to make member {OBSERVER} a voter",
                 m.id
             ));
-            tokio::spawn(async move {
-                let change = openraft::ChangeMembers::AddVoterIds([OBSERVER].into());
-                let _ = raft.change_membership(change, false).await;
-            });
+            ask_for(
+                raft,
+                openraft::ChangeMembers::AddVoterIds([OBSERVER].into()),
+                false,
+            );
         }
         self.after(500_000, Event::Promote);
     }
@@ -850,10 +860,11 @@ impl World {
             "member {} is asked to make member {id} an observer",
             m.id
         ));
-        tokio::spawn(async move {
-            let change = openraft::ChangeMembers::RemoveVoters([id].into());
-            let _ = raft.change_membership(change, true).await;
-        });
+        ask_for(
+            raft,
+            openraft::ChangeMembers::RemoveVoters([id].into()),
+            true,
+        );
         self.after(500_000, Event::Demote);
     }
 
